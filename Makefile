@@ -1,0 +1,61 @@
+# cropscale — set-up and common commands. `make fit` and `make test` are the two set-up commands.
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+# The CPU build of PyTorch (on this project's machines `pip install torch==2.13.0` takes the CPU wheel
+# from local disk). On a GPU machine, install the CUDA build of your choice into .venv first:
+# `make install` keeps any torch that is already there.
+TORCH_SPEC ?= torch==2.13.0
+SHARED_DATA ?= ../shared/data
+SAMPLES := worldcereal-flanders pastis-r-mini vhr-samples
+ARGS ?=
+
+.PHONY: install data fit test test-slow test-perf test-all lint tensorboard gpu-check bench clean
+
+install: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q "$(TORCH_SPEC)"
+	$(PY) -m pip install -q -e ".[dev]"
+	touch $@
+
+data:
+	@if [ -d "$(SHARED_DATA)/worldcereal-flanders" ]; then \
+		mkdir -p data; \
+		for s in $(SAMPLES); do [ -e "$(SHARED_DATA)/$$s" ] && ln -sfn "$$(cd $(SHARED_DATA)/$$s && pwd)" data/$$s; done; \
+		echo "data/ links the bundled real samples in $(SHARED_DATA)"; ls -l data; \
+	else \
+		echo "The bundled sample is not at $(SHARED_DATA)/worldcereal-flanders (set SHARED_DATA=...)."; \
+		echo "For PASTIS-HD: download PASTIS-HD (PASTIS + PASTIS-R + SPOT-6/7, Etalab licence 2.0) and run"; \
+		echo "  python -m cropscale fit --config configs/pastis_hd.yaml --data.root=/path/to/PASTIS-HD"; \
+		exit 1; \
+	fi
+
+fit: install data
+	$(PY) -m cropscale fit $(ARGS)
+
+test: install data
+	$(PY) -m pytest -q $(ARGS)
+
+test-slow: install data
+	$(PY) -m pytest -q -m slow $(ARGS)
+
+test-perf: install data
+	$(PY) -m pytest -q -s -m perf $(ARGS)
+
+test-all: install data
+	$(PY) -m pytest -q -m "not gpu" $(ARGS)
+
+lint: install
+	$(PY) -m ruff check cropscale tests
+
+tensorboard: install
+	$(VENV)/bin/tensorboard --logdir runs
+
+gpu-check: install data
+	bash scripts/gpu_check.sh
+
+clean:
+	rm -rf runs reports lightning_logs .pytest_cache

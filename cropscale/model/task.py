@@ -1,0 +1,243 @@
+"""The LightningModule that trains :class:`~cropscale.model.network.CropMappingNet`.
+
+Training: random crops (see :mod:`cropscale.data`), weighted multi-task loss
+(:class:`~cropscale.model.losses.MultiTaskLoss`), AdamW with an optional linear warm-up and cosine
+decay, an LR scaling rule relative to a reference global batch, gradient clipping through the
+Trainer (``gradient_clip_val: 1.0`` in ``configs/default.yaml``).
+
+Validation and test: overlap-weighted tiled inference over whole patches
+(:func:`~cropscale.tiling.sliding_window_inference`), metrics whose states are summed across ranks
+(:mod:`cropscale.metrics`), so that macro IoU is the same for any world size.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import torch
+import torchmetrics
+from lightning.pytorch import LightningModule
+from lightning.pytorch.loggers import TensorBoardLogger
+from lightning.pytorch.utilities import rank_zero_info
+from torch.optim.lr_scheduler import LambdaLR
+
+from cropscale.batch import model_inputs
+from cropscale.metrics import HighGridMetrics, ParcelMetrics, SegmentationMetrics, confusion_matrix_figure
+from cropscale.model.losses import MultiTaskLoss
+from cropscale.model.network import CropMappingNet
+from cropscale.model.optim import LRScaling, global_batch_size, scale_learning_rate, warmup_factor
+from cropscale.tiling import sliding_window_inference
+
+
+class CropMappingTask(LightningModule):
+    """Semantic crop mapping + parcel delineation + x10 detail decoding on Sentinel-1/2 time series.
+
+    Args:
+        num_classes: semantic classes ``C`` (linked from ``data.num_classes`` by the CLI).
+        class_names: names of the ``C`` classes, for per-class IoU keys and the confusion matrix.
+        ignore_index: class id excluded from loss and metrics (PASTIS: 19 "void"); None = none.
+        net_kwargs: further keyword arguments of :class:`CropMappingNet` (widths, depths, heads).
+        semantic_weight, parcel_weight, hr_weight: weights of the loss terms.
+        lr: AdamW learning rate at ``reference_batch_size``.
+        weight_decay: AdamW weight decay.
+        warmup_steps: optimiser steps of linear LR warm-up (0 = none).
+        schedule: ``constant`` or ``cosine`` decay to 0 over the run after warm-up.
+        lr_scaling: ``none | linear | sqrt``: LR scaled by the ratio of the global batch
+            (local batch x world size x accumulation) to ``reference_batch_size``.
+        reference_batch_size: global batch at which ``lr`` was tuned.
+        val_window: tile size (10 m pixels) of tiled validation; usually the training crop size.
+        val_stride: tile stride; None = ``val_window // 2``.
+        tile_batch_size: tiles per network call in tiled validation.
+        channels_last: convert the network to ``torch.channels_last``.
+        allow_tf32: if not None, set ``torch.backends.cuda.matmul.allow_tf32`` and
+            ``torch.backends.cudnn.allow_tf32`` to this value at setup (False for a true FP32 run on
+            Ampere and later GPUs).
+    """
+
+    def __init__(
+        self,
+        num_classes: int = 10,
+        class_names: list[str] | None = None,
+        ignore_index: int | None = None,
+        net_kwargs: dict[str, Any] | None = None,
+        semantic_weight: float = 1.0,
+        parcel_weight: float = 1.0,
+        hr_weight: float = 1.0,
+        lr: float = 1e-3,
+        weight_decay: float = 0.01,
+        warmup_steps: int = 0,
+        schedule: Literal["constant", "cosine"] = "constant",
+        lr_scaling: LRScaling = "none",
+        reference_batch_size: int = 4,
+        val_window: int = 32,
+        val_stride: int | None = None,
+        tile_batch_size: int = 16,
+        channels_last: bool = False,
+        allow_tf32: bool | None = None,
+    ) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        net_kwargs = dict(net_kwargs or {})
+        net_kwargs.pop("num_classes", None)
+        self.net = CropMappingNet(num_classes=num_classes, **net_kwargs)
+        self.loss_fn = MultiTaskLoss(
+            semantic_weight=semantic_weight,
+            parcel_weight=parcel_weight,
+            hr_weight=hr_weight,
+            ignore_index=ignore_index,
+        )
+        self.val_seg = SegmentationMetrics(num_classes=num_classes, ignore_index=ignore_index)
+        self.val_parcel = ParcelMetrics()
+        self.val_hr = HighGridMetrics()
+        self.val_loss = torchmetrics.MeanMetric()
+        self.test_seg = SegmentationMetrics(num_classes=num_classes, ignore_index=ignore_index)
+        self.best_miou: float = float("nan")
+        self.best_epoch: int = -1
+        self.lr_effective: float = lr
+        self.global_batch: int | None = None
+        self.flops_per_sample: float | None = None
+        self._last_train_loss: float | None = None
+
+    # ------------------------------------------------------------------ set-up
+    def setup(self, stage: str) -> None:
+        if self.hparams.allow_tf32 is not None:
+            torch.backends.cuda.matmul.allow_tf32 = bool(self.hparams.allow_tf32)
+            torch.backends.cudnn.allow_tf32 = bool(self.hparams.allow_tf32)
+        if self.hparams.channels_last:
+            self.net = self.net.to(memory_format=torch.channels_last)
+        dm = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
+        t2, t1, crop = (getattr(dm, "t2", 16), getattr(dm, "t1", 4), getattr(dm, "crop_size", 32))
+        if self.example_input_array is None:
+            from cropscale.model.synthetic import synthetic_batch
+
+            sample = synthetic_batch(1, t2=t2, t1=t1, height=crop, width=crop, num_classes=self.hparams.num_classes)
+            self.example_input_array = model_inputs(sample)
+        if stage == "fit" and self.flops_per_sample is None:
+            from cropscale.model.flops import flops_per_sample
+
+            fresh = CropMappingNet(num_classes=self.hparams.num_classes, **self._net_kwargs())
+            self.flops_per_sample = float(flops_per_sample(fresh, t2=t2, t1=t1, height=crop, width=crop)["total"])
+
+    def _net_kwargs(self) -> dict[str, Any]:
+        kwargs = dict(self.hparams.net_kwargs or {})
+        kwargs.pop("num_classes", None)
+        return kwargs
+
+    def forward(self, **inputs: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Network outputs ``{"semantic": [B,C,H,W], "parcel": [B,3,H,W], "hr": [B,3,10H,10W]}``."""
+        return self.net(**inputs)
+
+    # ---------------------------------------------------------------- training
+    def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        outputs = self.net(**model_inputs(batch))
+        loss, terms = self.loss_fn(outputs, batch)
+        bs = batch["s2"].shape[0]
+        self.log("train/loss", loss, on_step=True, on_epoch=True, prog_bar=True, batch_size=bs)
+        for name, value in terms.items():
+            self.log(f"train/loss_{name}", value, on_step=True, on_epoch=False, batch_size=bs)
+        return loss
+
+    def on_train_epoch_end(self) -> None:
+        value = self.trainer.callback_metrics.get("train/loss_epoch")
+        if value is not None:
+            self._last_train_loss = float(value)
+
+    # -------------------------------------------------------------- validation
+    def _tiled_forward(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        return sliding_window_inference(
+            self.net,
+            model_inputs(batch),
+            window=self.hparams.val_window,
+            stride=self.hparams.val_stride,
+            tile_batch_size=self.hparams.tile_batch_size,
+        )
+
+    def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
+        outputs = self._tiled_forward(batch)
+        loss, _ = self.loss_fn(outputs, batch)
+        self.val_loss.update(loss.detach().float(), weight=batch["s2"].shape[0])
+        self.val_seg.update(outputs["semantic"].detach(), batch["semantic"])
+        self.val_parcel.update(outputs["parcel"].detach(), batch["parcel"], batch["parcel_present"])
+        self.val_hr.update(outputs["hr"].detach(), batch["hr"], batch["hr_present"])
+
+    def on_validation_epoch_end(self) -> None:
+        seg = self.val_seg.compute()
+        miou = float(seg["mIoU"])
+        logs = {"val/loss": self.val_loss.compute(), "val/mIoU": seg["mIoU"], "val/OA": seg["OA"]}
+        logs.update({f"val/{k}": v for k, v in self.val_parcel.compute().items()})
+        logs.update({f"val/{k}": v for k, v in self.val_hr.compute().items()})
+        names = self.hparams.class_names or [str(i) for i in range(self.hparams.num_classes)]
+        for idx, iou in enumerate(seg["iou_per_class"].tolist()):
+            if seg["support"][idx] > 0:
+                logs[f"val_class/IoU_{idx}_{_slug(names[idx])}"] = iou
+        if not self.trainer.sanity_checking:
+            if not (self.best_miou >= miou):  # also true while best is NaN
+                self.best_miou, self.best_epoch = miou, self.current_epoch
+            logs["val/mIoU_best"] = self.best_miou
+            if isinstance(self.logger, TensorBoardLogger) and self.trainer.is_global_zero:
+                fig = confusion_matrix_figure(seg["confusion_matrix"].cpu(), names)
+                self.logger.experiment.add_figure("val/confusion_matrix", fig, self.global_step)
+        for key, value in logs.items():
+            self.log(key, torch.as_tensor(value, dtype=torch.float32), sync_dist=False)
+        self.val_seg.reset()
+        self.val_parcel.reset()
+        self.val_hr.reset()
+        self.val_loss.reset()
+
+    def test_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
+        outputs = self._tiled_forward(batch)
+        self.test_seg.update(outputs["semantic"].detach(), batch["semantic"])
+
+    def on_test_epoch_end(self) -> None:
+        seg = self.test_seg.compute()
+        self.log("test/mIoU", seg["mIoU"].float())
+        self.log("test/OA", seg["OA"].float())
+        self.test_seg.reset()
+
+    # --------------------------------------------------------------- optimiser
+    def configure_optimizers(self):
+        hp = self.hparams
+        dm = getattr(self.trainer, "datamodule", None)
+        local = int(getattr(dm, "batch_size", 1))
+        self.global_batch = global_batch_size(local, self.trainer.world_size, self.trainer.accumulate_grad_batches)
+        self.lr_effective = scale_learning_rate(hp.lr, self.global_batch, hp.reference_batch_size, hp.lr_scaling)
+        rank_zero_info(
+            f"cropscale: global batch {self.global_batch} = local {local} x world size {self.trainer.world_size}"
+            f" x accumulation {self.trainer.accumulate_grad_batches}; LR rule {hp.lr_scaling!r} vs reference"
+            f" {hp.reference_batch_size}: lr {hp.lr:g} -> {self.lr_effective:g}"
+        )
+        optimizer = torch.optim.AdamW(self.parameters(), lr=self.lr_effective, weight_decay=hp.weight_decay)
+        if hp.warmup_steps <= 0 and hp.schedule == "constant":
+            return optimizer
+        total = int(self.trainer.estimated_stepping_batches)
+        scheduler = LambdaLR(optimizer, lambda step: warmup_factor(step, hp.warmup_steps, total, hp.schedule))
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+    def on_train_start(self) -> None:
+        if self.logger is not None:
+            self.logger.log_metrics(
+                {"optim/global_batch": float(self.global_batch or 0), "optim/lr_scaled": self.lr_effective}, step=0
+            )
+
+    def on_fit_end(self) -> None:
+        if isinstance(self.logger, TensorBoardLogger):
+            metrics = {"hp/val_mIoU_best": self.best_miou, "hp/best_epoch": float(self.best_epoch)}
+            final = self.trainer.callback_metrics
+            if "val/mIoU" in final:
+                metrics["hp/val_mIoU_final"] = float(final["val/mIoU"])
+            if self._last_train_loss is not None:
+                metrics["hp/train_loss_final"] = self._last_train_loss
+            self.logger.log_hyperparams(self.hparams, metrics=metrics)
+
+    # ------------------------------------------------------------- checkpoint
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        checkpoint["cropscale"] = {"best_miou": self.best_miou, "best_epoch": self.best_epoch}
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        state = checkpoint.get("cropscale", {})
+        self.best_miou = float(state.get("best_miou", float("nan")))
+        self.best_epoch = int(state.get("best_epoch", -1))
+
+
+def _slug(name: str) -> str:
+    return "".join(ch if ch.isalnum() else "_" for ch in name).strip("_")[:40]
