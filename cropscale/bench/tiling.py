@@ -1,0 +1,224 @@
+"""``python -m cropscale tiling-bench``: tiled validation time per patch vs tiles x one-tile forward.
+
+Measures, in one run and on one device, (a) the wall time of
+:func:`~cropscale.tiling.sliding_window_inference` over ``--patches`` whole patches (tiles of all
+patches batched ``--tile-batch-size`` per network call, blending included) divided by the number of
+patches, and (b) the median time of one network forward on a single ``window x window`` tile
+(batch 1). It prints (a), ``tiles per patch x (b)`` and their ratio: below 1 means batching tiles
+amortises per-call overhead faster than cutting and blending cost; above 1 means the tiling
+overhead dominates. Timings are wall-clock (``time.perf_counter``) with ``torch.cuda.synchronize``
+around each timed region on a GPU; the median over ``--repeats`` runs after ``--warmup`` runs.
+
+Model: ``CropMappingNet`` (default config, ``--num-classes``) on ``synthetic_batch`` inputs
+(``--model cropmapping``, the default when ``cropscale.model.network`` imports), or ``--model conv``: a
+stand-in (one 3x3 convolution on the S2 time mean, nearest x10 upsampling for the high grid) for a
+quick check, or ``--model zeros``: a network that returns zeros, so the tiled time is the tiler's own
+cost (cutting, padding, blending). Every number printed is labelled ``measured-microbenchmark``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from contextlib import nullcontext
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from cropscale import CropScaleError
+from cropscale.batch import HR_SCALE, model_inputs
+from cropscale.tiling import TilingStats, sliding_window_inference
+
+EVIDENCE = "measured-microbenchmark"
+
+
+class ConvStandIn(torch.nn.Module):
+    """Stand-in network: 3x3 conv of the S2 time mean -> semantic / parcel; hr = nearest upsampling."""
+
+    def __init__(self, num_classes: int, hr_scale: int = HR_SCALE) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv2d(10, num_classes + 3, 3, padding=1)
+        self.num_classes, self.hr_scale = num_classes, hr_scale
+
+    def forward(self, s2: torch.Tensor, **_: Any) -> dict[str, torch.Tensor]:
+        y = self.conv(s2.mean(1))
+        hr = torch.sigmoid(F.interpolate(y[:, -3:], scale_factor=self.hr_scale, mode="nearest"))
+        return {"semantic": y[:, :self.num_classes], "parcel": y[:, self.num_classes:], "hr": hr}
+
+
+class ZerosStandIn(torch.nn.Module):
+    """Stand-in network that returns zeros of the right shapes: the tiled time is the tiler's own cost
+    (cutting, padding, blending), not the network's."""
+
+    def __init__(self, num_classes: int, hr_scale: int = HR_SCALE) -> None:
+        super().__init__()
+        self.num_classes, self.hr_scale = num_classes, hr_scale
+
+    def forward(self, s2: torch.Tensor, **_: Any) -> dict[str, torch.Tensor]:
+        n, h, w, s = s2.shape[0], s2.shape[-2], s2.shape[-1], self.hr_scale
+        return {"semantic": s2.new_zeros(n, self.num_classes, h, w), "parcel": s2.new_zeros(n, 3, h, w),
+                "hr": s2.new_zeros(n, 3, s * h, s * w)}
+
+
+def _synthetic(patches: int, t2: int, t1: int, height: int, width: int, num_classes: int,
+               device: torch.device) -> dict[str, torch.Tensor]:
+    try:
+        from cropscale.model.synthetic import synthetic_batch
+    except ImportError:  # pragma: no cover - only before the module exists
+        g = torch.Generator().manual_seed(0)
+        batch = {"s2": torch.randn(patches, t2, 10, height, width, generator=g),
+                 "s2_doy": torch.arange(1, t2 + 1).repeat(patches, 1) * 20,
+                 "s2_mask": torch.ones(patches, t2, height, width, dtype=torch.bool)}
+        return {k: v.to(device) for k, v in batch.items()}
+    batch = synthetic_batch(patches, t2=t2, t1=t1, height=height, width=width, num_classes=num_classes,
+                            device=device)
+    return model_inputs(batch)
+
+
+def _build_model(name: str, num_classes: int) -> tuple[torch.nn.Module, str]:
+    if name in ("auto", "cropmapping"):
+        try:
+            from cropscale.model.network import CropMappingNet
+        except ImportError as err:
+            if name == "cropmapping":
+                raise CropScaleError(f"--model cropmapping: cropscale.model.network does not import: {err}") from None
+        else:
+            net = CropMappingNet(num_classes=num_classes)
+            params = sum(p.numel() for p in net.parameters())
+            return net, f"CropMappingNet (default config, num_classes={num_classes}, {params:,} parameters)"
+    if name == "zeros":
+        return ZerosStandIn(num_classes), "zeros stand-in (returns zeros: the tiled time is the tiler's own cost)"
+    return ConvStandIn(num_classes), "conv stand-in (one 3x3 Conv2d + nearest x10 upsampling; not the real network)"
+
+
+def _timed(fn: Callable[[], object], device: torch.device, warmup: int, repeats: int) -> list[float]:
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        t0 = time.perf_counter()
+        fn()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        times.append(time.perf_counter() - t0)
+    return times
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="cropscale tiling-bench", description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", choices=("auto", "cropmapping", "conv", "zeros"), default="auto",
+                   help="network: CropMappingNet (auto = if it imports), the conv stand-in, or the zeros "
+                        "stand-in (tiler overhead alone)")
+    p.add_argument("--patches", type=int, default=2, help="whole patches per tiled call (default 2)")
+    p.add_argument("--height", type=int, default=128, help="patch height, 10 m pixels (default 128, PASTIS)")
+    p.add_argument("--width", type=int, default=128, help="patch width, 10 m pixels (default 128)")
+    p.add_argument("--window", type=int, default=32, help="tile size, 10 m pixels (default 32)")
+    p.add_argument("--stride", type=int, default=None, help="tile stride (default window // 2)")
+    p.add_argument("--tile-batch-size", type=int, default=16, help="tiles per network call (default 16)")
+    p.add_argument("--t2", type=int, default=16, help="Sentinel-2 dates (default 16)")
+    p.add_argument("--t1", type=int, default=4, help="dates per Sentinel-1 orbit (default 4)")
+    p.add_argument("--num-classes", type=int, default=20, help="semantic classes (default 20, PASTIS)")
+    p.add_argument("--precision", choices=("32", "16-mixed", "bf16-mixed"), default="32",
+                   help="FP32 or autocast FP16 / BF16 (default 32)")
+    p.add_argument("--device", default=None, help="cpu, cuda, cuda:i (default cuda if available)")
+    p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads on CPU")
+    p.add_argument("--warmup", type=int, default=1, help="unmeasured runs of each measurement (default 1)")
+    p.add_argument("--repeats", type=int, default=3, help="measured runs (default 3; one-tile: max(5, x))")
+    p.add_argument("--output", default=None, help="also write the results as JSON here")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the benchmark, print the three labelled figures; return 0.
+
+    Raises:
+        CropScaleError: a bad argument (sizes < 1, unknown device, unwritable ``--output``).
+    """
+    args = _parser().parse_args(argv)
+    for name in ("patches", "height", "width", "window", "tile_batch_size", "t2", "t1", "repeats"):
+        if getattr(args, name) < 1:
+            raise CropScaleError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if args.warmup < 0:
+        raise CropScaleError(f"--warmup must be >= 0, got {args.warmup}")
+    if args.threads is not None:
+        if args.threads < 1:
+            raise CropScaleError(f"--threads must be >= 1, got {args.threads}")
+        torch.set_num_threads(args.threads)
+    if args.window > min(args.height, args.width):
+        raise CropScaleError(f"--window {args.window} is larger than the patch {args.height}x{args.width} "
+                             f"(the one-tile forward needs a whole window inside the patch)")
+    from cropscale.bench.benchmark import resolve_device
+
+    device = resolve_device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    torch.manual_seed(0)
+    net, model_desc = _build_model(args.model, args.num_classes)
+    net = net.to(device).eval()
+    inputs = _synthetic(args.patches, args.t2, args.t1, args.height, args.width, args.num_classes, device)
+    window = args.window
+    tile = {k: (v[:1, ..., :window, :window] if v is not None and v.dim() >= 3
+                and tuple(v.shape[-2:]) == (args.height, args.width) else (None if v is None else v[:1]))
+            for k, v in inputs.items()}
+    amp_dtype = {"16-mixed": torch.float16, "bf16-mixed": torch.bfloat16}.get(args.precision)
+
+    def autocast():
+        return torch.autocast(device.type, dtype=amp_dtype) if amp_dtype is not None else nullcontext()
+
+    stats = TilingStats()
+
+    def tiled() -> None:
+        with torch.inference_mode(), autocast():
+            sliding_window_inference(net, inputs, window=window, stride=args.stride,
+                                     tile_batch_size=args.tile_batch_size, stats=stats)
+
+    def one_tile() -> None:
+        with torch.inference_mode(), autocast():
+            net(**tile)
+
+    tiled_s = _timed(tiled, device, args.warmup, args.repeats)
+    tile_s = _timed(one_tile, device, max(args.warmup, 1), max(args.repeats, 5))
+    per_patch = statistics.median(tiled_s) / args.patches
+    one = statistics.median(tile_s)
+    predicted = stats.tiles_per_patch * one
+    ratio = per_patch / predicted
+    stride = args.stride if args.stride is not None else max(window // 2, 1)
+    print(f"model: {model_desc}; device {device}; precision {args.precision}; "
+          f"torch threads {torch.get_num_threads()}")
+    print(f"{EVIDENCE}  tiled validation: {per_patch * 1e3:.1f} ms per patch ({args.height}x{args.width} "
+          f"patch, T2={args.t2}, window {window}, stride {stride}, {stats.tiles_per_patch} tiles/patch, "
+          f"tile batch {args.tile_batch_size}, {stats.num_net_calls} net calls for {args.patches} patches; "
+          f"median of {args.repeats})")
+    print(f"{EVIDENCE}  one-tile forward: {one * 1e3:.2f} ms (batch 1, {window}x{window}; median of "
+          f"{len(tile_s)}); {stats.tiles_per_patch} tiles x one-tile = {predicted * 1e3:.1f} ms per patch")
+    print(f"{EVIDENCE}  ratio tiled / (tiles x one-tile) = {ratio:.3f}")
+    if args.output:
+        from cropscale.bench._env import environment_record
+
+        doc = {
+            "evidence": EVIDENCE, "model": model_desc, "precision": args.precision,
+            "settings": {k: getattr(args, k) for k in ("patches", "height", "width", "window", "tile_batch_size",
+                                                        "t2", "t1", "num_classes", "warmup", "repeats")},
+            "stride": stride, "tiles_per_patch": stats.tiles_per_patch, "net_calls": stats.num_net_calls,
+            "tiled_s": tiled_s, "one_tile_s": tile_s, "tiled_per_patch_s": per_patch, "one_tile_s_median": one,
+            "tiles_x_one_tile_s": predicted, "ratio": ratio,
+            "environment": environment_record(__file__, list(sys.argv[1:] if argv is None else argv), device),
+        }
+        out = Path(args.output)
+        try:
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_text(json.dumps(doc, indent=2) + "\n")
+        except OSError as err:
+            raise CropScaleError(f"--output {out}: cannot write: {err}") from None
+        print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

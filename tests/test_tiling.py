@@ -1,0 +1,223 @@
+"""Tests of cropscale.tiling.sliding_window_inference with tiny stand-in networks."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from cropscale import CropScaleError
+from cropscale.tiling import (
+    TilingStats,
+    _pad_index,
+    blend_window_1d,
+    sliding_window_inference,
+    tile_starts,
+)
+
+torch.set_num_threads(1)
+
+
+def _inputs(b=2, t=3, h=16, w=24, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return {
+        "s2": torch.randn(b, t, 10, h, w, generator=g),
+        "s2_doy": torch.randint(1, 367, (b, t), generator=g),
+        "s2_mask": torch.rand(b, t, h, w, generator=g) > 0.2,
+        "s1a": torch.randn(b, 2, 2, h, w, generator=g),
+        "s1a_doy": torch.randint(1, 367, (b, 2), generator=g),
+        "s1a_mask": torch.ones(b, 2, dtype=torch.bool),
+    }
+
+
+def _ramp_net(hr_scale):
+    """Elementwise in the input plus a ramp over tile coordinates: NOT translation-equivariant, so the
+    stitched map shows exactly which tile each pixel came from."""
+
+    def net(s2, s2_doy, s2_mask, s1a, s1a_doy, s1a_mask):
+        n, _, _, h, w = s2.shape
+        ramp = torch.arange(h * w, dtype=torch.float32).reshape(h, w)
+        sem = s2[:, 0, :4] * 2.0 + s1a[:, 1, :1] + ramp
+        hr = sem[:, :3].repeat_interleave(hr_scale, -2).repeat_interleave(hr_scale, -1)
+        hr = hr + torch.arange((h * hr_scale) * (w * hr_scale), dtype=torch.float32).reshape(h * hr_scale, -1)
+        return {"semantic": sem, "parcel": s2[:, 1, :3] - 1.0, "hr": hr}
+
+    return net
+
+
+@pytest.mark.parametrize("blend", ["hann", "uniform"])
+def test_stride_equal_window_stitches_tiles_exactly(blend):
+    window, hr = 8, 3
+    inputs = _inputs(b=2, h=16, w=24)
+    net = _ramp_net(hr)
+    stats = TilingStats()
+    out = sliding_window_inference(net, inputs, window=window, stride=window, hr_scale=hr, blend=blend,
+                                   tile_batch_size=5, stats=stats)
+    assert stats.tiles_per_patch == 6 and stats.num_tiles == 12 and stats.num_net_calls == 3
+    assert stats.padded_size == (16, 24) and stats.pad_before == (0, 0)
+    expected = {k: torch.zeros_like(v) for k, v in out.items()}
+    for b in range(2):
+        for y in range(0, 16, window):
+            for x in range(0, 24, window):
+                tile = {k: (v[b:b + 1, ..., y:y + window, x:x + window] if v.dim() >= 3 else v[b:b + 1])
+                        for k, v in inputs.items()}
+                o = net(**tile)
+                for k in ("semantic", "parcel"):
+                    expected[k][b, :, y:y + window, x:x + window] = o[k][0]
+                expected["hr"][b, :, y * hr:(y + window) * hr, x * hr:(x + window) * hr] = o["hr"][0]
+    assert out["semantic"].shape == (2, 4, 16, 24) and out["hr"].shape == (2, 3, 48, 72)
+    for k in out:
+        assert torch.equal(out[k], expected[k]), k
+
+
+@pytest.mark.parametrize("padding", ["reflect", "replicate", "zeros", "shift"])
+@pytest.mark.parametrize("blend", ["hann", "uniform"])
+def test_constant_model_gives_the_constant_everywhere_on_odd_sizes(padding, blend):
+    h, w, window, hr = 50, 37, 16, 10
+
+    def net(s2, **_):
+        n = s2.shape[0]
+        return {"semantic": torch.full((n, 5, window, window), 2.5), "parcel": torch.full((n, 3, window, window), -1.25),
+                "hr": torch.full((n, 3, window * hr, window * hr), 0.375)}
+
+    stats = TilingStats()
+    out = sliding_window_inference(net, _inputs(b=1, h=h, w=w), window=window, stride=5, hr_scale=hr,
+                                   blend=blend, padding=padding, stats=stats)
+    assert out["semantic"].shape == (1, 5, h, w) and out["parcel"].shape == (1, 3, h, w)
+    assert out["hr"].shape == (1, 3, h * hr, w * hr)
+    # every pixel of both grids is covered (a pixel with zero weight would raise) and the weights normalise
+    torch.testing.assert_close(out["semantic"], torch.full_like(out["semantic"], 2.5), rtol=1e-6, atol=0)
+    torch.testing.assert_close(out["parcel"], torch.full_like(out["parcel"], -1.25), rtol=1e-6, atol=0)
+    torch.testing.assert_close(out["hr"], torch.full_like(out["hr"], 0.375), rtol=1e-6, atol=0)
+    if padding == "shift":
+        assert stats.starts_y[-1] + window == h and stats.starts_x[-1] + window == w
+    else:
+        assert stats.starts_y[-1] + window == stats.padded_size[0] >= h
+        assert stats.starts_x[-1] + window == stats.padded_size[1] >= w
+
+
+class _PointwiseNet(torch.nn.Module):
+    """One 1x1 convolution (translation-equivariant, no padding effects) on the time means of S2 and S1;
+    the high grid is its nearest-neighbour x hr_scale upsampling (equivariant to shifts by whole 10 m pixels)."""
+
+    def __init__(self, hr_scale):
+        super().__init__()
+        torch.manual_seed(3)
+        self.conv = torch.nn.Conv2d(12, 8, kernel_size=1)
+        self.hr_scale = hr_scale
+
+    def forward(self, s2, s2_doy, s2_mask, s1a, s1a_doy, s1a_mask):
+        x = torch.cat([(s2 * s2_mask[:, :, None]).mean(1), s1a.mean(1)], dim=1)
+        y = self.conv(x)
+        return {"semantic": y[:, :5], "parcel": y[:, 5:], "hr": torch.sigmoid(
+            F.interpolate(y[:, :3], scale_factor=self.hr_scale, mode="nearest"))}
+
+
+@pytest.mark.parametrize("padding", ["reflect", "zeros", "shift"])
+def test_translation_equivariant_model_tiled_equals_untiled(padding):
+    net = _PointwiseNet(hr_scale=10)
+    inputs = _inputs(b=2, h=50, w=37, seed=1)
+    with torch.no_grad():
+        tiled = sliding_window_inference(net, inputs, window=16, padding=padding)
+        whole = net(**inputs)
+    for k in whole:
+        assert tiled[k].shape == whole[k].shape
+        # the 1x1 conv has no padding effects, so the whole patch (borders included) must agree
+        torch.testing.assert_close(tiled[k], whole[k], rtol=0, atol=1e-5)
+
+
+def test_tiles_of_all_patches_are_batched_and_non_spatial_inputs_repeated():
+    b, h, w, window = 3, 16, 16, 8
+    inputs = _inputs(b=b, h=h, w=w)
+    for i in range(b):
+        inputs["s2"][i] = float(i + 1)
+        inputs["s2_doy"][i] = 100 * (i + 1)
+    calls = []
+
+    def net(s2, s2_doy, s2_mask, s1a, s1a_doy, s1a_mask):
+        calls.append(s2.shape[0])
+        assert s2.shape[-2:] == (window, window) and s2_mask.shape[-2:] == (window, window)
+        assert s2_doy.shape == (s2.shape[0], 3) and s1a_mask.shape == (s2.shape[0], 2)
+        # each tile's non-spatial inputs are those of its own patch
+        assert torch.equal(s2_doy[:, 0].float(), 100 * s2[:, 0, 0, 0, 0])
+        n = s2.shape[0]
+        return {"semantic": s2[:, 0, :2], "hr": torch.zeros(n, 3, 2 * window, 2 * window)}
+
+    stats = TilingStats()
+    out = sliding_window_inference(net, inputs, window=window, hr_scale=2, tile_batch_size=16, stats=stats)
+    assert stats.tiles_per_patch == 9 and stats.num_tiles == 27
+    assert calls == [16, 11] and stats.num_net_calls == 2
+    for i in range(b):
+        torch.testing.assert_close(out["semantic"][i], torch.full((2, h, w), float(i + 1)), rtol=1e-6, atol=0)
+
+
+def test_uncovered_pixels_raise_before_the_network_runs():
+    def net(**_):
+        raise AssertionError("the network must not run")
+
+    with pytest.raises(CropScaleError, match="covered by no tile"):
+        sliding_window_inference(net, _inputs(b=1, h=30, w=30), window=8, stride=10)
+    with pytest.raises(CropScaleError, match="covered by no tile"):
+        sliding_window_inference(net, _inputs(b=1, h=30, w=30), window=8, stride=10, padding="shift")
+
+
+def test_bad_arguments_and_outputs_raise_clear_errors():
+    inputs = _inputs(b=1, h=12, w=12)
+    ok = _ramp_net(2)
+    with pytest.raises(CropScaleError, match="padding"):
+        sliding_window_inference(ok, inputs, window=8, padding="mirror")
+    with pytest.raises(CropScaleError, match="blend"):
+        sliding_window_inference(ok, inputs, window=8, blend="gauss")
+    with pytest.raises(CropScaleError, match="window"):
+        sliding_window_inference(ok, inputs, window=0)
+    with pytest.raises(CropScaleError, match="padding='shift'"):
+        sliding_window_inference(ok, _inputs(b=1, h=6, w=12), window=8, padding="shift")
+    with pytest.raises(CropScaleError, match="'s2'"):
+        sliding_window_inference(ok, {"s1a": inputs["s1a"]}, window=8)
+    bad = dict(inputs, s2_doy=torch.ones(2, 3, dtype=torch.long))
+    with pytest.raises(CropScaleError, match="s2_doy"):
+        sliding_window_inference(ok, bad, window=8)
+
+    def wrong_size(s2, **_):
+        return {"semantic": torch.zeros(s2.shape[0], 2, 7, 7)}
+
+    with pytest.raises(CropScaleError, match="'semantic' has spatial size"):
+        sliding_window_inference(wrong_size, inputs, window=8)
+
+
+def test_patch_smaller_than_window_is_reflect_padded():
+    out = sliding_window_inference(_PointwiseNet(hr_scale=2), _inputs(b=1, h=5, w=3), window=8, hr_scale=2)
+    assert out["semantic"].shape == (1, 5, 5, 3) and out["hr"].shape == (1, 3, 10, 6)
+
+
+def test_reflect_padding_matches_numpy_for_any_pad_width():
+    for size, before, after in [(5, 2, 3), (5, 7, 9), (2, 5, 4), (1, 3, 3)]:
+        idx = _pad_index(size, before, after, "reflect", torch.device("cpu")).numpy()
+        ref = np.pad(np.arange(size), (before, after), mode="reflect" if size > 1 else "edge")
+        np.testing.assert_array_equal(idx, ref)
+    idx = _pad_index(4, 2, 1, "zeros", torch.device("cpu")).tolist()
+    assert idx == [-1, -1, 0, 1, 2, 3, -1]
+
+
+def test_tile_grid_and_hann_window():
+    assert tile_starts(128, 32, 16) == (0, 0, [0, 16, 32, 48, 64, 80, 96])
+    assert tile_starts(50, 16, 8) == (3, 3, [0, 8, 16, 24, 32, 40])
+    assert tile_starts(50, 16, 8, "shift") == (0, 0, [0, 8, 16, 24, 32, 34])
+    assert tile_starts(5, 8, 4) == (1, 2, [0])
+    # unfloored Hann sampled at pixel centres: overlapping windows at stride L/2 sum to exactly 1
+    w = blend_window_1d(32, "hann", floor=0.0).double()
+    torch.testing.assert_close(w[:16] + w[16:], torch.ones(16, dtype=torch.float64), rtol=0, atol=1e-7)
+    assert float(w.min()) == pytest.approx(math.sin(math.pi * 0.5 / 32) ** 2, rel=1e-6)
+    wf = blend_window_1d(32, "hann", floor=0.1)
+    assert float(wf.min()) >= 0.1 and float(wf.max()) <= 1.0
+
+
+def test_tiling_bench_runs_with_a_stand_in_model(capsys):
+    from cropscale.bench.tiling import main
+
+    assert main(["--model", "conv", "--height", "16", "--width", "24", "--window", "8", "--patches", "2",
+                 "--t2", "2", "--t1", "2", "--repeats", "1", "--warmup", "0", "--threads", "1"]) == 0
+    text = capsys.readouterr().out
+    assert "measured-microbenchmark" in text and "ratio" in text
+    assert "15 tiles/patch" in text
