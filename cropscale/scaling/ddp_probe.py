@@ -1,0 +1,203 @@
+"""Measured strong-scaling probe: training step time of the real network on 1 vs N processes, run
+through Lightning's DDP strategy and its launcher, for speed-up and the Karp-Flatt serial fraction.
+
+    python -m cropscale.scaling.ddp_probe --devices 2 --global-batch 4 --out /tmp/ddp2.json
+
+Each run trains :class:`cropscale.model.network.CropMappingNet` with
+:class:`cropscale.model.losses.MultiTaskLoss`, AdamW and gradient clipping at 1.0 (the Trainer's
+``gradient_clip_val``) on synthetic batches (:func:`cropscale.model.synthetic.synthetic_batch`,
+prepared before training, so data loading is not in the timed window) with a fixed *global*
+batch: ``global_batch / devices`` samples per rank (equal work per optimiser step for every
+world size, the strong-scaling protocol). On CPU, ``devices`` processes communicate over gloo;
+Lightning's subprocess launcher starts ranks 1..N-1 by re-running this module.
+
+Timed window per step: ``Callback.on_train_batch_start`` -> ``on_train_batch_end`` (forward,
+loss, backward with the gradient all-reduce, clipping, optimiser step; Lightning's per-step DDP
+SIGTERM-flag broadcast is included for N > 1). The first ``warmup`` steps are excluded. Each rank
+reports its median; the run's figure is the slowest rank's median. Evidence: ``measured-run``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from cropscale import CropScaleError
+
+EVIDENCE = "measured-run"
+
+
+def _build(args):
+    import torch
+    from lightning.pytorch import Callback, LightningModule
+    from torch.utils.data import Dataset
+
+    from cropscale.batch import model_inputs
+    from cropscale.model.losses import MultiTaskLoss
+    from cropscale.model.network import CropMappingNet
+    from cropscale.model.synthetic import synthetic_batch
+
+    class SyntheticSamples(Dataset):
+        """``length`` samples cycled from one pre-generated synthetic batch (one sample per item)."""
+
+        def __init__(self, length: int, pool: int) -> None:
+            batch = synthetic_batch(pool, args.t2, args.t1, args.crop_size, args.crop_size, seed=args.seed)
+            self.samples = [{k: v[i] for k, v in batch.items()} for i in range(pool)]
+            self.length = length
+
+        def __len__(self) -> int:
+            return self.length
+
+        def __getitem__(self, i: int) -> dict:
+            return self.samples[i % len(self.samples)]
+
+    class ProbeModule(LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = CropMappingNet()
+            self.loss = MultiTaskLoss()
+
+        def training_step(self, batch, batch_idx):
+            total, _ = self.loss(self.net(**model_inputs(batch)), batch)
+            return total
+
+        def configure_optimizers(self):
+            return torch.optim.AdamW(self.parameters(), lr=1e-3)
+
+    class StepTimer(Callback):
+        def __init__(self) -> None:
+            self.times: list[float] = []
+            self._t0 = 0.0
+
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+            self._t0 = time.perf_counter()
+
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+            self.times.append(time.perf_counter() - self._t0)
+
+    return SyntheticSamples, ProbeModule, StepTimer
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m cropscale.scaling.ddp_probe", description=__doc__.split("\n\n")[0])
+    p.add_argument("--devices", type=int, default=1, help="processes (CPU) or GPUs")
+    p.add_argument("--accelerator", default="cpu")
+    p.add_argument("--global-batch", type=int, default=4, help="samples per optimiser step over all ranks")
+    p.add_argument("--steps", type=int, default=6, help="timed steps")
+    p.add_argument("--warmup", type=int, default=2, help="untimed first steps")
+    p.add_argument("--crop-size", type=int, default=16, help="10 m crop side (multiple of 4)")
+    p.add_argument("--t2", type=int, default=16)
+    p.add_argument("--t1", type=int, default=4)
+    p.add_argument("--threads", type=int, default=1, help="torch intra-op threads per process")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", required=True, help="JSON file written by rank 0")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run one probe (all ranks); rank 0 writes ``--out``. Returns the exit status."""
+    args = _parser().parse_args(argv)
+    if args.devices < 1 or args.global_batch % args.devices:
+        raise CropScaleError(
+            f"--global-batch ({args.global_batch}) must be a positive multiple of --devices ({args.devices})"
+        )
+    import torch
+    from lightning.pytorch import Trainer, seed_everything
+
+    torch.set_num_threads(args.threads)
+    seed_everything(args.seed, workers=True, verbose=False)
+    local = args.global_batch // args.devices
+    total_steps = args.warmup + args.steps
+    samples_cls, module_cls, timer_cls = _build(args)
+    data = torch.utils.data.DataLoader(
+        samples_cls(total_steps * args.global_batch, pool=max(local, 1)), batch_size=local, shuffle=False,
+        num_workers=0,
+    )
+    timer = timer_cls()
+    trainer = Trainer(
+        accelerator=args.accelerator,
+        devices=args.devices,
+        strategy="ddp" if args.devices > 1 else "auto",
+        max_steps=total_steps,
+        gradient_clip_val=1.0,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        limit_val_batches=0,
+        callbacks=[timer],
+    )
+    trainer.fit(module_cls(), train_dataloaders=data)
+    measured = timer.times[args.warmup:]
+    if not measured:
+        raise CropScaleError(f"ddp_probe: only {len(timer.times)} steps ran; {total_steps} were asked for")
+    mine = {"rank": trainer.global_rank, "median_step_s": statistics.median(measured), "step_times_s": measured}
+    per_rank = [mine]
+    if trainer.world_size > 1:
+        import torch.distributed as dist
+
+        per_rank = [None] * trainer.world_size
+        dist.all_gather_object(per_rank, mine)
+    if trainer.global_rank == 0:
+        record = {
+            "evidence": EVIDENCE,
+            "what": "training step time (forward, loss, backward + all-reduce, clipping, AdamW), strong scaling",
+            "world_size": trainer.world_size,
+            "accelerator": args.accelerator,
+            "global_batch": args.global_batch,
+            "local_batch": local,
+            "crop_size": args.crop_size,
+            "t2": args.t2,
+            "t1": args.t1,
+            "threads_per_process": args.threads,
+            "warmup_steps": args.warmup,
+            "timed_steps": len(measured),
+            "median_step_s": max(r["median_step_s"] for r in per_rank),
+            "slowest_rank": max(per_rank, key=lambda r: r["median_step_s"])["rank"],
+            "per_rank": per_rank,
+            "host": {"cpus": os.cpu_count(), "load_average_1m": os.getloadavg()[0],
+                     "platform": platform.platform(), "python": platform.python_version(),
+                     "torch": torch.__version__},
+        }
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(record, indent=2), encoding="utf-8")
+    return 0
+
+
+def run_probe(devices: int, out: str | Path, *, timeout_s: float = 600, **options) -> dict:
+    """Launch ``python -m cropscale.scaling.ddp_probe`` in a subprocess and return its JSON record.
+
+    Args:
+        devices: processes / devices.
+        out: JSON path for rank 0's record.
+        timeout_s: wall-clock limit of the whole run (s).
+        **options: further CLI options by their Python names (``global_batch=4``, ``steps=6`` ...).
+
+    Raises:
+        CropScaleError: the run failed or timed out (the message ends with its output tail).
+    """
+    cmd = [sys.executable, "-m", "cropscale.scaling.ddp_probe", "--devices", str(devices), "--out", str(out)]
+    for key, value in options.items():
+        cmd += [f"--{key.replace('_', '-')}", str(value)]
+    env = dict(os.environ)
+    env.setdefault("OMP_NUM_THREADS", str(options.get("threads", 1)))
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=env)
+    except subprocess.TimeoutExpired as err:
+        raise CropScaleError(f"ddp_probe with {devices} device(s) exceeded {timeout_s:g} s") from err
+    if proc.returncode != 0 or not Path(out).is_file():
+        tail = (proc.stdout + proc.stderr)[-3000:]
+        raise CropScaleError(f"ddp_probe with {devices} device(s) failed (exit {proc.returncode}):\n{tail}")
+    return json.loads(Path(out).read_text(encoding="utf-8"))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
