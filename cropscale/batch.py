@@ -1,6 +1,6 @@
 """The batch contract shared by the data pipeline, the network, the task, tiling and the callbacks.
 
-A batch is a ``dict[str, Tensor]`` produced by :func:`cropscale.data.collate` (``B`` samples,
+A batch is a ``dict[str, Tensor]`` produced by :func:`cropscale.data.collate.collate` (``B`` samples,
 ``T2`` Sentinel-2 dates, ``T1`` dates per Sentinel-1 orbit, ``H x W`` pixels at 10 m; the high
 grid is ``10H x 10W`` at 1 m):
 
@@ -10,7 +10,7 @@ key                shape, dtype                content
 ``s2``             ``[B, T2, 10, H, W]`` f32   Sentinel-2 B02 B03 B04 B05 B06 B07 B08 B8A B11 B12,
                                                reflectance x 1e4, normalised with training-fold
                                                per-band statistics
-``s2_doy``         ``[B, T2]`` int64           day of year (1..366) of each sampled date
+``s2_doy``         ``[B, T2]`` int64           day of year (1..366) of each sampled date; 0 = padding date
 ``s2_mask``        ``[B, T2, H, W]`` bool      True = clear observation (per date and pixel)
 ``s1a``            ``[B, T1, 2, H, W]`` f32    Sentinel-1 ascending VV, VH backscatter (dB), normalised
 ``s1a_doy``        ``[B, T1]`` int64           day of year

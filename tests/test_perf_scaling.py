@@ -20,7 +20,7 @@ from cropscale.scaling.measure import (
     tiled_validation_time_vs_area,
 )
 
-pytest_plugins = ["scaling_plugin"]  # until tests/conftest.py lists it
+
 pytestmark = pytest.mark.perf
 
 

@@ -18,7 +18,7 @@ from cropscale.scaling.assertions import (
 from cropscale.scaling.measure import ScalingSeries
 from cropscale.scaling.pmnf import CONSTANT, Term, fit_pmnf
 
-pytest_plugins = ["scaling_plugin", "pytester"]  # until tests/conftest.py lists scaling_plugin
+pytest_plugins = ["pytester"]
 
 X = np.array([2, 4, 8, 16, 32, 64], dtype=float)
 

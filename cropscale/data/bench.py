@@ -1,0 +1,207 @@
+"""Loader throughput: samples/s of the data pipeline alone, by DataLoader worker count, next to the
+model's training samples/s on the same batches.
+
+``python -m cropscale loader-bench [--root DIR] [--workers 0 2] [--batches 20] [--batch-size 4]``
+
+For each worker count the training DataLoader of :class:`PastisHDDataModule` (random crops,
+temporal sampling, augmentation, windowed high-grid reads, collate) is iterated: the first batch
+(worker start-up and first prefetch) is timed apart, ``--warmup`` batches are skipped, then
+``--batches`` batches are timed; samples/s = batches x batch size / elapsed seconds. With workers,
+up to ``workers x prefetch_factor`` batches may already wait in the queue when timing starts, which
+flatters a short run: keep ``--batches`` well above that (default 40 vs 4). Normalisation
+statistics are computed once beforehand and not timed.
+
+When :class:`cropscale.model.network.CropMappingNet` and :class:`cropscale.model.losses.MultiTaskLoss`
+are importable, one training step (forward, loss, backward, gradient clipping to 1.0, AdamW) is
+timed on the batches of the first worker count, already in memory and on ``--device``; its
+samples/s is printed beside (``--no-model`` skips it). All figures are ``measured-microbenchmark``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from cropscale import CropScaleError
+
+LABEL = "measured-microbenchmark"
+_REPO = Path(__file__).resolve().parents[2]
+_DEFAULT_ROOTS = (Path("data/worldcereal-flanders"), _REPO.parent / "shared" / "data" / "worldcereal-flanders")
+
+
+def _default_root() -> str:
+    for root in _DEFAULT_ROOTS:
+        if (root / "metadata.geojson").is_file():
+            return str(root)
+    return str(_DEFAULT_ROOTS[0])
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m cropscale loader-bench", description=__doc__.split("\n\n")[0])
+    p.add_argument("--root", default=None, help="dataset root (default: data/worldcereal-flanders, else ../shared/data/...)")
+    p.add_argument("--workers", type=int, nargs="+", default=[0, 2], help="DataLoader worker counts to measure")
+    p.add_argument("--batches", type=int, default=40, help="timed batches per worker count")
+    p.add_argument("--warmup", type=int, default=4, help="batches skipped after the first")
+    p.add_argument("--batch-size", type=int, default=4)
+    p.add_argument("--crop-size", type=int, default=32)
+    p.add_argument("--t2", type=int, default=16)
+    p.add_argument("--t1", type=int, default=4)
+    p.add_argument("--train-folds", type=int, nargs="+", default=[1])
+    p.add_argument("--ignore-index", type=int, default=None)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--model", action=argparse.BooleanOptionalAction, default=True,
+                   help="also time the model's training step on the same batches")
+    p.add_argument("--model-steps", type=int, default=None, help="timed model steps (default: --batches)")
+    p.add_argument("--device", default="cpu", help="device of the model step (cpu, cuda)")
+    p.add_argument("--json", default=None, help="write the figures and the environment record to this file")
+    return p
+
+
+def measure_loader(dm, batches: int, warmup: int, keep: bool = False) -> dict:
+    """Iterate ``dm.train_dataloader()``: first batch, ``warmup`` skipped, ``batches`` timed.
+
+    Returns ``{"first_batch_s", "samples_per_s", "median_batch_ms", "samples", "elapsed_s"}`` and,
+    with ``keep``, the timed batches under ``"batches"``.
+
+    Raises:
+        CropScaleError: the loader has fewer than ``1 + warmup + batches`` batches.
+    """
+    loader = dm.train_dataloader()
+    needed = 1 + warmup + batches
+    if len(loader) < needed:
+        raise CropScaleError(f"loader-bench: the training loader has {len(loader)} batches, {needed} needed; "
+                             "raise --samples-per-patch or lower --batches/--warmup")
+    t0 = time.perf_counter()
+    it = iter(loader)
+    next(it)
+    first = time.perf_counter() - t0
+    for _ in range(warmup):
+        next(it)
+    kept, times, samples = [], [], 0
+    start = time.perf_counter()
+    last = start
+    for _ in range(batches):
+        batch = next(it)
+        now = time.perf_counter()
+        times.append(now - last)
+        last = now
+        samples += int(batch["s2"].shape[0])
+        if keep:
+            kept.append(batch)
+    elapsed = last - start
+    del it
+    out = {"first_batch_s": first, "samples_per_s": samples / elapsed, "median_batch_ms": 1e3 * statistics.median(times),
+           "samples": samples, "elapsed_s": elapsed}
+    if keep:
+        out["batches"] = kept
+    return out
+
+
+def measure_model(batches: list[dict], num_classes: int, ignore_index: int | None, device: str, steps: int) -> dict:
+    """Time training steps (forward, loss, backward, clip 1.0, AdamW) of ``CropMappingNet`` on
+    ``batches`` (cycled) already moved to ``device``; one untimed warm-up step; synchronised per
+    step on CUDA. Returns ``{"samples_per_s", "median_step_ms", "steps", "batch_size"}``."""
+    from cropscale.batch import model_inputs
+    from cropscale.model.losses import MultiTaskLoss
+    from cropscale.model.network import CropMappingNet
+
+    dev = torch.device(device)
+    net = CropMappingNet(num_classes=num_classes).to(dev)
+    loss_fn = MultiTaskLoss(ignore_index=ignore_index)
+    opt = torch.optim.AdamW(net.parameters(), lr=1e-3)
+    on_dev = [{k: v.to(dev, non_blocking=True) for k, v in b.items()} for b in batches]
+
+    def step(batch):
+        opt.zero_grad(set_to_none=True)
+        outputs = net(**model_inputs(batch))
+        loss, _ = loss_fn(outputs, batch)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(net.parameters(), 1.0)
+        opt.step()
+
+    def sync():
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+
+    step(on_dev[0])
+    sync()
+    times, samples = [], 0
+    for i in range(steps):
+        batch = on_dev[i % len(on_dev)]
+        t0 = time.perf_counter()
+        step(batch)
+        sync()
+        times.append(time.perf_counter() - t0)
+        samples += int(batch["s2"].shape[0])
+    return {"samples_per_s": samples / sum(times), "median_step_ms": 1e3 * statistics.median(times), "steps": steps,
+            "batch_size": int(on_dev[0]["s2"].shape[0])}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``python -m cropscale loader-bench``; prints a table, returns 0."""
+    from cropscale.data.datamodule import PastisHDDataModule
+
+    args = _parser().parse_args(argv)
+    if args.batches < 1 or args.warmup < 0 or args.batch_size < 1 or any(w < 0 for w in args.workers):
+        raise CropScaleError("loader-bench: --batches and --batch-size must be >= 1, --warmup and --workers >= 0")
+    root = args.root or _default_root()
+    needed = (1 + args.warmup + args.batches) * args.batch_size
+
+    def datamodule(workers: int) -> PastisHDDataModule:
+        dm = PastisHDDataModule(root, train_folds=args.train_folds, batch_size=args.batch_size,
+                                crop_size=args.crop_size, t2=args.t2, t1=args.t1, samples_per_patch=1,
+                                num_workers=workers, seed=args.seed, ignore_index=args.ignore_index)
+        return dm
+
+    probe = datamodule(0)
+    stats = probe.compute_stats()
+    n_patches = len(stats.patch_ids)
+    spp = -(-needed // n_patches)
+    print(f"loader-bench: {root}, folds {args.train_folds} ({n_patches} patches x {spp} crops), batch {args.batch_size}, "
+          f"crop {args.crop_size}, T2 {args.t2}, T1 {args.t1}, torch threads {torch.get_num_threads()}  [{LABEL}]")
+    print(f"{'workers':>7}  {'first batch s':>13}  {'timed batches':>13}  {'samples/s':>9}  {'median ms/batch':>15}")
+    rows, kept = [], None
+    for i, workers in enumerate(args.workers):
+        dm = datamodule(workers)
+        dm.samples_per_patch = spp
+        dm.stats = stats
+        dm.setup("fit")
+        r = measure_loader(dm, args.batches, args.warmup, keep=(i == 0 and args.model))
+        kept = r.pop("batches", kept)
+        rows.append({"workers": workers, **r})
+        print(f"{workers:>7}  {r['first_batch_s']:>13.3f}  {args.batches:>13}  {r['samples_per_s']:>9.1f}  "
+              f"{r['median_batch_ms']:>15.1f}")
+    result = {"label": LABEL, "root": str(root), "batch_size": args.batch_size, "crop_size": args.crop_size,
+              "t2": args.t2, "t1": args.t1, "loader": rows, "model": None}
+    if args.model:
+        try:
+            import cropscale.model.losses  # noqa: F401
+            import cropscale.model.network  # noqa: F401
+        except ImportError as err:
+            result["model_reason"] = f"model not available: {err}"
+            print(f"model training step: skipped ({result['model_reason']})")
+        else:
+            steps = args.model_steps or args.batches
+            m = measure_model(kept, probe.num_classes, args.ignore_index, args.device, steps)
+            result["model"] = {"device": args.device, **m}
+            print(f"model training step (forward + loss + backward + clip + AdamW) on {steps} of the same batches, "
+                  f"{args.device}: {m['samples_per_s']:.1f} samples/s, median {m['median_step_ms']:.1f} ms/step  [{LABEL}]")
+    if args.json:
+        try:
+            from cropscale.bench._env import environment_record
+
+            result["environment"] = environment_record(__file__, argv, torch.device(args.device))
+        except ImportError as err:
+            result["environment_reason"] = str(err)
+        Path(args.json).write_text(json.dumps(result, indent=1, default=str))
+        print(f"written {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

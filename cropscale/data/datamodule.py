@@ -1,0 +1,288 @@
+"""``PastisHDDataModule``: PASTIS-HD patches for training (random crops), validation and test
+(whole patches), normalised with statistics of the training folds.
+
+Built by LightningCLI from ``data:`` in ``configs/*.yaml`` (every constructor argument is type
+annotated for jsonargparse). ``num_classes`` and ``class_names`` come from ``classes.json`` and are
+available right after construction (the CLI links them into the model).
+
+Determinism: the training DataLoader shuffles with a ``torch.Generator`` seeded by ``seed`` (+ rank);
+each worker re-seeds the dataset's NumPy generator (crops, dates, augmentation) from its torch
+worker seed (:func:`seed_worker`), so a run with the same seed, world size and ``num_workers``
+draws the same samples. Validation and test are deterministic without any seed.
+
+Under DDP (world size > 1), validation and test use
+:class:`~cropscale.data.sharding.EvalShardSampler`, which covers every patch exactly once over the
+ranks (Lightning leaves a ``DistributedSampler`` subclass in place).
+"""
+
+from __future__ import annotations
+
+import random
+from functools import partial
+from pathlib import Path
+
+import numpy as np
+import torch
+from lightning.pytorch import LightningDataModule
+from lightning.pytorch.utilities import rank_zero_info
+from torch.utils.data import DataLoader, get_worker_info
+
+from cropscale import CropScaleError
+from cropscale.data.collate import collate
+from cropscale.data.dataset import S1_ORBITS, PastisHDDataset
+from cropscale.data.metadata import read_classes, read_metadata
+from cropscale.data.stats import NormStats, compute_norm_stats
+
+_RANK_STRIDE = 1_000_003  # separates the seeds of different ranks
+
+
+def seed_worker(worker_id: int) -> None:
+    """DataLoader ``worker_init_fn``: seed Python, NumPy and the dataset's generator from the torch
+    worker seed (``base_seed + worker_id``, where ``base_seed`` comes from the loader's generator)."""
+    info = get_worker_info()
+    seed = int(info.seed) if info is not None else int(torch.initial_seed())
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    dataset = info.dataset if info is not None else None
+    if hasattr(dataset, "reseed"):
+        dataset.reseed(seed)
+
+
+class PastisHDDataModule(LightningDataModule):
+    """PASTIS-HD (PASTIS + PASTIS-R + SPOT-6/7) and datasets in its layout, e.g. the bundled
+    ``worldcereal-flanders`` sample.
+
+    Args:
+        root: dataset root (``metadata.geojson``, ``classes.json``, ``DATA_S2`` ...).
+        train_folds, val_folds: folds (``Fold`` in the metadata) for training and validation.
+        test_folds: folds for ``test`` and ``predict``; None = no test set.
+        batch_size: training batch (local, per rank).
+        val_batch_size: validation/test batch of whole patches (local, per rank).
+        crop_size: training crop side (10 m pixels); the high-grid crop is 10x that.
+        t2: Sentinel-2 dates per sample.
+        t1: dates per Sentinel-1 orbit per sample.
+        samples_per_patch: random training crops per patch per epoch (epoch length = training
+            patches x this).
+        num_workers, pin_memory, persistent_workers, prefetch_factor: DataLoader settings
+            (``persistent_workers`` and ``prefetch_factor`` only apply with workers).
+        seed: seed of the training sampling (crops, dates, augmentation, order).
+        stats_path: normalisation statistics JSON: loaded if it exists (and refused if computed on
+            other folds), else computed over ``train_folds`` at setup and saved there; None =
+            computed at setup and kept in memory.
+        hr_dir, hr_pattern: high-grid GeoTIFF directory (relative to root) and file name pattern
+            (``{patch_id}``); a missing directory means no high-grid target.
+        ignore_index: class id to ignore in loss and metrics (PASTIS void 19); None = none.
+        hr_bands: 1-based band indices of R, G, B in the high-grid files.
+        hr_max: digital number mapped to 1.0 in ``hr`` (255 for 8-bit images).
+        s1_orbits: Sentinel-1 orbits to read where present.
+        min_clear_fraction: fraction of clear pixels for a date to count as valid.
+        augment: random flips and 90-degree rotations of training crops.
+
+    Raises:
+        CropScaleError: missing root, ``metadata.geojson`` or ``classes.json`` (at construction);
+            empty folds and bad patch files (at :meth:`setup`).
+    """
+
+    def __init__(
+        self,
+        root: str,
+        train_folds: list[int] = [1],  # noqa: B006 - jsonargparse needs the literal default
+        val_folds: list[int] = [2],  # noqa: B006
+        test_folds: list[int] | None = None,
+        batch_size: int = 4,
+        val_batch_size: int = 1,
+        crop_size: int = 32,
+        t2: int = 16,
+        t1: int = 4,
+        samples_per_patch: int = 1,
+        num_workers: int = 0,
+        pin_memory: bool = False,
+        persistent_workers: bool = False,
+        prefetch_factor: int | None = None,
+        seed: int = 0,
+        stats_path: str | None = None,
+        hr_dir: str = "DATA_SPOT",
+        hr_pattern: str = "SPOT_{patch_id}.tif",
+        ignore_index: int | None = None,
+        hr_bands: list[int] = [1, 2, 3],  # noqa: B006
+        hr_max: float = 255.0,
+        s1_orbits: list[str] = ["S1A", "S1D"],  # noqa: B006
+        min_clear_fraction: float = 0.5,
+        augment: bool = True,
+    ) -> None:
+        super().__init__()
+        self.root = Path(root)
+        if not self.root.is_dir():
+            raise CropScaleError(f"data.root: dataset root not found: {self.root}")
+        self.metadata_path = self.root / "metadata.geojson"
+        if not self.metadata_path.is_file():
+            raise CropScaleError(f"data.root: metadata file not found: {self.metadata_path}")
+        self._class_names = read_classes(self.root / "classes.json")
+        for name, value in (("batch_size", batch_size), ("val_batch_size", val_batch_size), ("crop_size", crop_size),
+                            ("t2", t2), ("t1", t1), ("samples_per_patch", samples_per_patch)):
+            if int(value) < 1:
+                raise CropScaleError(f"data.{name} must be >= 1, got {value}")
+        if num_workers < 0:
+            raise CropScaleError(f"data.num_workers must be >= 0, got {num_workers}")
+        bad = [o for o in s1_orbits if o not in S1_ORBITS]
+        if bad:
+            raise CropScaleError(f"data.s1_orbits: unknown orbit(s) {bad}; expected a subset of {list(S1_ORBITS)}")
+        self.train_folds = list(train_folds)
+        self.val_folds = list(val_folds)
+        self.test_folds = list(test_folds) if test_folds is not None else None
+        self.batch_size = int(batch_size)
+        self.val_batch_size = int(val_batch_size)
+        self.crop_size, self.t2, self.t1 = int(crop_size), int(t2), int(t1)
+        self.samples_per_patch = int(samples_per_patch)
+        self.num_workers = int(num_workers)
+        self.pin_memory = bool(pin_memory)
+        self.persistent_workers = bool(persistent_workers)
+        self.prefetch_factor = prefetch_factor
+        self.seed = int(seed)
+        self.stats_path = stats_path
+        self.hr_dir, self.hr_pattern = hr_dir, hr_pattern
+        self.ignore_index = ignore_index
+        self.hr_bands, self.hr_max = list(hr_bands), float(hr_max)
+        self.s1_orbits = list(s1_orbits)
+        self.min_clear_fraction = float(min_clear_fraction)
+        self.augment = bool(augment)
+        self.stats: NormStats | None = None
+        self.train_dataset: PastisHDDataset | None = None
+        self.val_dataset: PastisHDDataset | None = None
+        self.test_dataset: PastisHDDataset | None = None
+        self._records = None
+
+    # ---------------------------------------------------------------- classes
+    @property
+    def num_classes(self) -> int:
+        """Number of semantic classes ``C`` (entries of ``classes.json``)."""
+        return len(self._class_names)
+
+    @property
+    def class_names(self) -> list[str]:
+        """Class names, index = class id."""
+        return list(self._class_names)
+
+    # ------------------------------------------------------------------ stats
+    def compute_stats(self, path: str | None = None) -> NormStats:
+        """Compute per-band statistics over ``train_folds`` (:func:`~cropscale.data.stats.compute_norm_stats`),
+        keep them for the datasets and save them as JSON to ``path`` (default ``stats_path``; None = not saved)."""
+        stats = compute_norm_stats(self.root, self.train_folds, s1_orbits=self.s1_orbits)
+        target = path if path is not None else self.stats_path
+        if target is not None:
+            stats.save(target)
+            rank_zero_info(f"cropscale: normalisation statistics of folds {self.train_folds} saved to {target}")
+        self.stats = stats
+        return stats
+
+    def load_stats(self, path: str | None = None) -> NormStats:
+        """Load statistics saved by :meth:`compute_stats` (default ``stats_path``) and keep them.
+
+        Raises:
+            CropScaleError: missing or malformed file, or statistics of other folds than ``train_folds``.
+        """
+        target = path if path is not None else self.stats_path
+        if target is None:
+            raise CropScaleError("data.stats_path: no statistics file given")
+        stats = NormStats.load(target)
+        if sorted(stats.folds) != sorted(self.train_folds):
+            raise CropScaleError(
+                f"data.stats_path: {target} holds statistics of folds {stats.folds}, but train_folds are "
+                f"{self.train_folds}; normalisation must use the training folds only (delete it or point elsewhere)"
+            )
+        self.stats = stats
+        return stats
+
+    def _ensure_stats(self) -> NormStats:
+        if self.stats is not None:
+            return self.stats
+        if self.stats_path is not None and Path(self.stats_path).is_file():
+            return self.load_stats()
+        return self.compute_stats()
+
+    # ------------------------------------------------------------------ setup
+    def _dataset(self, folds: list[int], train: bool) -> PastisHDDataset:
+        rank = int(self.trainer.global_rank) if self.trainer is not None else 0
+        return PastisHDDataset(
+            self.root, folds, train=train, crop_size=self.crop_size, t2=self.t2, t1=self.t1,
+            samples_per_patch=self.samples_per_patch, stats=None, augment=self.augment and train,
+            num_classes=self.num_classes, ignore_index=self.ignore_index, hr_dir=self.hr_dir,
+            hr_pattern=self.hr_pattern, hr_bands=self.hr_bands, hr_max=self.hr_max, s1_orbits=self.s1_orbits,
+            min_clear_fraction=self.min_clear_fraction, seed=self.seed + _RANK_STRIDE * rank, records=self._records,
+        )
+
+    def setup(self, stage: str | None = None) -> None:
+        """Check the files of the folds the stage needs, get the statistics, build the datasets.
+
+        ``stage``: ``fit`` (train + val), ``validate`` (val), ``test``/``predict`` (test), None (all).
+        """
+        if self._records is None:
+            self._records = read_metadata(self.metadata_path)
+        if stage in ("test", "predict") and self.test_folds is None:
+            raise CropScaleError(f"data.test_folds: no test folds given for stage '{stage}'")
+        # datasets first: their file checks fail fast, before statistics are computed
+        built = []
+        if stage in ("fit", None):
+            self.train_dataset = self._dataset(self.train_folds, train=True)
+            built.append(self.train_dataset)
+        if stage in ("fit", "validate", None):
+            self.val_dataset = self._dataset(self.val_folds, train=False)
+            built.append(self.val_dataset)
+        if stage in ("test", "predict") or (stage is None and self.test_folds):
+            self.test_dataset = self._dataset(self.test_folds, train=False)
+            built.append(self.test_dataset)
+        stats = self._ensure_stats()
+        for dataset in built:
+            dataset.stats = stats
+
+    # ------------------------------------------------------------ dataloaders
+    def _loader_kwargs(self) -> dict:
+        kwargs = {
+            "num_workers": self.num_workers,
+            "pin_memory": self.pin_memory,
+            "collate_fn": partial(collate, t1=self.t1),
+            "worker_init_fn": seed_worker,
+        }
+        if self.num_workers > 0:
+            kwargs["persistent_workers"] = self.persistent_workers
+            if self.prefetch_factor is not None:
+                kwargs["prefetch_factor"] = int(self.prefetch_factor)
+        return kwargs
+
+    def _world(self) -> tuple[int, int]:
+        if self.trainer is None:
+            return 1, 0
+        return int(self.trainer.world_size), int(self.trainer.global_rank)
+
+    def train_dataloader(self) -> DataLoader:
+        if self.train_dataset is None:
+            self.setup("fit")
+        _, rank = self._world()
+        generator = torch.Generator().manual_seed(self.seed + _RANK_STRIDE * rank)
+        return DataLoader(self.train_dataset, batch_size=self.batch_size, shuffle=True, drop_last=False,
+                          generator=generator, **self._loader_kwargs())
+
+    def _eval_loader(self, dataset: PastisHDDataset) -> DataLoader:
+        world, rank = self._world()
+        sampler = None
+        if world > 1:
+            from cropscale.data.sharding import EvalShardSampler
+
+            sampler = EvalShardSampler(len(dataset), num_replicas=world, rank=rank)
+        return DataLoader(dataset, batch_size=self.val_batch_size, shuffle=False, sampler=sampler,
+                          **self._loader_kwargs())
+
+    def val_dataloader(self) -> DataLoader:
+        if self.val_dataset is None:
+            self.setup("validate")
+        return self._eval_loader(self.val_dataset)
+
+    def test_dataloader(self) -> DataLoader:
+        if self.test_dataset is None:
+            self.setup("test")
+        return self._eval_loader(self.test_dataset)
+
+    def predict_dataloader(self) -> DataLoader:
+        if self.test_dataset is None:
+            self.setup("predict")
+        return self._eval_loader(self.test_dataset)

@@ -1,0 +1,475 @@
+"""The PASTIS-HD patch dataset: memory-mapped NPY time series, validity masks, labels, parcel
+targets and the windowed high-grid image, one :mod:`cropscale.batch` sample per item.
+
+Layout read under ``root`` (PASTIS, Sainte Fare Garnot & Landrieu, ICCV 2021; PASTIS-R, ISPRS J.
+2022; PASTIS-HD adds ``DATA_SPOT``):
+
+=========================================  ===================================================
+``metadata.geojson``                       patch ids, folds, dates (:mod:`.metadata`)
+``classes.json``                           class names, id = index
+``DATA_S2/S2_<id>.npy``                    ``[T, 10, H, W]`` reflectance x 1e4 (B02 ... B12)
+``DATA_S2_MASK/MASK_<id>.npy`` (optional)  ``[T, H, W]`` 1 = clear observation
+``DATA_S1A/S1A_<id>.npy`` (optional)       ``[T, >=2, H, W]`` dB, channels 0, 1 = VV, VH
+``DATA_S1D/S1D_<id>.npy`` (optional)       as S1A, descending orbit
+``ANNOTATIONS/TARGET_<id>.npy``            ``[H, W]`` or ``[K, H, W]``, channel 0 = class id
+``INSTANCE_ANNOTATIONS/INSTANCES_<id>.npy``  ``[H, W]`` parcel ids, 0 = background (optional)
+``<hr_dir>/<hr_pattern>`` (optional)       GeoTIFF, read windowed (:mod:`.hr`)
+=========================================  ===================================================
+
+Arrays are opened with ``numpy.load(mmap_mode="r")`` and sliced, never loaded whole per sample
+(labels and instances, ``[H, W]``, are read whole for the label check and the parcel targets).
+
+Checks at construction (before training; each error names the patch and the file): missing or
+unreadable ``.npy`` (truncated, bad header), wrong number of dimensions or bands, spatial shapes that
+disagree, metadata date counts that differ from the array's ``T``, a high-grid directory for patches
+the metadata cannot georeference. Checks while reading a sample: NaN or Inf in Sentinel-2
+reflectance, class ids ``>= num_classes`` (other than ``ignore_index``), a patch whose Sentinel-2
+series has no clear observation at all.
+
+Documented fallbacks (a warning at construction lists the patches): when ``DATA_S1A``/``DATA_S1D``,
+``INSTANCE_ANNOTATIONS`` or the high-grid directory exists but one patch's file is absent, that
+sample has the orbit absent (masks all False), ``parcel_present = False`` or ``hr_present = False``.
+Sentinel-1 values that are not finite are set to 0 after normalisation, and a date with fewer than
+``min_clear_fraction`` finite, non-zero pixels is invalid (see :mod:`.temporal`).
+"""
+
+from __future__ import annotations
+
+import pickle
+import warnings
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+
+from cropscale import CropScaleError
+from cropscale.batch import HR_SCALE, S2_BANDS
+from cropscale.data.hr import HighGridReader, crop_bounds, high_grid_shape
+from cropscale.data.metadata import PatchGeo, PatchRecord, day_of_year, read_classes, read_metadata
+from cropscale.data.stats import NormStats
+from cropscale.data.targets import parcel_targets
+from cropscale.data.temporal import clear_fraction, s1_pixel_validity, s2_pixel_validity, select_dates
+from cropscale.data.transforms import RandomDihedral
+
+S1_ORBITS: tuple[str, ...] = ("S1A", "S1D")
+"""Sentinel-1 orbits of the batch contract: ascending (``s1a``), descending (``s1d``)."""
+
+
+@dataclass
+class PatchFiles:
+    """Resolved files, shapes and dates of one patch (built and checked by :func:`index_patches`).
+
+    Attributes:
+        patch_id, fold: from the metadata.
+        hw: ``(H, W)`` in 10 m pixels.
+        s2: ``DATA_S2`` file; ``s2_t`` its number of dates.
+        mask: ``DATA_S2_MASK`` file or None.
+        s1: orbit -> file for the orbits present for this patch.
+        target, instances, hr: files (``instances`` and ``hr`` may be None).
+        doy: modality -> ``[T]`` int64 day of year of each date.
+        geo: the patch polygon (projected CRS) or None.
+    """
+
+    patch_id: int
+    fold: int
+    hw: tuple[int, int]
+    s2: Path
+    s2_t: int
+    mask: Path | None
+    s1: dict[str, Path]
+    target: Path
+    instances: Path | None
+    hr: Path | None
+    doy: dict[str, np.ndarray] = field(default_factory=dict)
+    geo: PatchGeo | None = None
+
+
+def open_npy(path: Path, *, patch_id: int, what: str) -> np.ndarray:
+    """Memory-map ``path`` (``numpy.load(mmap_mode="r")``).
+
+    Raises:
+        CropScaleError: missing, truncated or corrupt file, naming the patch, the role and the path.
+    """
+    if not path.is_file():
+        raise CropScaleError(f"patch {patch_id}: {what} file missing: {path}")
+    try:
+        arr = np.load(path, mmap_mode="r", allow_pickle=False)
+    except (OSError, ValueError, EOFError, pickle.UnpicklingError) as err:
+        raise CropScaleError(f"patch {patch_id}: cannot read {what} file {path} (truncated or corrupt .npy?): {err}") from None
+    if not isinstance(arr, np.ndarray) or arr.dtype.kind not in "biuf":
+        raise CropScaleError(f"patch {patch_id}: {what} file {path} is not a numeric array")
+    return arr
+
+
+def _check(cond: bool, patch_id: int, what: str, path: Path, message: str) -> None:
+    if not cond:
+        raise CropScaleError(f"patch {patch_id}: {what} file {path}: {message}")
+
+
+def index_patches(
+    root: str | Path,
+    folds: list[int] | tuple[int, ...] | None,
+    *,
+    records: list[PatchRecord] | None = None,
+    s1_orbits: tuple[str, ...] | list[str] = S1_ORBITS,
+    hr_dir: str | None = "DATA_SPOT",
+    hr_pattern: str = "SPOT_{patch_id}.tif",
+) -> list[PatchFiles]:
+    """Resolve and check the files of every patch in ``folds`` (None = all folds), metadata order.
+
+    Opens each array's header (memory map, no data read) to check shapes against each other and
+    against the metadata's date counts.
+
+    Raises:
+        CropScaleError: missing root or metadata, no patch in a requested fold, or any construction
+            check of the module docstring (message names patch and file).
+    """
+    root = Path(root)
+    if not root.is_dir():
+        raise CropScaleError(f"dataset root not found: {root}")
+    meta_path = root / "metadata.geojson"
+    records = read_metadata(meta_path) if records is None else records
+    if folds is not None:
+        for fold in folds:
+            if not any(r.fold == fold for r in records):
+                present = sorted({r.fold for r in records})
+                raise CropScaleError(f"fold {fold} has no patches in {meta_path} (folds present: {present})")
+        records = [r for r in records if r.fold in set(folds)]
+    orbits = [o for o in s1_orbits if o in S1_ORBITS and (root / f"DATA_{o}").is_dir()]
+    bad = [o for o in s1_orbits if o not in S1_ORBITS]
+    if bad:
+        raise CropScaleError(f"s1_orbits: unknown orbit(s) {bad}; expected a subset of {list(S1_ORBITS)}")
+    mask_dir = root / "DATA_S2_MASK"
+    inst_dir = root / "INSTANCE_ANNOTATIONS"
+    hr_root = (root / hr_dir) if hr_dir else None
+    has_hr = hr_root is not None and hr_root.is_dir()
+    fallbacks: dict[str, list[int]] = {}
+    out = []
+    for rec in records:
+        pid = rec.patch_id
+        s2_path = root / "DATA_S2" / f"S2_{pid}.npy"
+        s2 = open_npy(s2_path, patch_id=pid, what="S2")
+        _check(s2.ndim == 4, pid, "S2", s2_path, f"expected [T, {len(S2_BANDS)}, H, W], got shape {s2.shape}")
+        _check(s2.shape[1] == len(S2_BANDS), pid, "S2", s2_path,
+               f"expected {len(S2_BANDS)} bands {S2_BANDS} on axis 1, got shape {s2.shape}")
+        t, _, h, w = s2.shape
+        _check(t >= 1 and h >= 1 and w >= 1, pid, "S2", s2_path, f"empty array, shape {s2.shape}")
+        if "S2" not in rec.dates:
+            raise CropScaleError(f"patch {pid}: {meta_path} has no dates-S2 for S2 file {s2_path}")
+        _check(len(rec.dates["S2"]) == t, pid, "S2", s2_path,
+               f"{t} dates in the array but {len(rec.dates['S2'])} in dates-S2 of {meta_path}")
+        doy = {"S2": day_of_year(rec.dates["S2"])}
+        mask_path = None
+        if mask_dir.is_dir():
+            mask_path = mask_dir / f"MASK_{pid}.npy"
+            mask = open_npy(mask_path, patch_id=pid, what="S2 mask")
+            _check(mask.shape == (t, h, w), pid, "S2 mask", mask_path,
+                   f"expected [T, H, W] = {(t, h, w)} to match {s2_path.name}, got {mask.shape}")
+        s1 = {}
+        for orbit in orbits:
+            p = root / f"DATA_{orbit}" / f"{orbit}_{pid}.npy"
+            if not p.exists():
+                fallbacks.setdefault(f"{orbit} file", []).append(pid)
+                continue
+            arr = open_npy(p, patch_id=pid, what=orbit)
+            _check(arr.ndim == 4 and arr.shape[1] >= 2 and arr.shape[2:] == (h, w), pid, orbit, p,
+                   f"expected [T, >=2 (VV, VH, ...), {h}, {w}], got shape {arr.shape}")
+            if orbit not in rec.dates:
+                raise CropScaleError(f"patch {pid}: {meta_path} has no dates-{orbit} for {orbit} file {p}")
+            _check(len(rec.dates[orbit]) == arr.shape[0], pid, orbit, p,
+                   f"{arr.shape[0]} dates in the array but {len(rec.dates[orbit])} in dates-{orbit} of {meta_path}")
+            s1[orbit] = p
+            doy[orbit] = day_of_year(rec.dates[orbit])
+        target_path = root / "ANNOTATIONS" / f"TARGET_{pid}.npy"
+        target = open_npy(target_path, patch_id=pid, what="TARGET")
+        _check(target.ndim in (2, 3) and target.shape[-2:] == (h, w), pid, "TARGET", target_path,
+               f"expected [H, W] or [K, H, W] with H, W = {h}, {w}, got shape {target.shape}")
+        _check(target.dtype.kind in "biu", pid, "TARGET", target_path, f"class ids must be integers, got {target.dtype}")
+        inst_path = None
+        if inst_dir.is_dir():
+            inst_path = inst_dir / f"INSTANCES_{pid}.npy"
+            if inst_path.exists():
+                inst = open_npy(inst_path, patch_id=pid, what="INSTANCES")
+                _check(inst.shape == (h, w) and inst.dtype.kind in "biu", pid, "INSTANCES", inst_path,
+                       f"expected integer [H, W] = {(h, w)}, got {inst.dtype} {inst.shape}")
+            else:
+                fallbacks.setdefault("INSTANCES file", []).append(pid)
+                inst_path = None
+        hr_path = None
+        if has_hr:
+            candidate = hr_root / hr_pattern.format(patch_id=pid)
+            if candidate.exists():
+                if rec.geo is None:
+                    raise CropScaleError(
+                        f"patch {pid}: high-grid image {candidate} exists but {meta_path} has no patch polygon "
+                        "in a projected CRS, so the image cannot be aligned with the 10 m grid"
+                    )
+                hr_path = candidate
+            else:
+                fallbacks.setdefault(f"high-grid image ({hr_root.name})", []).append(pid)
+        out.append(PatchFiles(
+            patch_id=pid, fold=rec.fold, hw=(h, w), s2=s2_path, s2_t=t, mask=mask_path, s1=s1,
+            target=target_path, instances=inst_path, hr=hr_path, doy=doy, geo=rec.geo,
+        ))
+    for what, ids in fallbacks.items():
+        shown = ", ".join(map(str, ids[:10])) + (" ..." if len(ids) > 10 else "")
+        warnings.warn(f"{root}: no {what} for {len(ids)} patch(es) ({shown}); those samples mark it absent",
+                      stacklevel=2)
+    return out
+
+
+class PastisHDDataset(Dataset):
+    """PASTIS-HD patches as :mod:`cropscale.batch` samples (dicts of tensors, no batch dim).
+
+    Training (``train=True``): ``len = patches x samples_per_patch``; item ``i`` is one random
+    ``crop_size x crop_size`` crop of patch ``i // samples_per_patch`` with random temporal sampling
+    and a random D4 augmentation (:class:`~cropscale.data.transforms.RandomDihedral`), drawn from
+    the dataset's generator (seeded by ``seed``, re-seeded per DataLoader worker by
+    :func:`cropscale.data.datamodule.seed_worker`). Evaluation (``train=False``): item ``i`` is
+    the whole patch ``i``, deterministic (evenly spaced valid dates, no augmentation).
+
+    A sample holds every key of the contract, per sample (no leading ``B``): ``s2`` ``[T2, 10, h, w]``
+    f32, ``s2_doy`` ``[T2]`` int64, ``s2_mask`` ``[T2, h, w]`` bool, ``s1a``/``s1d``
+    ``[T1, 2, h, w]`` f32, ``s1a_doy``/``s1d_doy`` ``[T1]`` int64, ``s1a_mask``/``s1d_mask``
+    ``[T1]`` bool, ``semantic`` ``[h, w]`` int64, ``parcel`` ``[3, h, w]`` f32,
+    ``parcel_present`` ``[]`` bool, ``hr`` ``[3, 10h, 10w]`` f32 in [0, 1], ``hr_present`` ``[]``
+    bool, ``patch_id`` ``[]`` int64, ``crop_yx`` ``[2]`` int64. Absent parts are zeros with False
+    masks/flags; padding dates (series shorter than ``T``, :mod:`.temporal`) have day of year 0.
+
+    Args:
+        root: PASTIS-HD root directory.
+        folds: folds to use (None = all).
+        train: training (random crops) or evaluation (whole patches) sampling.
+        crop_size: training crop side, 10 m pixels.
+        t2, t1: Sentinel-2 dates and dates per Sentinel-1 orbit.
+        samples_per_patch: training crops per patch per epoch.
+        stats: normalisation statistics (training folds); None = raw values.
+        augment: apply D4 augmentation (default: ``train``).
+        num_classes: class count (default: from ``classes.json``).
+        ignore_index: class id allowed beyond ``num_classes`` and left as is (PASTIS void: 19).
+        hr_dir, hr_pattern: high-grid directory (relative to root) and file name pattern with
+            ``{patch_id}``; ``hr_dir=None`` disables the high grid.
+        hr_bands, hr_max: see :class:`~cropscale.data.hr.HighGridReader`.
+        s1_orbits: orbits to read when their directory exists.
+        min_clear_fraction: date validity threshold (:mod:`.temporal`).
+        seed: seed of the training generator.
+        records: pre-parsed metadata (default: read ``root/metadata.geojson``).
+
+    Raises:
+        CropScaleError: see the module docstring.
+    """
+
+    def __init__(
+        self,
+        root: str | Path,
+        folds: list[int] | None,
+        *,
+        train: bool,
+        crop_size: int = 32,
+        t2: int = 16,
+        t1: int = 4,
+        samples_per_patch: int = 1,
+        stats: NormStats | None = None,
+        augment: bool | None = None,
+        num_classes: int | None = None,
+        ignore_index: int | None = None,
+        hr_dir: str | None = "DATA_SPOT",
+        hr_pattern: str = "SPOT_{patch_id}.tif",
+        hr_bands: tuple[int, ...] | list[int] = (1, 2, 3),
+        hr_max: float = 255.0,
+        s1_orbits: tuple[str, ...] | list[str] = S1_ORBITS,
+        min_clear_fraction: float = 0.5,
+        seed: int = 0,
+        records: list[PatchRecord] | None = None,
+    ) -> None:
+        for name, value in (("crop_size", crop_size), ("t2", t2), ("t1", t1), ("samples_per_patch", samples_per_patch)):
+            if int(value) < 1:
+                raise CropScaleError(f"{name} must be >= 1, got {value}")
+        if not 0.0 <= min_clear_fraction <= 1.0:
+            raise CropScaleError(f"min_clear_fraction must be in [0, 1], got {min_clear_fraction}")
+        self.root = Path(root)
+        self.train = bool(train)
+        self.crop_size, self.t2, self.t1 = int(crop_size), int(t2), int(t1)
+        self.samples_per_patch = int(samples_per_patch)
+        self.stats = stats
+        self.num_classes = len(read_classes(self.root / "classes.json")) if num_classes is None else int(num_classes)
+        self.ignore_index = ignore_index
+        self.min_clear_fraction = float(min_clear_fraction)
+        self.patches = index_patches(root, folds, records=records, s1_orbits=s1_orbits, hr_dir=hr_dir, hr_pattern=hr_pattern)
+        if not self.patches:
+            raise CropScaleError(f"no patches in folds {folds} under {self.root}")
+        if self.train:
+            for p in self.patches:
+                if min(p.hw) < self.crop_size:
+                    raise CropScaleError(f"patch {p.patch_id}: {p.hw[0]}x{p.hw[1]} pixels, smaller than crop_size {self.crop_size}")
+        if len(hr_bands) != 3:
+            raise CropScaleError(f"hr_bands must name 3 bands (R, G, B), got {list(hr_bands)}")
+        self.augment = RandomDihedral() if (self.train if augment is None else augment) else None
+        self.hr_reader = HighGridReader(hr_bands, hr_max)
+        self._rng = np.random.default_rng(seed)
+        self._arrays: OrderedDict[Path, np.ndarray] = OrderedDict()
+
+    # -------------------------------------------------------------- plumbing
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        state["_arrays"] = OrderedDict()
+        return state
+
+    def reseed(self, seed: int) -> None:
+        """Re-seed the training generator (called once per DataLoader worker)."""
+        self._rng = np.random.default_rng(seed)
+
+    def __len__(self) -> int:
+        return len(self.patches) * (self.samples_per_patch if self.train else 1)
+
+    def _array(self, path: Path, patch_id: int, what: str) -> np.ndarray:
+        arr = self._arrays.get(path)
+        if arr is None:
+            arr = open_npy(path, patch_id=patch_id, what=what)
+            self._arrays[path] = arr
+            if len(self._arrays) > 256:
+                self._arrays.popitem(last=False)
+        else:
+            self._arrays.move_to_end(path)
+        return arr
+
+    # -------------------------------------------------------------- sample
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        if not 0 <= index < len(self):
+            raise IndexError(f"index {index} out of range for {len(self)} samples")
+        if self.train:
+            p = self.patches[index // self.samples_per_patch]
+            rng = self._rng
+            c = self.crop_size
+            y = int(rng.integers(p.hw[0] - c + 1))
+            x = int(rng.integers(p.hw[1] - c + 1))
+            hw = (c, c)
+        else:
+            p = self.patches[index]
+            rng, y, x, hw = None, 0, 0, p.hw
+        # built with NumPy (single-threaded whatever torch's thread count), converted at the end
+        sample: dict[str, np.ndarray] = {}
+        sample.update(self._read_s2(p, y, x, hw, rng))
+        for orbit in S1_ORBITS:
+            sample.update(self._read_s1(p, orbit, y, x, hw, rng))
+        sample["semantic"] = self._read_semantic(p, y, x, hw)
+        sample.update(self._read_parcel(p, y, x, hw))
+        sample.update(self._read_hr(p, y, x, hw))
+        sample["patch_id"] = np.array(p.patch_id, dtype=np.int64)
+        sample["crop_yx"] = np.array([y, x], dtype=np.int64)
+        if self.augment is not None:
+            sample = self.augment(sample, self._rng)
+        return {k: torch.from_numpy(v if v.flags.c_contiguous else v.copy()) for k, v in sample.items()}
+
+    def _read_s2(self, p: PatchFiles, y: int, x: int, hw: tuple[int, int], rng) -> dict[str, np.ndarray]:
+        h, w = hw
+        arr = self._array(p.s2, p.patch_id, "S2")
+        window = (slice(y, y + h), slice(x, x + w))
+        data_all = None
+        if p.mask is not None:
+            valid_all = np.asarray(self._array(p.mask, p.patch_id, "S2 mask")[(slice(None), *window)]) > 0
+        else:
+            data_all = np.asarray(arr[(slice(None), slice(None), *window)])
+            valid_all = s2_pixel_validity(data_all)
+        frac = clear_fraction(valid_all)
+        if not frac.any():
+            self._check_patch_has_clear_s2(p)
+        idx = select_dates(frac, self.t2, min_clear_fraction=self.min_clear_fraction, rng=rng)
+        data = data_all[idx] if data_all is not None else np.asarray(arr[(idx, slice(None), *window)])
+        if data.dtype.kind == "f" and not np.isfinite(data).all():
+            bad = np.argwhere(~np.isfinite(data))[0]
+            raise CropScaleError(
+                f"patch {p.patch_id}: S2 file {p.s2}: non-finite reflectance (NaN or Inf) at date index "
+                f"{int(idx[bad[0]])}, band {S2_BANDS[bad[1]]}, pixel ({y + int(bad[2])}, {x + int(bad[3])})"
+            )
+        data = data.astype(np.float32)
+        if self.stats is not None:
+            data = self.stats.normalise_s2(data)
+        n = idx.size
+        s2 = np.zeros((self.t2, len(S2_BANDS), h, w), dtype=np.float32)
+        s2[:n] = data
+        mask = np.zeros((self.t2, h, w), dtype=bool)
+        mask[:n] = valid_all[idx]
+        doy = np.zeros(self.t2, dtype=np.int64)
+        doy[:n] = p.doy["S2"][idx]
+        return {"s2": s2, "s2_doy": doy, "s2_mask": mask}
+
+    def _check_patch_has_clear_s2(self, p: PatchFiles) -> None:
+        """Raise when the whole patch has no clear Sentinel-2 observation on any date."""
+        if p.mask is not None:
+            mask = self._array(p.mask, p.patch_id, "S2 mask")
+            if not np.asarray(mask).any():
+                raise CropScaleError(
+                    f"patch {p.patch_id}: all {p.s2_t} dates invalid: S2 mask file {p.mask} marks no clear "
+                    "observation; remove the patch or fix the mask"
+                )
+        else:
+            arr = np.asarray(self._array(p.s2, p.patch_id, "S2"))
+            if not s2_pixel_validity(arr).any():
+                raise CropScaleError(
+                    f"patch {p.patch_id}: all {p.s2_t} dates invalid: S2 file {p.s2} is no data (all bands 0) "
+                    "everywhere; remove the patch"
+                )
+
+    def _read_s1(self, p: PatchFiles, orbit: str, y: int, x: int, hw: tuple[int, int], rng) -> dict[str, np.ndarray]:
+        h, w = hw
+        key = orbit.lower()
+        out = {
+            key: np.zeros((self.t1, 2, h, w), dtype=np.float32),
+            f"{key}_doy": np.zeros(self.t1, dtype=np.int64),
+            f"{key}_mask": np.zeros(self.t1, dtype=bool),
+        }
+        path = p.s1.get(orbit)
+        if path is None:
+            return out
+        arr = self._array(path, p.patch_id, orbit)
+        data_all = np.asarray(arr[:, :2, y:y + h, x:x + w])
+        valid = s1_pixel_validity(data_all)
+        frac = clear_fraction(valid)
+        idx = select_dates(frac, self.t1, min_clear_fraction=self.min_clear_fraction, rng=rng)
+        data = data_all[idx].astype(np.float32)
+        finite = np.isfinite(data)
+        if self.stats is not None:
+            data = self.stats.normalise_s1(data, orbit)
+        data[~finite] = 0.0
+        n = idx.size
+        out[key][:n] = data
+        out[f"{key}_doy"][:n] = p.doy[orbit][idx]
+        out[f"{key}_mask"][:n] = frac[idx] > 0
+        return out
+
+    def _read_semantic(self, p: PatchFiles, y: int, x: int, hw: tuple[int, int]) -> np.ndarray:
+        arr = self._array(p.target, p.patch_id, "TARGET")
+        labels = np.asarray(arr[0] if arr.ndim == 3 else arr).astype(np.int64)
+        bad = (labels < 0) | (labels >= self.num_classes)
+        if self.ignore_index is not None:
+            bad &= labels != self.ignore_index
+        if bad.any():
+            r, c = np.argwhere(bad)[0]
+            raise CropScaleError(
+                f"patch {p.patch_id}: TARGET file {p.target}: class id {int(labels[r, c])} at pixel ({int(r)}, {int(c)}) "
+                f"is outside 0..{self.num_classes - 1} (num_classes {self.num_classes}, ignore_index {self.ignore_index})"
+            )
+        h, w = hw
+        return labels[y:y + h, x:x + w]
+
+    def _read_parcel(self, p: PatchFiles, y: int, x: int, hw: tuple[int, int]) -> dict[str, np.ndarray]:
+        h, w = hw
+        if p.instances is None:
+            return {"parcel": np.zeros((3, h, w), dtype=np.float32), "parcel_present": np.array(False)}
+        ids = np.asarray(self._array(p.instances, p.patch_id, "INSTANCES"))
+        return {"parcel": parcel_targets(ids)[:, y:y + h, x:x + w], "parcel_present": np.array(True)}
+
+    def _read_hr(self, p: PatchFiles, y: int, x: int, hw: tuple[int, int]) -> dict[str, np.ndarray]:
+        out_hw = high_grid_shape(hw)
+        if p.hr is None or p.geo is None:
+            return {"hr": np.zeros((3, *out_hw), dtype=np.float32), "hr_present": np.array(False)}
+        bounds = crop_bounds(p.geo.bounds, p.hw, (y, x), hw)
+        read = self.hr_reader.read(p.hr, crs=p.geo.crs, bounds=bounds, out_hw=out_hw, where=f"patch {p.patch_id}")
+        return {"hr": read.data, "hr_present": np.array(True)}
+
+
+__all__ = ["HR_SCALE", "PastisHDDataset", "PatchFiles", "S1_ORBITS", "index_patches", "open_npy"]

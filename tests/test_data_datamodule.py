@@ -1,0 +1,172 @@
+"""PastisHDDataModule: classes, batches of the contract, training-fold statistics, collate of absent
+parts, deterministic worker seeding, evaluation sharding, jsonargparse construction."""
+
+import json
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+from cropscale import CropScaleError
+from cropscale.batch import HR_SCALE, MODEL_INPUT_KEYS, TARGET_KEYS
+from cropscale.data.collate import BATCH_KEYS, collate
+from cropscale.data.datamodule import PastisHDDataModule
+from cropscale.data.stats import NormStats
+
+
+def test_classes_available_after_init(flanders_root, pastis_mini_root):
+    dm = PastisHDDataModule(str(flanders_root))
+    assert dm.num_classes == 10 and dm.class_names[2] == "maize"
+    dm = PastisHDDataModule(str(pastis_mini_root), ignore_index=19)
+    assert dm.num_classes == 20 and dm.class_names[19] == "Void label" and dm.ignore_index == 19
+    assert dm.train_dataset is None  # nothing read beyond metadata and classes
+
+
+@pytest.mark.parametrize("which", ["flanders", "pastis"])
+def test_batches_follow_the_contract(flanders_root, pastis_mini_root, which):
+    root = flanders_root if which == "flanders" else pastis_mini_root
+    dm = PastisHDDataModule(str(root), batch_size=3, val_batch_size=2, samples_per_patch=2,
+                            ignore_index=19 if which == "pastis" else None)
+    dm.setup("fit")
+    for loader, (h, w) in [(dm.train_dataloader(), (32, 32)), (dm.val_dataloader(), (64, 32) if which == "flanders" else (32, 32))]:
+        b = next(iter(loader))
+        n = b["s2"].shape[0]
+        assert list(b) == list(BATCH_KEYS) and set(MODEL_INPUT_KEYS + TARGET_KEYS) <= set(b)
+        assert b["s2"].shape == (n, 16, 10, h, w) and b["s2"].dtype == torch.float32
+        assert b["s2_mask"].shape == (n, 16, h, w) and b["s2_mask"].dtype == torch.bool
+        for orbit in ("s1a", "s1d"):
+            assert b[orbit].shape == (n, 4, 2, h, w) and b[f"{orbit}_mask"].shape == (n, 4)
+            assert b[f"{orbit}_doy"].dtype == torch.int64
+        assert b["semantic"].shape == (n, h, w) and b["semantic"].dtype == torch.int64
+        assert b["parcel"].shape == (n, 3, h, w) and b["parcel_present"].shape == (n,)
+        assert b["hr"].shape == (n, 3, HR_SCALE * h, HR_SCALE * w) and b["hr_present"].dtype == torch.bool
+        assert b["patch_id"].shape == (n,) and b["crop_yx"].shape == (n, 2)
+        assert bool(b["hr_present"].all()) == (which == "flanders")
+    assert len(dm.train_dataloader()) == 2  # 2 patches x 2 crops / batch 3, last batch kept (flanders), 3 x 2 / 3 (pastis)
+
+
+def test_statistics_are_training_folds_only_and_exact(flanders_root, tmp_path):
+    path = tmp_path / "stats.json"
+    dm = PastisHDDataModule(str(flanders_root), stats_path=str(path))
+    stats = dm.compute_stats()
+    saved = json.loads(path.read_text())
+    assert saved["folds"] == [1] and saved["patch_ids"] == [1001, 2001]
+    assert saved["s2"]["bands"][0] == "B02" and "S1A" in saved and "S1D" not in saved
+    # direct formula: mean and population std over the clear pixels of every date of patches 1001, 2001
+    values, s1 = [], []
+    for pid in (1001, 2001):
+        s2 = np.load(flanders_root / "DATA_S2" / f"S2_{pid}.npy").astype(np.float64)
+        mask = np.load(flanders_root / "DATA_S2_MASK" / f"MASK_{pid}.npy") > 0
+        values.append(s2.transpose(1, 0, 2, 3)[:, mask])
+        s1.append(np.load(flanders_root / "DATA_S1A" / f"S1A_{pid}.npy")[:, :2].transpose(1, 0, 2, 3).reshape(2, -1))
+    values, s1 = np.concatenate(values, axis=1), np.concatenate(s1, axis=1).astype(np.float64)
+    np.testing.assert_allclose(stats.s2_mean, values.mean(axis=1), rtol=1e-10)
+    np.testing.assert_allclose(stats.s2_std, values.std(axis=1), rtol=1e-9)
+    np.testing.assert_allclose(stats.s1["S1A"][0], s1.mean(axis=1), rtol=1e-9)
+    np.testing.assert_allclose(stats.s1["S1A"][1], s1.std(axis=1), rtol=1e-9)
+    assert stats.counts["S2"] == values.shape[1]
+    # round trip
+    loaded = NormStats.load(path)
+    np.testing.assert_array_equal(loaded.s2_mean, stats.s2_mean)
+    np.testing.assert_array_equal(loaded.s1["S1A"][1], stats.s1["S1A"][1])
+
+
+def test_existing_statistics_are_loaded_not_recomputed(flanders_root, tmp_path, monkeypatch):
+    path = tmp_path / "stats.json"
+    PastisHDDataModule(str(flanders_root), stats_path=str(path)).compute_stats()
+    import cropscale.data.datamodule as dmod
+
+    monkeypatch.setattr(dmod, "compute_norm_stats", lambda *a, **k: pytest.fail("recomputed"))
+    dm = PastisHDDataModule(str(flanders_root), stats_path=str(path))
+    dm.setup("fit")
+    assert dm.train_dataset.stats is dm.stats and dm.val_dataset.stats is dm.stats
+    assert dm.stats.folds == [1]
+
+
+def test_statistics_of_other_folds_are_refused(flanders_root, tmp_path):
+    path = tmp_path / "stats.json"
+    PastisHDDataModule(str(flanders_root), train_folds=[2], val_folds=[1], stats_path=str(path)).compute_stats()
+    dm = PastisHDDataModule(str(flanders_root), stats_path=str(path))
+    with pytest.raises(CropScaleError, match=r"folds \[2\].*train_folds are \[1\]"):
+        dm.setup("fit")
+    path.write_text("{not json")
+    with pytest.raises(CropScaleError, match="cannot read normalisation statistics"):
+        dm.load_stats()
+
+
+def sample(pid, h=4, w=4, t1=None, hr=True, parcel=True):
+    s = {"s2": torch.zeros(3, 10, h, w), "s2_doy": torch.ones(3, dtype=torch.int64),
+         "s2_mask": torch.ones(3, h, w, dtype=torch.bool), "semantic": torch.zeros(h, w, dtype=torch.int64),
+         "patch_id": torch.tensor(pid), "crop_yx": torch.tensor([0, 0])}
+    if t1:
+        s.update(s1a=torch.ones(t1, 2, h, w), s1a_doy=torch.ones(t1, dtype=torch.int64),
+                 s1a_mask=torch.ones(t1, dtype=torch.bool))
+    if hr:
+        s.update(hr=torch.ones(3, 10 * h, 10 * w), hr_present=torch.tensor(True))
+    if parcel:
+        s.update(parcel=torch.ones(3, h, w), parcel_present=torch.tensor(True))
+    return s
+
+
+def test_collate_fills_absent_parts():
+    b = collate([sample(1, t1=2), sample(2, hr=False, parcel=False)], t1=5)
+    assert list(b) == list(BATCH_KEYS)
+    assert b["s1a"].shape == (2, 2, 2, 4, 4)  # T1 from the sample that has the orbit
+    assert b["s1a_mask"].tolist() == [[True, True], [False, False]] and (b["s1a"][1] == 0).all()
+    assert b["s1d"].shape == (2, 5, 2, 4, 4) and not b["s1d_mask"].any() and (b["s1d_doy"] == 0).all()
+    assert b["hr_present"].tolist() == [True, False] and (b["hr"][1] == 0).all() and b["hr"].shape == (2, 3, 40, 40)
+    assert b["parcel_present"].tolist() == [True, False] and (b["parcel"][1] == 0).all()
+    with pytest.raises(CropScaleError, match="no t1"):
+        collate([sample(1)])
+    with pytest.raises(CropScaleError, match=r"s2 shapes differ.*patches \[1, 2\]"):
+        collate([sample(1, t1=2), sample(2, h=5, t1=2)])
+
+
+def first_batches(root, seed, n=2):
+    dm = PastisHDDataModule(str(root), batch_size=2, samples_per_patch=4, num_workers=2, seed=seed)
+    dm.setup("fit")
+    it = iter(dm.train_dataloader())
+    return [next(it) for _ in range(n)]
+
+
+def test_worker_seeding_is_deterministic(flanders_root):
+    a, b, c = first_batches(flanders_root, 0), first_batches(flanders_root, 0), first_batches(flanders_root, 1)
+    for x, y in zip(a, b, strict=True):
+        for key in x:
+            assert torch.equal(x[key], y[key]), key
+    assert any(not torch.equal(x[k], z[k]) for x, z in zip(a, c, strict=True) for k in ("crop_yx", "s2", "patch_id"))
+    # the two workers drew different crops/dates (not the same stream)
+    assert not torch.equal(a[0]["s2"], a[1]["s2"])
+
+
+def test_loader_settings_and_eval_sharding(pastis_mini_root):
+    dm = PastisHDDataModule(str(pastis_mini_root), num_workers=2, persistent_workers=True, prefetch_factor=3,
+                            pin_memory=True, ignore_index=19, test_folds=[3])
+    dm.setup("fit")
+    loader = dm.train_dataloader()
+    assert loader.num_workers == 2 and loader.persistent_workers and loader.prefetch_factor == 3 and loader.pin_memory
+    assert dm.val_dataloader().sampler.__class__.__name__ == "SequentialSampler"
+    dm.trainer = SimpleNamespace(world_size=2, global_rank=1)
+    from cropscale.data.sharding import EvalShardSampler
+
+    sampler = dm.val_dataloader().sampler
+    assert isinstance(sampler, EvalShardSampler) and list(sampler) == [1]  # val: 2 patches, rank 1 of 2
+    dm.setup("test")
+    assert [p.patch_id for p in dm.test_dataset.patches] == [20213, 30336]
+    dm0 = PastisHDDataModule(str(pastis_mini_root), ignore_index=19)
+    assert "persistent_workers" not in dm0._loader_kwargs() and "prefetch_factor" not in dm0._loader_kwargs()
+    with pytest.raises(CropScaleError, match="test_folds"):
+        dm0.setup("test")
+
+
+def test_built_by_jsonargparse(flanders_root):
+    from jsonargparse import ArgumentParser
+
+    parser = ArgumentParser()
+    parser.add_class_arguments(PastisHDDataModule, "data")
+    cfg = parser.parse_args(["--data.root", str(flanders_root), "--data.samples_per_patch", "3",
+                             "--data.train_folds", "[1]", "--data.prefetch_factor", "2"])
+    dm = parser.instantiate(cfg).data
+    assert isinstance(dm, PastisHDDataModule) and dm.samples_per_patch == 3 and dm.prefetch_factor == 2
+    assert dm.num_classes == 10
