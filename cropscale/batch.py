@@ -10,10 +10,11 @@ key                shape, dtype                content
 ``s2``             ``[B, T2, 10, H, W]`` f32   Sentinel-2 B02 B03 B04 B05 B06 B07 B08 B8A B11 B12,
                                                reflectance x 1e4, normalised with training-fold
                                                per-band statistics
-``s2_doy``         ``[B, T2]`` int64           day of year (1..366) of each sampled date; 0 = padding date
+``s2_doy``         ``[B, T2]`` int64           day of year (1..366) of each sampled date,
+                                               0 for a padding date
 ``s2_mask``        ``[B, T2, H, W]`` bool      True = clear observation (per date and pixel)
 ``s1a``            ``[B, T1, 2, H, W]`` f32    Sentinel-1 ascending VV, VH backscatter (dB), normalised
-``s1a_doy``        ``[B, T1]`` int64           day of year
+``s1a_doy``        ``[B, T1]`` int64           day of year, 0 for a padding or absent date
 ``s1a_mask``       ``[B, T1]`` bool            True = real date; all False = orbit absent for the sample
 ``s1d``, ...       as ``s1a``                  descending orbit
 ``semantic``       ``[B, H, W]`` int64         crop class id (``ignore_index`` where unlabelled/void)
