@@ -49,14 +49,17 @@ class CropScaleCLI(LightningCLI):
         parser.link_arguments("data.ignore_index", "model.ignore_index")
 
 
-def _lightning_cli(args: list[str]) -> None:
+def _lightning_cli(args: list[str] | None) -> None:
     from cropscale.data.datamodule import PastisHDDataModule
     from cropscale.model.task import CropMappingTask
 
-    parser_kwargs = {}
-    if DEFAULT_CONFIG.is_file():
-        for sub in ("fit", "validate", "test", "predict"):
-            parser_kwargs[sub] = {"default_config_files": [str(DEFAULT_CONFIG)]}
+    # exit_on_error=False: jsonargparse raises ArgumentError instead of printing the whole usage, and
+    # main() prints one paragraph naming the argument.
+    parser_kwargs: dict = {"exit_on_error": False}
+    for sub in ("fit", "validate", "test", "predict"):
+        parser_kwargs[sub] = {"exit_on_error": False}
+        if DEFAULT_CONFIG.is_file():
+            parser_kwargs[sub]["default_config_files"] = [str(DEFAULT_CONFIG)]
     CropScaleCLI(
         CropMappingTask,
         PastisHDDataModule,
@@ -84,6 +87,7 @@ def _fail(message: str) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     """Entry point of ``python -m cropscale`` and the ``cropscale`` console script."""
+    from jsonargparse import ArgumentError
     from lightning.fabric.utilities.exceptions import MisconfigurationException
 
     args = list(sys.argv[1:] if argv is None else argv)
@@ -94,6 +98,9 @@ def main(argv: list[str] | None = None) -> None:
             sys.exit(int(status or 0))
         if not args or args[0] in ("-h", "--help"):
             _print_overview()
-        _lightning_cli(args)
-    except (CropScaleError, MisconfigurationException) as err:
+        _lightning_cli(None if argv is None else args)
+    except (CropScaleError, MisconfigurationException, ArgumentError) as err:
+        if isinstance(err, ArgumentError):
+            sub = args[0] if args and args[0] in ("fit", "validate", "test", "predict") else ""
+            _fail(f"{err} (see: python -m cropscale {sub} --help)".replace("  ", " "))
         _fail(str(err))

@@ -213,6 +213,17 @@ class CropMappingTask(LightningModule):
         scheduler = LambdaLR(optimizer, lambda step: warmup_factor(step, hp.warmup_steps, total, hp.schedule))
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
+    def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None) -> None:
+        """Clip by global norm; under FSDP through the root module's ``clip_grad_norm_`` (which reduces the
+        norm over all shards), since Lightning's FSDP precision plugin refuses norm clipping."""
+        from torch.distributed.fsdp import FullyShardedDataParallel
+
+        root = getattr(self.trainer.strategy, "model", None)
+        if isinstance(root, FullyShardedDataParallel) and gradient_clip_val and gradient_clip_algorithm in (None, "norm"):
+            root.clip_grad_norm_(float(gradient_clip_val))
+            return
+        self.clip_gradients(optimizer, gradient_clip_val, gradient_clip_algorithm)
+
     def on_train_start(self) -> None:
         if self.logger is not None:
             self.logger.log_metrics(
