@@ -1,0 +1,695 @@
+"""Compute-only training-step microbenchmark: FP32 against AMP FP16 and AMP BF16.
+
+``python -m cropscale benchmark --precision 32-true 16-mixed bf16-mixed --batch-sizes 1 2 4
+--warmup 10 --iterations 30 --device cuda --output bench.json``
+
+What one step is (the study's protocol, STUDY.md "Compute-only step"): synthetic tensors already on
+the device (:func:`cropscale.model.synthetic.synthetic_batch`, ``s2 [B, T2, 10, H, W]``, ``s1a`` /
+``s1d [B, T1, 2, H, W]``, targets incl. ``hr [B, 3, 10H, 10W]``); the full
+:class:`~cropscale.model.network.CropMappingNet` forward under ``torch.autocast`` for the mixed
+precisions; :class:`~cropscale.model.losses.MultiTaskLoss`; backward (through a real
+``torch.amp.GradScaler`` for ``16-mixed``); gradient-norm clipping to 1.0 (after ``unscale_``);
+``torch.optim.AdamW``. No data loading, no Lightning.
+
+Timing: host ``time.perf_counter`` around each step, with ``torch.cuda.synchronize`` inside the timed
+window after every step on CUDA (on CPU every op is synchronous already). ``--warmup`` steps are run
+and recorded apart; ``--iterations`` steps are measured. Median and p95 (``numpy.percentile``,
+linear interpolation) of the measured steps in ms; samples/s = batch / median step (s). The
+non-finite check of each step (loss and gradient norm, accumulated on the device, read twice per
+configuration) is launched after the timed window; on CUDA its two tiny kernels run at the start of
+the next step's window (microseconds against a step of milliseconds).
+
+Each configuration (precision x batch size) starts from a fresh state: same seed, new model,
+optimizer, scaler and batch, ``torch._dynamo.reset()`` under ``--compile``, and on CUDA the peak
+memory counters reset and the cache emptied. TF32 is switched off for matmul and cuDNN for every
+row (``torch.backends.cuda.matmul.allow_tf32 = False``, ``torch.backends.cudnn.allow_tf32 = False``)
+so that the FP32 row is true FP32 on Ampere and later GPUs and the FP32 parts of the AMP rows
+match it; the previous settings are restored at the end.
+
+Peak memory: on CUDA ``torch.cuda.max_memory_allocated`` (GiB = 2**30 bytes) over the configuration
+(model, optimizer state, batch, activations); on CPU the largest resident set size (RSS) of the
+whole process read from ``/proc/self/statm`` after each step — the process total (Python, libraries,
+allocator caches kept from earlier configurations), so only an upper bound of the step's needs.
+``peak_memory_kind`` says which.
+
+FLOPs: :func:`cropscale.model.flops.flops_per_sample` (forward + backward of one sample, optimizer
+excluded) x batch / median step = achieved TFLOP/s; MFU = achieved / the dense peak of the device
+and compute dtype (FP32 -> ``fp32``; AMP -> ``fp16`` / ``bf16``, the usual convention although some
+ops stay in FP32) from the scaling callbacks' peak table; ``None`` with ``mfu_reason`` where the
+device is not in that table (always on CPU) unless ``--peak-tflops`` is given.
+
+16-mixed on CPU: torch (>= 2.3) has float16 autocast and ``torch.amp.GradScaler("cpu")`` on CPU, so the
+row runs with a real scaler there too; it is numerically meaningful but its speed is not (most CPUs
+have no fast FP16 matrix units). Where the installed torch lacks either, the row has
+``status = "unsupported"`` and the reason.
+
+Out of memory (``torch.OutOfMemoryError``) in a configuration gives ``status = "oom"`` for that row;
+the remaining configurations still run. Any other error gives ``status = "error"`` with its message,
+the rest still run, and the command exits with status 1.
+
+Every figure here is evidence ``measured-microbenchmark``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import gc
+import json
+import math
+import statistics
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from cropscale import CropScaleError
+from cropscale.bench._env import current_rss_bytes, environment_record, load_average
+
+__all__ = [
+    "EVIDENCE",
+    "PRECISIONS",
+    "PRECISION_LABELS",
+    "SCHEMA",
+    "BenchmarkConfig",
+    "amp_ratios",
+    "format_table",
+    "main",
+    "peak_tflops",
+    "run_benchmark",
+    "run_configuration",
+    "train_step",
+]
+
+EVIDENCE = "measured-microbenchmark"
+SCHEMA = "cropscale.benchmark/1"
+PRECISIONS: tuple[str, ...] = ("32-true", "16-mixed", "bf16-mixed")
+PRECISION_LABELS: dict[str, str] = {"32-true": "FP32", "16-mixed": "AMP FP16", "bf16-mixed": "AMP BF16"}
+_AUTOCAST_DTYPE = {"32-true": None, "16-mixed": torch.float16, "bf16-mixed": torch.bfloat16}
+_PEAK_DTYPE = {"32-true": "fp32", "16-mixed": "fp16", "bf16-mixed": "bf16"}
+CLIP_NORM = 1.0
+GIB = 2**30
+
+
+@dataclass
+class BenchmarkConfig:
+    """What to measure (one instance = one ``benchmark`` invocation).
+
+    Args:
+        precisions: Lightning precision names, any of :data:`PRECISIONS`.
+        batch_sizes: samples per step (local batch), each >= 1.
+        warmup: unmeasured steps per configuration (>= 0).
+        iterations: measured steps per configuration (>= 1).
+        device: ``"cpu"``, ``"cuda"`` or ``"cuda:i"``.
+        num_classes, t2, t1, crop_size: model and sample shape (``C``; Sentinel-2 dates ``T2``;
+            dates per Sentinel-1 orbit ``T1``; ``H = W = crop_size`` pixels at 10 m, a multiple of 4).
+        net_kwargs: further :class:`~cropscale.model.network.CropMappingNet` arguments.
+        channels_last: convert the model to ``torch.channels_last`` (4-D conv weights; the 5-D
+            inputs keep their layout).
+        compile: wrap the model in ``torch.compile`` (compilation falls in the warm-up steps).
+        lr, weight_decay: AdamW settings.
+        seed: seed of model initialisation and synthetic batch (the same for every configuration).
+        peak_tflops: override of the dense peak TFLOP/s used for MFU (all precisions).
+    """
+
+    precisions: list[str] = field(default_factory=lambda: ["32-true", "16-mixed"])
+    batch_sizes: list[int] = field(default_factory=lambda: [1, 2, 4])
+    warmup: int = 10
+    iterations: int = 30
+    device: str = "cpu"
+    num_classes: int = 10
+    t2: int = 16
+    t1: int = 4
+    crop_size: int = 32
+    net_kwargs: dict[str, Any] = field(default_factory=dict)
+    channels_last: bool = False
+    compile: bool = False
+    lr: float = 1e-3
+    weight_decay: float = 0.01
+    seed: int = 0
+    peak_tflops: float | None = None
+
+    def validate(self) -> None:
+        """Raise :class:`CropScaleError` naming the bad argument."""
+        bad = [p for p in self.precisions if p not in PRECISIONS]
+        if bad or not self.precisions:
+            raise CropScaleError(f"--precision must be among {', '.join(PRECISIONS)}; got {self.precisions}")
+        if not self.batch_sizes or any(int(b) < 1 for b in self.batch_sizes):
+            raise CropScaleError(f"--batch-sizes must be integers >= 1; got {self.batch_sizes}")
+        if self.warmup < 0:
+            raise CropScaleError(f"--warmup must be >= 0; got {self.warmup}")
+        if self.iterations < 1:
+            raise CropScaleError(f"--iterations must be >= 1; got {self.iterations}")
+        if self.crop_size < 4 or self.crop_size % 4:
+            raise CropScaleError(f"--crop-size must be a positive multiple of 4 (two stride-2 stages); got {self.crop_size}")
+        for name in ("num_classes", "t2", "t1"):
+            if getattr(self, name) < 1:
+                raise CropScaleError(f"--{name.replace('_', '-')} must be >= 1; got {getattr(self, name)}")
+        if self.peak_tflops is not None and not self.peak_tflops > 0:
+            raise CropScaleError(f"--peak-tflops must be > 0; got {self.peak_tflops}")
+        resolve_device(self.device)
+
+
+def resolve_device(name: str) -> torch.device:
+    """``torch.device`` for ``name``; raises :class:`CropScaleError` if it does not exist here."""
+    try:
+        device = torch.device(name)
+    except RuntimeError as err:
+        raise CropScaleError(f"--device {name!r} is not a device name (cpu, cuda, cuda:i): {err}") from None
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise CropScaleError(f"--device {name!r}: CUDA is not available on this machine (use --device cpu)")
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise CropScaleError(
+                f"--device {name!r}: only {torch.cuda.device_count()} CUDA device(s) visible"
+            )
+    elif device.type != "cpu":
+        raise CropScaleError(f"--device {name!r}: only cpu and cuda[:i] are supported")
+    return device
+
+
+# ----------------------------------------------------------------------------------------- peaks
+def peak_tflops(device_name: str, dtype: str, override: float | None = None) -> tuple[float | None, str | None]:
+    """Dense peak TFLOP/s of ``device_name`` for ``dtype`` (``fp32 | fp16 | bf16``).
+
+    Looked up in the scaling callbacks' peak table (one table in the project). Returns
+    ``(peak, None)`` or ``(None, reason)``; ``override`` (``--peak-tflops``) wins.
+    """
+    if override is not None:
+        return float(override), None
+    lookup = _peak_lookup()
+    if lookup is None:
+        return None, "no dense peak table found in cropscale.callbacks (MFU needs one; or pass --peak-tflops)"
+    try:
+        value = lookup(device_name, dtype)
+    except (KeyError, ValueError, CropScaleError) as err:
+        return None, f"device {device_name!r} / {dtype} is not in the dense peak table: {err}"
+    if value is None:
+        return None, f"device {device_name!r} / {dtype} is not in the dense peak table (pass --peak-tflops)"
+    return float(value), None
+
+
+def _peak_lookup() -> Callable[[str, str], float | None] | None:
+    """:func:`cropscale.callbacks._peaks.peak_tflops` (the project's one dense peak table), or None."""
+    try:
+        from cropscale.callbacks._peaks import peak_tflops as lookup
+    except ImportError:
+        return None
+    return lookup
+
+
+# ------------------------------------------------------------------------------------------ step
+def train_step(
+    model: torch.nn.Module,
+    loss_fn: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scaler: torch.amp.GradScaler,
+    batch: dict[str, torch.Tensor],
+    device_type: str,
+    autocast_dtype: torch.dtype | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One optimisation step; returns ``(loss, grad_norm)`` as 0-d device tensors (no host sync).
+
+    Forward and loss under ``torch.autocast(device_type, autocast_dtype)`` when ``autocast_dtype`` is
+    set; ``scaler.scale(loss).backward()``; ``scaler.unscale_``; ``clip_grad_norm_(.., 1.0)``;
+    ``scaler.step``; ``scaler.update`` (a disabled scaler makes these plain backward / step).
+    """
+    from cropscale.batch import model_inputs
+
+    optimizer.zero_grad(set_to_none=True)
+    ctx = (torch.autocast(device_type=device_type, dtype=autocast_dtype) if autocast_dtype is not None
+           else contextlib.nullcontext())
+    with ctx:
+        outputs = model(**model_inputs(batch))
+        loss, _terms = loss_fn(outputs, batch)
+    scaler.scale(loss).backward()
+    scaler.unscale_(optimizer)
+    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP_NORM)
+    scaler.step(optimizer)
+    scaler.update()
+    return loss.detach(), grad_norm.detach()
+
+
+def _unsupported_reason(precision: str, device: torch.device) -> str | None:
+    if precision == "bf16-mixed" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
+        return "this GPU has no bfloat16 support (torch.cuda.is_bf16_supported() is False)"
+    if precision == "16-mixed":
+        if not hasattr(torch, "amp") or not hasattr(torch.amp, "GradScaler"):
+            return "torch.amp.GradScaler is missing from this torch"
+        if device.type == "cpu":
+            try:
+                torch.amp.GradScaler("cpu")
+                with torch.autocast("cpu", dtype=torch.float16):
+                    pass
+            except (RuntimeError, ValueError, TypeError, AssertionError) as err:
+                return f"float16 autocast or GradScaler('cpu') unsupported by torch {torch.__version__}: {err}"
+    return None
+
+
+def _tf32_off() -> dict[str, bool]:
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    return {"matmul": bool(torch.backends.cuda.matmul.allow_tf32), "cudnn": bool(torch.backends.cudnn.allow_tf32)}
+
+
+def _free(device: torch.device) -> None:
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.empty_cache()
+
+
+def _percentile(values: Sequence[float], q: float) -> float:
+    return float(np.percentile(np.asarray(values, dtype=np.float64), q))
+
+
+def _empty_row(config: BenchmarkConfig, precision: str, batch_size: int, device: torch.device) -> dict[str, Any]:
+    return {
+        "precision": precision,
+        "precision_label": PRECISION_LABELS[precision],
+        "batch_size": int(batch_size),
+        "status": "ok",
+        "error": None,
+        "evidence": EVIDENCE,
+        "device": str(device),
+        "autocast_dtype": str(_AUTOCAST_DTYPE[precision]).removeprefix("torch.") if _AUTOCAST_DTYPE[precision] else None,
+        "grad_scaler": precision == "16-mixed",
+        "tf32": None,
+        "channels_last": config.channels_last,
+        "compile": config.compile,
+        "warmup": config.warmup,
+        "iterations": config.iterations,
+        "warmup_step_times_ms": [],
+        "step_times_ms": [],
+        "median_step_ms": None,
+        "p95_step_ms": None,
+        "mean_step_ms": None,
+        "min_step_ms": None,
+        "max_step_ms": None,
+        "samples_per_s": None,
+        "peak_memory_gib": None,
+        "peak_memory_kind": None,
+        "peak_reserved_gib": None,
+        "flops_per_sample": None,
+        "achieved_tflops": None,
+        "peak_tflops": None,
+        "mfu": None,
+        "mfu_reason": None,
+        "loss_scale_initial": None,
+        "loss_scale_final": None,
+        "nonfinite_steps": None,
+        "nonfinite_warmup_steps": None,
+        "final_loss": None,
+    }
+
+
+def run_configuration(
+    config: BenchmarkConfig,
+    precision: str,
+    batch_size: int,
+    device: torch.device,
+    flops_per_sample: float | None = None,
+    step_fn: Callable[..., tuple[torch.Tensor, torch.Tensor]] | None = None,
+) -> dict[str, Any]:
+    """Measure one (precision, batch size) configuration in a fresh state; returns its result row.
+
+    ``step_fn`` replaces :func:`train_step` (same signature; tests use it to fake an OOM). Out of
+    memory gives a row with ``status = "oom"``; other exceptions propagate to the caller.
+
+    Row fields: see :func:`run_benchmark`. Times in ms, memory in GiB (2**30 bytes), throughput in
+    samples/s, FLOPs in FLOP, TFLOP/s = 1e12 FLOP/s.
+    """
+    from cropscale.model.losses import MultiTaskLoss
+    from cropscale.model.network import CropMappingNet
+    from cropscale.model.synthetic import synthetic_batch
+
+    step_fn = step_fn or train_step
+    row = _empty_row(config, precision, batch_size, device)
+    reason = _unsupported_reason(precision, device)
+    if reason is not None:
+        row.update(status="unsupported", error=reason)
+        return row
+
+    _free(device)
+    row["tf32"] = _tf32_off()
+    if config.compile:
+        torch._dynamo.reset()
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    model = optimizer = scaler = batch = loss_fn = None
+    peak_rss = current_rss_bytes()
+    try:
+        torch.manual_seed(config.seed)
+        model = CropMappingNet(num_classes=config.num_classes, **config.net_kwargs).to(device)
+        if config.channels_last:
+            model = model.to(memory_format=torch.channels_last)
+        loss_fn = MultiTaskLoss().to(device)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
+        scaler = torch.amp.GradScaler(device.type, enabled=precision == "16-mixed")
+        batch = synthetic_batch(
+            batch_size, t2=config.t2, t1=config.t1, height=config.crop_size, width=config.crop_size,
+            num_classes=config.num_classes, device=device, seed=config.seed,
+        )
+        step_model = torch.compile(model) if config.compile else model
+        if scaler.is_enabled():
+            row["loss_scale_initial"] = float(scaler.get_scale())
+        nonfinite = torch.zeros((), dtype=torch.int64, device=device)
+        times: list[float] = []
+        loss = None
+        for i in range(config.warmup + config.iterations):
+            if i == config.warmup:
+                row["nonfinite_warmup_steps"] = int(nonfinite.item())
+                nonfinite.zero_()
+            start = time.perf_counter()
+            loss, grad_norm = step_fn(step_model, loss_fn, optimizer, scaler, batch, device.type,
+                                      _AUTOCAST_DTYPE[precision])
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            times.append((time.perf_counter() - start) * 1e3)
+            nonfinite += (~torch.isfinite(loss) | ~torch.isfinite(grad_norm)).to(torch.int64)
+            if device.type == "cpu":
+                rss = current_rss_bytes()
+                if rss is not None and (peak_rss is None or rss > peak_rss):
+                    peak_rss = rss
+        if config.warmup == 0:
+            row["nonfinite_warmup_steps"] = 0
+        row["nonfinite_steps"] = int(nonfinite.item())
+        final = float(loss) if loss is not None else None
+        row["final_loss"] = final if final is not None and math.isfinite(final) else None
+        if scaler.is_enabled():
+            row["loss_scale_final"] = float(scaler.get_scale())
+        if device.type == "cuda":
+            row["peak_memory_gib"] = torch.cuda.max_memory_allocated(device) / GIB
+            row["peak_reserved_gib"] = torch.cuda.max_memory_reserved(device) / GIB
+            row["peak_memory_kind"] = "cuda-max-allocated"
+        else:
+            row["peak_memory_gib"] = peak_rss / GIB if peak_rss is not None else None
+            row["peak_memory_kind"] = "host-rss-process"
+    except torch.OutOfMemoryError as err:
+        row.update(status="oom", error=f"out of memory at batch {batch_size}: {' '.join(str(err).split())[:400]}")
+        return row
+    finally:
+        del model, optimizer, scaler, batch, loss_fn
+        _free(device)
+
+    measured = times[config.warmup:]
+    row["warmup_step_times_ms"] = times[: config.warmup]
+    row["step_times_ms"] = measured
+    median = statistics.median(measured)
+    row.update(
+        median_step_ms=median,
+        p95_step_ms=_percentile(measured, 95),
+        mean_step_ms=statistics.fmean(measured),
+        min_step_ms=min(measured),
+        max_step_ms=max(measured),
+        samples_per_s=batch_size / (median / 1e3),
+    )
+    if flops_per_sample is not None:
+        row["flops_per_sample"] = flops_per_sample
+        row["achieved_tflops"] = flops_per_sample * batch_size / (median / 1e3) / 1e12
+        name = _device_name(device)
+        peak, why = (None, "device is a CPU: no dense peak table for CPUs") if (
+            device.type == "cpu" and config.peak_tflops is None) else peak_tflops(
+            name, _PEAK_DTYPE[precision], config.peak_tflops)
+        row["peak_tflops"] = peak
+        row["mfu"] = row["achieved_tflops"] / peak if peak else None
+        row["mfu_reason"] = why
+    else:
+        row["mfu_reason"] = "FLOPs per sample unavailable"
+    return row
+
+
+def _device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return "cpu"
+
+
+def _flops(config: BenchmarkConfig) -> tuple[dict[str, float] | None, str | None]:
+    try:
+        from cropscale.model.flops import flops_per_sample
+        from cropscale.model.network import CropMappingNet
+    except ImportError as err:
+        return None, f"cropscale.model.flops unavailable: {err}"
+    torch.manual_seed(config.seed)
+    net = CropMappingNet(num_classes=config.num_classes, **config.net_kwargs)
+    counts = flops_per_sample(net, t2=config.t2, t1=config.t1, height=config.crop_size, width=config.crop_size)
+    return {k: float(v) for k, v in counts.items()}, None
+
+
+def run_benchmark(
+    config: BenchmarkConfig,
+    argv: list[str] | None = None,
+    step_fn: Callable[..., tuple[torch.Tensor, torch.Tensor]] | None = None,
+) -> dict[str, Any]:
+    """Run every configuration of ``config`` (precision outer, batch size inner) and return the JSON
+    document.
+
+    Returns:
+        ``{"schema", "evidence", "settings", "flops_per_sample", "environment", "results",
+        "amp_vs_fp32"}``; ``results`` has one row per configuration with ``precision``, ``batch_size``,
+        ``status`` (``ok | oom | unsupported | error``), ``error``, ``step_times_ms`` (``iterations``
+        raw measured steps), ``warmup_step_times_ms``, ``median_step_ms``, ``p95_step_ms``,
+        ``mean_step_ms``, ``min_step_ms``, ``max_step_ms``, ``samples_per_s`` (= batch / median s),
+        ``peak_memory_gib`` and ``peak_memory_kind``, ``peak_reserved_gib`` (CUDA), ``flops_per_sample``,
+        ``achieved_tflops``, ``peak_tflops``, ``mfu``, ``mfu_reason``, ``loss_scale_initial``,
+        ``loss_scale_final`` (16-mixed only), ``nonfinite_steps`` (measured steps with a non-finite loss
+        or gradient norm; under 16-mixed exactly the steps the scaler skipped), ``nonfinite_warmup_steps``,
+        ``final_loss``, ``tf32``, ``autocast_dtype``, ``grad_scaler``, ``evidence``.
+
+    Raises:
+        CropScaleError: a bad argument (see :meth:`BenchmarkConfig.validate`).
+    """
+    config.validate()
+    device = resolve_device(config.device)
+    if device.type == "cuda" and device.index is not None:
+        torch.cuda.set_device(device)
+    previous_tf32 = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
+    flops, flops_reason = _flops(config)
+    environment = environment_record(Path(__file__), argv, device)
+    rows: list[dict[str, Any]] = []
+    try:
+        for precision in config.precisions:
+            for batch_size in config.batch_sizes:
+                try:
+                    row = run_configuration(config, precision, int(batch_size), device,
+                                            flops["total"] if flops else None, step_fn)
+                except Exception as err:  # one broken configuration must not lose the others
+                    row = _empty_row(config, precision, int(batch_size), device)
+                    row.update(status="error", error=f"{type(err).__name__}: {' '.join(str(err).split())[:400]}")
+                if flops is None:
+                    row["mfu_reason"] = flops_reason
+                rows.append(row)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = previous_tf32
+    environment["host"]["load_average_1_5_15_min_end"] = load_average()
+    settings = asdict(config)
+    settings.update(
+        optimizer="AdamW",
+        loss="MultiTaskLoss (default weights)",
+        clip_grad_norm=CLIP_NORM,
+        timing="host perf_counter around each step; torch.cuda.synchronize() after every step on CUDA",
+        p95="numpy.percentile(q=95, linear interpolation)",
+        samples_per_s="batch_size / (median_step_ms / 1000)",
+        tf32="off for matmul and cuDNN in every configuration",
+    )
+    return {
+        "schema": SCHEMA,
+        "evidence": EVIDENCE,
+        "settings": settings,
+        "flops_per_sample": flops,
+        "flops_reason": flops_reason,
+        "environment": environment,
+        "results": rows,
+        "amp_vs_fp32": amp_ratios(rows),
+    }
+
+
+# ---------------------------------------------------------------------------------------- output
+def amp_ratios(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """AMP against FP32 at each batch size where both rows are ``ok``.
+
+    Returns:
+        one dict per (AMP precision, batch): ``precision``, ``batch_size``, ``speedup`` (AMP samples/s
+        / FP32 samples/s), ``throughput_gain_pct`` (``100 (speedup - 1)``), ``memory_ratio`` (AMP peak /
+        FP32 peak) and ``memory_saving_pct`` (``100 (1 - memory_ratio)``), ``evidence``.
+    """
+    fp32 = {r["batch_size"]: r for r in rows if r["precision"] == "32-true" and r["status"] == "ok"}
+    out = []
+    for r in rows:
+        base = fp32.get(r["batch_size"])
+        if r["precision"] == "32-true" or r["status"] != "ok" or base is None:
+            continue
+        speedup = r["samples_per_s"] / base["samples_per_s"]
+        mem = (r["peak_memory_gib"] / base["peak_memory_gib"]
+               if r["peak_memory_gib"] and base["peak_memory_gib"] else None)
+        out.append({
+            "precision": r["precision"],
+            "batch_size": r["batch_size"],
+            "speedup": speedup,
+            "throughput_gain_pct": 100.0 * (speedup - 1.0),
+            "memory_ratio": mem,
+            "memory_saving_pct": 100.0 * (1.0 - mem) if mem is not None else None,
+            "evidence": EVIDENCE,
+        })
+    return out
+
+
+def _cell(row: dict[str, Any], key: str, fmt: str) -> str:
+    if row["status"] != "ok":
+        return {"oom": "OOM", "unsupported": "unsupported", "error": "error"}[row["status"]]
+    value = row.get(key)
+    return "n/a" if value is None else format(value, fmt)
+
+
+def format_table(doc: dict[str, Any]) -> str:
+    """The study's table (Precision, Batch, Median step, p95 step, Samples/s, Peak GiB) as Markdown,
+    followed by the evidence label, the memory kind, and one AMP-vs-FP32 line per batch size."""
+    rows = doc["results"]
+    lines = [
+        "| Precision | Batch | Median step | p95 step | Samples/s | Peak GiB |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in rows:
+        med = _cell(r, "median_step_ms", ".2f")
+        p95 = _cell(r, "p95_step_ms", ".2f")
+        lines.append(
+            f"| {r['precision_label']} | {r['batch_size']} | {med}{' ms' if r['status'] == 'ok' else ''} | "
+            f"{p95}{' ms' if r['status'] == 'ok' else ''} | {_cell(r, 'samples_per_s', '.1f')} | "
+            f"{_cell(r, 'peak_memory_gib', '.2f')} |"
+        )
+    device = doc["environment"]["device"]
+    kinds = sorted({r["peak_memory_kind"] for r in rows if r["peak_memory_kind"]})
+    kind_text = {"cuda-max-allocated": "peak allocated GPU memory (torch.cuda.max_memory_allocated)",
+                 "host-rss-process": "peak host RSS of the whole benchmark process (CPU run)"}
+    lines.append("")
+    host = doc["environment"].get("host", {})
+    cpu = ""
+    if device["type"] == "cpu":
+        start, end = host.get("load_average_1_5_15_min"), host.get("load_average_1_5_15_min_end")
+        load = f", 1-min load average {start[0]} -> {end[0]}" if start and end else ""
+        cpu = f" {device.get('torch_threads')} torch thread(s) on {device.get('logical_cores')} logical cores{load};"
+    lines.append(
+        f"evidence: {EVIDENCE} — {device.get('name')} ({device['type']}),{cpu} "
+        f"{doc['settings']['warmup']} warm-up + {doc['settings']['iterations']} measured steps; "
+        f"Peak GiB = {'; '.join(kind_text.get(k, k) for k in kinds) or 'n/a'}"
+    )
+    for r in rows:
+        if r["status"] != "ok":
+            lines.append(f"{r['precision_label']} batch {r['batch_size']}: {r['status']} — {r['error']}")
+    for a in doc["amp_vs_fp32"]:
+        mem = (f", peak memory x{a['memory_ratio']:.2f}" if a["memory_ratio"] is not None else "")
+        lines.append(
+            f"{PRECISION_LABELS[a['precision']]} vs FP32 at batch {a['batch_size']}: "
+            f"{a['speedup']:.2f}x samples/s ({a['throughput_gain_pct']:+.1f} %){mem} [{EVIDENCE}]"
+        )
+    return "\n".join(lines)
+
+
+def format_details(doc: dict[str, Any]) -> str:
+    """Per-configuration FLOP rate, MFU, loss scale and non-finite counts (Markdown)."""
+    lines = ["| Precision | Batch | TFLOP/s | MFU | Loss scale (start -> end) | Non-finite steps |",
+             "| --- | --- | --- | --- | --- | --- |"]
+    for r in doc["results"]:
+        if r["status"] != "ok":
+            continue
+        mfu = f"{100 * r['mfu']:.1f} %" if r["mfu"] is not None else f"n/a ({r['mfu_reason']})"
+        tflops = f"{r['achieved_tflops']:.3f}" if r["achieved_tflops"] is not None else "n/a"
+        scale = (f"{r['loss_scale_initial']:g} -> {r['loss_scale_final']:g}" if r["loss_scale_final"] is not None
+                 else "no scaler")
+        lines.append(f"| {r['precision_label']} | {r['batch_size']} | {tflops} | {mfu} | {scale} | "
+                     f"{r['nonfinite_steps']} (warm-up {r['nonfinite_warmup_steps']}) |")
+    return "\n".join(lines)
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m cropscale benchmark",
+        description="Compute-only training-step microbenchmark of the crop-mapping model "
+                    "(synthetic tensors on the device; forward, MultiTaskLoss, backward, clip 1.0, AdamW).",
+    )
+    p.add_argument("--precision", nargs="+", default=["32-true", "16-mixed"], choices=PRECISIONS,
+                   help="precisions to measure (default: 32-true 16-mixed)")
+    p.add_argument("--batch-sizes", nargs="+", type=int, default=[1, 2, 4], help="samples per step (default: 1 2 4)")
+    p.add_argument("--warmup", type=int, default=10, help="unmeasured steps per configuration (default 10)")
+    p.add_argument("--iterations", type=int, default=30, help="measured steps per configuration (default 30)")
+    p.add_argument("--device", default=None, help="cpu | cuda | cuda:i (default: cuda if available, else cpu)")
+    p.add_argument("--channels-last", action="store_true", help="model in torch.channels_last memory format")
+    p.add_argument("--compile", action="store_true", help="torch.compile the model (compiles during warm-up)")
+    p.add_argument("--num-classes", type=int, default=10, help="semantic classes C (default 10)")
+    p.add_argument("--t2", type=int, default=16, help="Sentinel-2 dates per sample (default 16)")
+    p.add_argument("--t1", type=int, default=4, help="dates per Sentinel-1 orbit (default 4)")
+    p.add_argument("--crop-size", type=int, default=32, help="H = W in 10 m pixels, multiple of 4 (default 32)")
+    p.add_argument("--net-kwargs", default="{}", help="JSON object of further CropMappingNet arguments")
+    p.add_argument("--lr", type=float, default=1e-3, help="AdamW learning rate (default 1e-3)")
+    p.add_argument("--weight-decay", type=float, default=0.01, help="AdamW weight decay (default 0.01)")
+    p.add_argument("--seed", type=int, default=0, help="seed of weights and synthetic batch (default 0)")
+    p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads before measuring (CPU)")
+    p.add_argument("--peak-tflops", type=float, default=None,
+                   help="dense peak TFLOP/s for MFU (overrides the peak table, all precisions)")
+    p.add_argument("--output", "-o", default=None, help="write the JSON document here")
+    p.add_argument("--details", action="store_true", help="also print TFLOP/s, MFU, loss scale, non-finite counts")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m cropscale benchmark ...``; prints the study table, writes ``--output``.
+
+    Returns 0, or 1 if a configuration failed with an error other than out-of-memory.
+
+    Raises:
+        CropScaleError: bad arguments (unknown device, batch size < 1, bad ``--net-kwargs`` JSON).
+    """
+    args = _parser().parse_args(argv)
+    try:
+        net_kwargs = json.loads(args.net_kwargs)
+    except json.JSONDecodeError as err:
+        raise CropScaleError(f"--net-kwargs is not valid JSON: {err}") from None
+    if not isinstance(net_kwargs, dict):
+        raise CropScaleError(f"--net-kwargs must be a JSON object, got {args.net_kwargs!r}")
+    if args.threads is not None:
+        if args.threads < 1:
+            raise CropScaleError(f"--threads must be >= 1; got {args.threads}")
+        torch.set_num_threads(args.threads)
+    config = BenchmarkConfig(
+        precisions=list(dict.fromkeys(args.precision)),
+        batch_sizes=list(dict.fromkeys(args.batch_sizes)),
+        warmup=args.warmup,
+        iterations=args.iterations,
+        device=args.device or ("cuda" if torch.cuda.is_available() else "cpu"),
+        num_classes=args.num_classes,
+        t2=args.t2,
+        t1=args.t1,
+        crop_size=args.crop_size,
+        net_kwargs=net_kwargs,
+        channels_last=args.channels_last,
+        compile=args.compile,
+        lr=args.lr,
+        weight_decay=args.weight_decay,
+        seed=args.seed,
+        peak_tflops=args.peak_tflops,
+    )
+    doc = run_benchmark(config, argv=list(sys.argv[1:] if argv is None else argv))
+    if args.output:
+        out = Path(args.output)
+        try:
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_text(json.dumps(doc, indent=2, allow_nan=False) + "\n")
+        except OSError as err:
+            raise CropScaleError(f"--output {out}: cannot write: {err}") from None
+    if args.details:
+        print(format_details(doc))
+        print()
+    if args.output:
+        print(f"wrote {args.output}")
+    print(format_table(doc))
+    return 1 if any(r["status"] == "error" for r in doc["results"]) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

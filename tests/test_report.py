@@ -1,0 +1,282 @@
+"""The quality-and-speed report (issue 7): parsing of run folders (run.json + TensorBoard events +
+config.yaml) and benchmark JSONs, exact figures, precision pairs, evidence labels, n/a reasons, PNG
+figures; end to end on two tiny fits of the bundled sample (slow)."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import matplotlib.image as mpimg
+import pytest
+import yaml
+
+from cropscale import CropScaleError
+from cropscale.bench import report as rp
+
+REPO = Path(__file__).resolve().parents[1]
+FIGURES = ("iou_by_epoch.png", "throughput.png", "peak_memory.png", "step_decomposition.png")
+
+
+def _config(precision: str, batch_size: int = 4, name: str = "default") -> dict:
+    return {
+        "seed_everything": 0,
+        "trainer": {"precision": precision, "devices": 1, "num_nodes": 1, "strategy": "auto",
+                    "max_epochs": 3, "logger": {"init_args": {"name": name, "save_dir": "runs"}}},
+        "model": {"lr": 0.001},
+        "data": {"batch_size": batch_size, "root": "data/x"},
+    }
+
+
+def _fake_run(folder: Path, precision: str, mious: list[float], *, samples_per_s: float, step_ms: float,
+              train_s: list[float], val_s: list[float], energy_j: float | None = None, batch_size: int = 4,
+              name: str = "default", gpu_peak: float | None = None) -> Path:
+    """A run folder as ``fit --config callbacks/scaling.yaml`` writes it (run.json, events, config.yaml)."""
+    from torch.utils.tensorboard import SummaryWriter
+
+    folder.mkdir(parents=True)
+    writer = SummaryWriter(str(folder))
+    writer.add_scalar("optim/global_batch", float(batch_size), 0)
+    for epoch, miou in enumerate(mious):
+        step = 10 * (epoch + 1)
+        writer.add_scalar("epoch", float(epoch), step)
+        writer.add_scalar("train/loss_epoch", 2.0 - 0.5 * epoch, step)
+        writer.add_scalar("val/mIoU", miou, step)
+        writer.add_scalar("epoch", float(epoch), step)
+        for w, v in (("forward", 1.0), ("backward", 2.0)):
+            writer.add_scalar(f"perf/step/{w}_ms", v * (epoch + 1), step)
+    writer.close()
+    (folder / "config.yaml").write_text(yaml.safe_dump(_config(precision, batch_size, name)))
+    epochs = [{"epoch": i, "train_s": t, "val_s": v, "wall_s": t + v, "step_latency_ms": {"median": None}}
+              for i, (t, v) in enumerate(zip(train_s, val_s, strict=True))]
+    windows = {w: {"median": m, "p95": m * 1.1, "n": 20} for w, m in
+               (("data_wait", 1.0), ("transfer", 0.5), ("forward", 0.3 * step_ms), ("backward", 0.5 * step_ms),
+                ("optimizer", 0.2 * step_ms - 1.5), ("remainder", 0.0), ("step", step_ms))}
+    summary = {
+        "step_timing": {"evidence": "measured-run", "warmup_steps": 5, "steps_total": 30,
+                        "epochs": [{"epoch": 0, "windows_ms": {w: {"median": None, "p95": None, "n": 0} for w in windows}},
+                                   {"epoch": 1, "windows_ms": windows}]},
+        "throughput": {"evidence": "measured-run", "warmup_steps": 5, "samples_per_s": samples_per_s, "epochs": epochs},
+        "loss_scale": ({"scaler_in_use": True, "skipped_steps": 2} if precision == "16-mixed"
+                       else {"scaler_in_use": False, "reason": "no GradScaler"}),
+        "nonfinite": {"per_rank": [{"nonfinite_batches": 1, "skipped_steps": 0}]},
+        "energy": ({"available": True, "method": "counter", "total_energy_j": energy_j,
+                    "j_per_sample": energy_j / 120} if energy_j is not None
+                   else {"available": False, "reason": "the model runs on 'cpu'"}),
+        "memory": {"gpu_available": gpu_peak is not None, "peak_allocated_gib": gpu_peak, "host_peak_rss_gib": 1.5},
+    }
+    run = {"schema": "cropscale.run/1", "evidence": "measured-run", "status": "finished", "precision": precision,
+           "distributed": {"world_size": 1, "strategy": "SingleDeviceStrategy"}, "config": None, "summary": summary}
+    (folder / "run.json").write_text(json.dumps(run))
+    return folder
+
+
+def _fake_bench(path: Path) -> Path:
+    rows = []
+    for precision, batch, median, status in (("32-true", 4, 100.0, "ok"), ("16-mixed", 4, 80.0, "ok"),
+                                             ("16-mixed", 64, None, "oom")):
+        ok = status == "ok"
+        rows.append({"precision": precision, "batch_size": batch, "status": status,
+                     "error": None if ok else "out of memory at batch 64",
+                     "median_step_ms": median, "p95_step_ms": median * 1.05 if ok else None,
+                     "samples_per_s": batch / (median / 1000) if ok else None, "peak_memory_gib": 2.0 if ok else None,
+                     "peak_memory_kind": "cuda-max-allocated", "nonfinite_steps": 0 if ok else None,
+                     "grad_scaler": precision == "16-mixed", "warmup": 10, "iterations": 30})
+    path.write_text(json.dumps({"schema": "cropscale.benchmark/1", "evidence": "measured-microbenchmark",
+                                "environment": {"device": {"name": "NVIDIA H200"}}, "results": rows}))
+    return path
+
+
+@pytest.fixture()
+def fake_inputs(tmp_path):
+    a = _fake_run(tmp_path / "runs" / "fp32" / "version_0", "32-true", [0.20, 0.35, 0.30], samples_per_s=10.0,
+                  step_ms=100.0, train_s=[30.0, 20.0, 22.0], val_s=[5.0, 4.0, 6.0], energy_j=3600.0,
+                  name="fp32", gpu_peak=3.0)
+    b = _fake_run(tmp_path / "runs" / "amp" / "version_0", "16-mixed", [0.25, 0.30, 0.33], samples_per_s=14.0,
+                  step_ms=70.0, train_s=[25.0, 15.0, 14.0], val_s=[5.0, 4.0, 4.0], energy_j=2400.0,
+                  name="amp", gpu_peak=2.4)
+    c = _fake_run(tmp_path / "runs" / "fp32_b8" / "version_0", "32-true", [0.1], samples_per_s=12.0,
+                  step_ms=180.0, train_s=[40.0], val_s=[5.0], batch_size=8, name="fp32_b8")
+    bench = _fake_bench(tmp_path / "bench.json")
+    return tmp_path, a, b, c, bench
+
+
+def test_load_run_exact_figures(fake_inputs):
+    _, a, b, c, _ = fake_inputs
+    ra = rp.load_run(a)
+    f = {k: v["value"] for k, v in ra["figures"].items()}
+    assert (ra["precision"], ra["strategy"], ra["devices"], ra["global_batch"]) == ("32-true", "SingleDeviceStrategy", 1, 4)
+    assert f["best_miou"] == pytest.approx(0.35, abs=1e-7) and f["best_epoch"] == 1  # float32 in TensorBoard
+    assert f["final_train_loss"] == 1.0
+    assert f["median_step_ms"] == 100.0 and f["p95_step_ms"] == pytest.approx(110.0)  # epoch 1: measured steps
+    assert f["samples_per_s"] == 10.0
+    assert f["train_epoch_s"] == 21.0 and f["val_epoch_s"] == 5.0 and f["epoch_s"] == 26.0  # median after epoch 0
+    assert f["energy_j"] == 3600.0 and f["energy_j_per_sample"] == 30.0
+    assert f["peak_memory_gib"] == 3.0 and "GPU" in ra["figures"]["peak_memory_gib"]["note"]
+    assert f["nonfinite"] == 1 and f["skipped_steps"] == 0
+    assert all(v["evidence"] == "measured-run" for v in ra["figures"].values())
+    assert [e for e, _ in ra["iou_by_epoch"]] == [0, 1, 2]
+    assert [round(v, 6) for _, v in ra["iou_by_epoch"]] == [0.2, 0.35, 0.35]  # best available so far
+    assert ra["step_windows_ms"]["backward"] == 50.0 and "StepTiming" in ra["step_windows_source"]
+
+    rb = rp.load_run(b)
+    assert rb["figures"]["skipped_steps"]["value"] == 2  # GradScaler skips under 16-mixed
+    rc = rp.load_run(c)
+    assert rc["figures"]["energy_j"]["value"] is None and "cpu" in rc["figures"]["energy_j"]["why"]
+    assert rc["figures"]["peak_memory_gib"]["value"] == 1.5 and "RSS" in rc["figures"]["peak_memory_gib"]["note"]
+    assert rc["figures"]["train_epoch_s"]["value"] == 40.0  # a single epoch is its own median
+
+
+def test_load_benchmark_rows_and_oom(fake_inputs):
+    *_, bench = fake_inputs
+    rows = rp.load_benchmark(bench)
+    assert [(r["precision"], r["global_batch"], r["status"]) for r in rows] == [
+        ("32-true", 4, "ok"), ("16-mixed", 4, "ok"), ("16-mixed", 64, "oom")]
+    assert rows[0]["figures"]["samples_per_s"]["value"] == 40.0
+    assert rows[0]["figures"]["samples_per_s"]["evidence"] == "measured-microbenchmark"
+    assert rows[0]["figures"]["best_miou"]["value"] is None and "compute-only" in rows[0]["figures"]["best_miou"]["why"]
+    assert rows[2]["figures"]["median_step_ms"]["value"] is None and "oom" in rows[2]["figures"]["median_step_ms"]["why"]
+
+
+def test_pairs_only_differ_in_precision(fake_inputs):
+    _, a, b, c, bench = fake_inputs
+    records = rp.load_inputs([a.parents[1], bench])
+    pairs = rp.precision_pairs(records)
+    by_other = {p["other"]: p for p in pairs}
+    assert set(by_other) == {"amp/version_0", "bench.json: AMP FP16 b4"}  # fp32_b8 differs in batch: no pair
+    run_pair = by_other["amp/version_0"]
+    assert run_pair["base"] == "fp32/version_0"
+    assert run_pair["speedup"]["value"] == 14.0 / 10.0
+    assert run_pair["step_ratio"]["value"] == 70.0 / 100.0
+    assert run_pair["iou_difference"]["value"] == pytest.approx(0.33 - 0.35, abs=1e-7)
+    assert run_pair["memory_ratio"]["value"] == 2.4 / 3.0
+    assert run_pair["evidence"] == "measured-run"
+    bench_pair = by_other["bench.json: AMP FP16 b4"]
+    assert bench_pair["speedup"]["value"] == (4 / 0.08) / (4 / 0.1)
+    assert bench_pair["iou_difference"]["value"] is None and "compute-only" in bench_pair["iou_difference"]["why"]
+
+
+def test_main_writes_tables_and_figures(fake_inputs, capsys):
+    tmp, a, b, c, bench = fake_inputs
+    out = tmp / "report"
+    assert rp.main([str(tmp / "runs"), str(bench), "--out", str(out)]) == 0
+    md = (out / "report.md").read_text()
+    assert "## Runs" in md and "## Precision pairs" in md
+    row_a = next(line for line in md.splitlines() if line.startswith("| fp32/version_0 |"))
+    cells = [x.strip() for x in row_a.strip("|").split("|")]
+    assert cells[6] == "0.3500" and cells[7] == "1" and cells[-1] == "measured-run"
+    assert cells[11].startswith("10.00")
+    oom = next(line for line in md.splitlines() if line.startswith("| bench.json: AMP FP16 b64 |"))
+    assert "n/a [" in oom
+    assert "configuration oom: out of memory at batch 64" in md  # the reason is in the notes
+    with open(out / "report.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == 6
+    first = next(r for r in rows if r["name"] == "fp32/version_0")
+    assert float(first["samples_per_s"]) == 10.0 and first["samples_per_s_evidence"] == "measured-run"
+    assert first["energy_j"] == "3600.0" and first["evidence"] == "measured-run"
+    b64 = next(r for r in rows if r["name"] == "bench.json: AMP FP16 b64")
+    assert b64["samples_per_s"] == "" and "oom" in b64["samples_per_s_note"]
+    with open(out / "report_pairs.csv", newline="") as f:
+        pairs = list(csv.DictReader(f))
+    assert {p["other"] for p in pairs} == {"amp/version_0", "bench.json: AMP FP16 b4"}
+    for name in FIGURES:
+        image = mpimg.imread(out / name)
+        assert image.ndim == 3 and image.shape[0] > 100 and image.shape[1] > 100
+    assert "wrote" in capsys.readouterr().out
+
+
+def test_write_table_plain_values_and_notes(tmp_path):
+    rows = [{"name": "x", "evidence": "analytical-scenario", "speedup": 1.82, "gpus": 2},
+            {"name": "y", "evidence": "analytical-scenario", "speedup": rp.figure(None, "analytical-scenario", "no fit"),
+             "gpus": 4}]
+    cols = (rp.Column("name", "Name", figure=False), rp.Column("gpus", "GPUs", "d", figure=False),
+            rp.Column("speedup", "Speed-up", ".2f"))
+    md, csv_path = rp.write_table(rows, tmp_path, "t", cols)
+    lines = md.read_text().splitlines()
+    assert lines[0] == "| Name | GPUs | Speed-up | Evidence |"
+    assert lines[2] == "| x | 2 | 1.82 | analytical-scenario |"
+    assert lines[3] == "| y | 4 | n/a [1] | analytical-scenario |"
+    assert lines[-1] == "[1] no fit"
+    with open(csv_path, newline="") as f:
+        got = list(csv.DictReader(f))
+    assert got[0] == {"name": "x", "gpus": "2", "speedup": "1.82", "speedup_evidence": "analytical-scenario",
+                      "speedup_note": "", "evidence": "analytical-scenario"}
+
+
+def test_bad_inputs_name_the_path(tmp_path):
+    with pytest.raises(CropScaleError, match="does not exist"):
+        rp.load_inputs([tmp_path / "nope"])
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(CropScaleError, match="holds no run folder"):
+        rp.load_inputs([tmp_path / "empty"])
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps({"schema": "something/1"}))
+    with pytest.raises(CropScaleError, match="other.json is not a cropscale benchmark JSON"):
+        rp.load_inputs([other])
+    broken = tmp_path / "broken.json"
+    broken.write_text("{not json")
+    with pytest.raises(CropScaleError, match="broken.json is not valid JSON"):
+        rp.load_inputs([broken])
+
+
+def test_run_without_run_json_reports_reasons(tmp_path):
+    from torch.utils.tensorboard import SummaryWriter
+
+    folder = tmp_path / "plain" / "version_0"
+    writer = SummaryWriter(str(folder))
+    writer.add_scalar("val/mIoU", 0.4, 5)
+    writer.close()
+    (folder / "config.yaml").write_text(yaml.safe_dump(_config("bf16-mixed", 2)))
+    r = rp.load_run(folder)
+    assert r["precision"] == "bf16-mixed" and r["global_batch"] == 2 and r["devices"] == 1
+    assert r["figures"]["best_miou"]["value"] == pytest.approx(0.4) and r["figures"]["best_epoch"]["value"] == 0
+    for key in ("samples_per_s", "median_step_ms", "energy_j", "peak_memory_gib"):
+        assert r["figures"][key]["value"] is None and "no run.json" in r["figures"][key]["why"]
+
+
+# ------------------------------------------------------------------------------ end to end (slow)
+def _fit(cwd: Path, name: str, precision: str, data_root: Path) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "cropscale", "fit", f"--data.root={data_root}", "--trainer.max_epochs=1",
+           "--data.samples_per_patch=2", "--data.batch_size=2", f"--trainer.precision={precision}",
+           "--trainer.enable_progress_bar=false", f"--trainer.logger.init_args.name={name}"]
+    if (REPO / "callbacks" / "scaling.yaml").is_file():
+        cmd[4:4] = ["--config", str(REPO / "callbacks" / "scaling.yaml")]
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    return subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+@pytest.mark.slow
+def test_report_on_two_tiny_fits(tmp_path, flanders_root):
+    """FP32 and bf16-mixed, one epoch each on the bundled sample (run side by side, one thread each),
+    then ``python -m cropscale report`` on both."""
+    procs = [_fit(tmp_path, "fp32", "32-true", flanders_root), _fit(tmp_path, "bf16", "bf16-mixed", flanders_root)]
+    for proc in procs:
+        out, _ = proc.communicate(timeout=600)
+        assert proc.returncode == 0, out[-3000:]
+    from cropscale.cli import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["report", str(tmp_path / "runs"), "--out", str(tmp_path / "report")])
+    assert exit_info.value.code == 0
+    md = (tmp_path / "report" / "report.md").read_text()
+    rows = {line.split("|")[1].strip(): [c.strip() for c in line.strip("|").split("|")]
+            for line in md.split("## Precision pairs")[0].splitlines() if line.startswith("| ") and "/version_" in line}
+    assert set(rows) == {"fp32/version_0", "bf16/version_0"}
+    for cells in rows.values():
+        assert 0.0 <= float(cells[6]) <= 1.0  # best val/mIoU
+        assert cells[7] == "0"  # its epoch
+        assert float(cells[11].split()[0]) > 0  # samples/s
+        assert cells[-1] == "measured-run"
+    assert rows["fp32/version_0"][2] == "32-true" and rows["bf16/version_0"][2] == "bf16-mixed"
+    pairs = md.split("## Precision pairs")[1]
+    pair = next(line for line in pairs.splitlines() if line.startswith("| fp32/version_0 | bf16/version_0 |"))
+    cells = [c.strip() for c in pair.strip("|").split("|")]
+    assert float(cells[6]) > 0  # speed-up
+    assert cells[10].startswith(("+", "-"))  # IoU difference
+    for name in FIGURES:
+        assert mpimg.imread(tmp_path / "report" / name).ndim == 3
