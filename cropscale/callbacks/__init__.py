@@ -1,0 +1,54 @@
+"""The scaling callbacks: Lightning callbacks that record how a training run spends its time, energy
+and numerics, one concern per module. Each works on its own in any Lightning project; presets for
+``--config`` live in the top-level ``callbacks/`` folder (``callbacks/scaling.yaml``: all of them in
+one :class:`CallbackGroup`). ``docs/run_json.md`` documents what they write into ``run.json``.
+
+=============================  ================================  ===================
+class                          concern                           TensorBoard prefix
+=============================  ================================  ===================
+:class:`StepTimingCallback`    step-time decomposition, comm      ``perf/step``, ``perf/epoch``
+:class:`ThroughputCallback`    samples/s, latency, TFLOP/s, MFU   ``perf/``
+:class:`LossScaleCallback`     AMP GradScaler events             ``amp/``
+:class:`NonFiniteCallback`     non-finite losses / gradients     ``numerics/``
+:class:`GradNormCallback`      gradient norm, clipping           ``numerics/``
+:class:`EnergyCallback`        NVML energy and power             ``energy/``
+:class:`MemoryCallback`        GPU peaks, host RSS               ``memory/``
+:class:`ProvenanceCallback`    ``run.json``                      —
+=============================  ================================  ===================
+"""
+
+from cropscale.callbacks._common import EVIDENCE_MICROBENCHMARK, EVIDENCE_RUN, ScalingCallback
+from cropscale.callbacks.energy import EnergyCallback
+from cropscale.callbacks.grad_norm import GradNormCallback
+from cropscale.callbacks.group import CallbackGroup
+from cropscale.callbacks.loss_scale import LossScaleCallback
+from cropscale.callbacks.memory import MemoryCallback
+from cropscale.callbacks.nonfinite import NonFiniteCallback, NonFiniteError
+from cropscale.callbacks.provenance import ProvenanceCallback
+from cropscale.callbacks.step_timing import StepTimingCallback
+from cropscale.callbacks.throughput import ThroughputCallback
+
+__all__ = [
+    "EVIDENCE_MICROBENCHMARK",
+    "EVIDENCE_RUN",
+    "CallbackGroup",
+    "EnergyCallback",
+    "GradNormCallback",
+    "LossScaleCallback",
+    "MemoryCallback",
+    "NonFiniteCallback",
+    "NonFiniteError",
+    "ProvenanceCallback",
+    "ScalingCallback",
+    "StepTimingCallback",
+    "ThroughputCallback",
+    "all_scaling_callbacks",
+]
+
+
+def all_scaling_callbacks() -> list[ScalingCallback]:
+    """One instance of every scaling callback with default arguments, provenance last."""
+    return [
+        StepTimingCallback(), ThroughputCallback(), LossScaleCallback(), NonFiniteCallback(), GradNormCallback(),
+        EnergyCallback(), MemoryCallback(), ProvenanceCallback(),
+    ]

@@ -1,0 +1,198 @@
+"""``python -m cropscale callback-bench``: per-step overhead of the scaling callbacks (microbenchmark).
+
+The overhead of host-side callback code hides in the noise of a real CPU step (hundreds of ms) but
+not on a GPU, where a step takes a few ms. So it is measured where it shows: a tiny model (one
+``nn.Linear``, batch 1, one CPU thread, FP32), a few hundred optimizer steps, the median step period
+after warm-up. Configurations, run alternately in ONE process, ``--repeats`` times each:
+
+- ``off``: Lightning with a TensorBoardLogger (``log_every_n_steps`` as given), no cropscale callback;
+- ``on``: the same plus every scaling callback in one :class:`~cropscale.callbacks.CallbackGroup`
+  (what ``callbacks/scaling.yaml`` installs);
+- ``separate`` (``--separate``): the same callbacks as eight separate Lightning callbacks.
+
+The step period is the time between consecutive ``on_train_batch_end`` hooks, read by a probe callback
+present in every configuration. Printed: median step per configuration over all measured steps (µs),
+overhead ``on - off`` in µs and as a ratio, the per-repeat medians, and the median of the per-repeat
+differences (runs of one repeat are adjacent in time, so that figure is less exposed to the load of
+other processes on a shared machine), all labelled ``measured-microbenchmark``. Target: at most 100 µs
+per step. ``--json`` also writes the figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import statistics
+import tempfile
+import time
+import warnings
+from typing import Any
+
+from cropscale import CropScaleError
+
+LABEL = "measured-microbenchmark"
+TARGET_US = 100.0
+
+
+def _build(args: argparse.Namespace) -> tuple[Any, Any, Any]:
+    import torch
+    from lightning.pytorch import Callback, LightningModule
+
+    class Probe(Callback):
+        def __init__(self) -> None:
+            self.ends: list[float] = []
+
+        def on_train_batch_end(self, *a: Any) -> None:
+            self.ends.append(time.perf_counter())
+
+    class Tiny(LightningModule):
+        """One ``nn.Linear(features, 1)``; batches are cropscale-style dicts (``s2``, ``patch_id``, ``crop_yx``)."""
+
+        def __init__(self, features: int) -> None:
+            super().__init__()
+            self.lin = torch.nn.Linear(features, 1)
+            self.flops_per_sample = 6.0 * features
+
+        def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
+            return self.lin(batch["s2"]).square().mean()
+
+        def configure_optimizers(self) -> torch.optim.Optimizer:
+            return torch.optim.SGD(self.parameters(), lr=1e-3)
+
+    def batches(n: int) -> list[dict]:
+        g = torch.Generator().manual_seed(0)
+        return [{"s2": torch.randn(args.batch, args.features, generator=g),
+                 "patch_id": torch.tensor([i]), "crop_yx": torch.zeros(1, 2, dtype=torch.long)} for i in range(n)]
+
+    return Probe, Tiny, batches
+
+
+def _one_run(config: str, args: argparse.Namespace, root: str) -> list[float]:
+    import torch
+    from lightning.pytorch import Trainer
+    from lightning.pytorch.loggers import TensorBoardLogger
+
+    from cropscale.callbacks import CallbackGroup, all_scaling_callbacks
+
+    Probe, Tiny, batches = _build(args)
+    probe = Probe()
+    callbacks: list[Any] = [probe]
+    if config == "on":
+        callbacks.append(CallbackGroup(all_scaling_callbacks()))
+    elif config == "separate":
+        callbacks.extend(all_scaling_callbacks())
+    steps = args.warmup + args.steps + 1
+    loader = torch.utils.data.DataLoader(batches(steps), batch_size=None)
+    trainer = Trainer(
+        accelerator="cpu", devices=1, max_steps=steps, max_epochs=1, callbacks=callbacks,
+        logger=TensorBoardLogger(root, name=config), log_every_n_steps=args.log_every,
+        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+        num_sanity_val_steps=0,
+    )
+    trainer.fit(Tiny(args.features), train_dataloaders=loader)
+    ends = probe.ends
+    periods = [b - a for a, b in zip(ends[:-1], ends[1:], strict=False)]
+    return periods[args.warmup:]
+
+
+def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
+    """Run the alternating configurations; returns the figures (seconds inside, µs in the report)."""
+    import torch
+
+    torch.set_num_threads(args.threads)
+    configs = ["off", "on"] + (["separate"] if args.separate else [])
+    per_config: dict[str, list[float]] = {c: [] for c in configs}
+    medians: dict[str, list[float]] = {c: [] for c in configs}
+    load_before = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+    with tempfile.TemporaryDirectory(prefix="cropscale-callback-bench-") as root:
+        for _ in range(args.repeats):
+            for c in configs:
+                periods = _one_run(c, args, root)
+                per_config[c].extend(periods)
+                medians[c].append(statistics.median(periods))
+    result: dict[str, Any] = {
+        "evidence": LABEL,
+        "setup": {"model": f"nn.Linear({args.features}, 1)", "batch": args.batch, "threads": args.threads,
+                  "steps": args.steps, "warmup": args.warmup, "repeats": args.repeats,
+                  "log_every_n_steps": args.log_every, "precision": "32-true", "optimizer": "SGD"},
+        "median_step_us": {c: 1e6 * statistics.median(v) for c, v in per_config.items()},
+        "median_step_us_per_repeat": {c: [1e6 * m for m in v] for c, v in medians.items()},
+        "load_average_1min": [load_before, os.getloadavg()[0] if hasattr(os, "getloadavg") else None],
+        "cpu_count": os.cpu_count(),
+    }
+    off = result["median_step_us"]["off"]
+    result["overhead_us"] = {c: result["median_step_us"][c] - off for c in configs if c != "off"}
+    result["overhead_ratio"] = {c: result["overhead_us"][c] / off for c in configs if c != "off"}
+    # runs of one repeat are adjacent in time: their difference is less exposed to drifting machine load
+    per = result["median_step_us_per_repeat"]
+    result["overhead_us_paired_median"] = {
+        c: statistics.median(a - b for a, b in zip(per[c], per["off"], strict=True)) for c in configs if c != "off"
+    }
+    result["target_us"] = TARGET_US
+    result["within_target"] = result["overhead_us"]["on"] <= TARGET_US
+    return result
+
+
+def _print(result: dict[str, Any]) -> None:
+    s = result["setup"]
+    print(f"callback-bench ({result['evidence']}): {s['model']}, batch {s['batch']}, {s['threads']} thread(s), "
+          f"{s['steps']} steps after {s['warmup']} warm-up, {s['repeats']} alternating repeats, "
+          f"log_every_n_steps={s['log_every_n_steps']}")
+    print(f"{'configuration':<34} {'median step (µs)':>17} {'overhead (µs)':>14} {'ratio':>8}")
+    names = {"off": "Lightning + TensorBoard (off)", "on": "+ scaling callbacks, grouped (on)",
+             "separate": "+ scaling callbacks, 8 separate"}
+    for c, us in result["median_step_us"].items():
+        over = result["overhead_us"].get(c)
+        ratio = result["overhead_ratio"].get(c)
+        print(f"{names[c]:<34} {us:>17.1f} {'' if over is None else f'{over:+.1f}':>14} "
+              f"{'' if ratio is None else f'{100 * ratio:+.1f}%':>8}")
+    for c, reps in result["median_step_us_per_repeat"].items():
+        print(f"  {c:<9} per-repeat medians (µs): " + ", ".join(f"{x:.0f}" for x in reps))
+    la = result["load_average_1min"]
+    if la[0] is not None:
+        print(f"  1-min load average before/after: {la[0]:.2f} / {la[1]:.2f} on {result['cpu_count']} CPUs "
+              "(other processes inflate and scatter the figures)")
+    paired = result["overhead_us_paired_median"]
+    print("  overhead, median of the per-repeat differences (µs): "
+          + ", ".join(f"{c} {v:+.1f}" for c, v in paired.items()))
+    verdict = "within" if result["within_target"] else "ABOVE"
+    print(f"overhead of the grouped callbacks: {result['overhead_us']['on']:+.1f} µs/step "
+          f"({100 * result['overhead_ratio']['on']:+.1f} %), {verdict} the {TARGET_US:.0f} µs target "
+          f"[{result['evidence']}]")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``python -m cropscale callback-bench``; returns the exit status."""
+    p = argparse.ArgumentParser(prog="cropscale callback-bench", description=__doc__.split("\n\n")[0])
+    p.add_argument("--steps", type=int, default=400, help="measured optimizer steps per run (default 400)")
+    p.add_argument("--warmup", type=int, default=100, help="warm-up steps left out (default 100)")
+    p.add_argument("--repeats", type=int, default=3, help="alternating runs per configuration (default 3)")
+    p.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
+    p.add_argument("--features", type=int, default=16, help="input features of the nn.Linear (default 16)")
+    p.add_argument("--batch", type=int, default=1, help="batch size (default 1)")
+    p.add_argument("--log-every", type=int, default=50, help="trainer.log_every_n_steps (default 50)")
+    p.add_argument("--separate", action="store_true", help="also run the callbacks as 8 separate callbacks")
+    p.add_argument("--json", type=str, default=None, help="also write the figures to this JSON file")
+    args = p.parse_args(argv)
+    for name in ("steps", "repeats", "threads", "features", "batch", "log_every"):
+        if getattr(args, name) < 1:
+            raise CropScaleError(f"callback-bench: --{name.replace('_', '-')} must be >= 1")
+    if args.warmup < 0:
+        raise CropScaleError("callback-bench: --warmup must be >= 0")
+    os.environ.setdefault("PYTHONWARNINGS", "ignore")
+    warnings.filterwarnings("ignore")
+    for name in ("lightning", "lightning.pytorch", "lightning.fabric"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+    result = run_benchmark(args)
+    _print(result)
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as f:
+            json.dump(result, f, indent=2)
+            f.write("\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

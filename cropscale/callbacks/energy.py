@@ -1,0 +1,297 @@
+"""GPU power and energy per epoch from NVML (``nvidia-ml-py``), each rank measuring its own GPU.
+
+Each rank finds its GPU by UUID (see :mod:`cropscale.callbacks._nvml`) and reads the NVML
+total-energy counter (mJ) at the window edges: epoch (``on_train_epoch_start`` ->
+``on_train_epoch_end``, so the validation run inside the epoch is included), the whole training
+(``on_train_start`` -> ``on_train_end``) and, for the power scalar, the interval between log steps.
+Where the counter is not supported it falls back to sampling ``nvmlDeviceGetPowerUsage`` on a
+background thread every ``sample_interval_s`` and integrating over the window (trapezoidal rule).
+Keep windows at least a few hundred ms long: the counter updates about every 10 ms and the power
+reading is an average on recent GPUs.
+
+Per epoch: joules (all GPUs), average watts, J/sample, and with ``price_per_gpu_hour`` a cost
+estimate (price x GPU-hours of the epoch). Power limit, persistence mode, clocks and clock-event
+(throttle) reasons are recorded once at the start; throttle reasons again at each epoch end.
+
+Without a GPU or NVML the callback logs once that power is unavailable and why, records the reason
+in ``run.json``, and does nothing else.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import torch
+from lightning.pytorch import LightningModule, Trainer
+from lightning.pytorch.utilities import rank_zero_info
+
+from cropscale import CropScaleError
+from cropscale.callbacks import _nvml
+from cropscale.callbacks._common import (
+    EVIDENCE_RUN,
+    ScalingCallback,
+    batch_size,
+    gather_objects,
+    gather_vectors,
+    log_metrics,
+)
+
+
+class _PowerSampler:
+    """Background thread sampling power (W) every ``interval`` s into ``samples`` ``[(t, W)]``."""
+
+    def __init__(self, device: _nvml.NvmlDevice, interval: float) -> None:
+        self.device = device
+        self.interval = interval
+        self.samples: list[tuple[float, float]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="cropscale-power-sampler", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.samples.append((time.perf_counter(), self.device.power_w()))
+            except Exception:
+                pass
+            self._stop.wait(self.interval)
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=5 * self.interval + 1.0)
+
+
+class EnergyCallback(ScalingCallback):
+    """Energy (J), average power (W), J/sample and cost per epoch of every rank's GPU, via NVML.
+
+    Args:
+        price_per_gpu_hour: price of one GPU-hour for the cost estimate (``None``: no cost).
+        currency: label of the price (e.g. ``"EUR"``).
+        sample_interval_s: power sampling period (s) of the fallback when the energy counter is
+            unsupported.
+
+    Logged (TensorBoard): ``energy/available`` once; at log steps ``energy/power_w`` (rank 0's GPU,
+    interval average); at epoch end ``energy/epoch_j`` and ``energy/epoch_avg_w`` (sums over all
+    GPUs), ``energy/j_per_sample``, ``energy/epoch_cost``.
+
+    ``state_dict`` keeps the totals and per-epoch summaries.
+    """
+
+    summary_key = "energy"
+
+    def __init__(self, price_per_gpu_hour: float | None = None, currency: str = "USD",
+                 sample_interval_s: float = 0.1) -> None:
+        if price_per_gpu_hour is not None and price_per_gpu_hour < 0:
+            raise CropScaleError(f"EnergyCallback(price_per_gpu_hour={price_per_gpu_hour}): must be >= 0")
+        if sample_interval_s <= 0:
+            raise CropScaleError(f"EnergyCallback(sample_interval_s={sample_interval_s}): must be > 0")
+        self.price_per_gpu_hour = price_per_gpu_hour
+        self.currency = currency
+        self.sample_interval_s = sample_interval_s
+        self.total_j = 0.0
+        self.total_gpu_s = 0.0
+        self.total_samples = 0
+        self.epochs: list[dict[str, Any]] = []
+        self._dev: _nvml.NvmlDevice | None = None
+        self._reason: str | None = "not started"
+        self._method: str | None = None
+        self._sampler: _PowerSampler | None = None
+        self._device_info: list[dict[str, Any]] = []
+        self._epoch_t0: float | None = None
+        self._epoch_e0: float | None = None
+        self._log_t0: float | None = None
+        self._log_e0: float | None = None
+        self._fit_t0: float | None = None
+        self._fit_e0: float | None = None
+        self._samples = 0
+        self._fit: dict[str, Any] | None = None
+        self._cuda_device: torch.device | None = None
+        self._participate = False
+        self._stepped = False
+
+    # ------------------------------------------------------------------ state
+    def state_dict(self) -> dict[str, Any]:
+        return {"total_j": self.total_j, "total_gpu_s": self.total_gpu_s, "total_samples": self.total_samples,
+                "epochs": list(self.epochs)}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.total_j = float(state_dict.get("total_j", 0.0))
+        self.total_gpu_s = float(state_dict.get("total_gpu_s", 0.0))
+        self.total_samples = int(state_dict.get("total_samples", 0))
+        self.epochs = list(state_dict.get("epochs", []))
+
+    @property
+    def available(self) -> bool:
+        return self._dev is not None
+
+    def wants_hook(self, hook: str) -> bool:
+        return self._dev is not None  # no GPU / NVML: nothing per step
+
+    # ------------------------------------------------------------------ readings
+    def _now(self) -> tuple[float, float | None]:
+        """``(perf_counter s, energy counter J or None)``; the sampler path returns ``None`` energy."""
+        if self._cuda_device is not None:
+            torch.cuda.synchronize(self._cuda_device)
+        t = time.perf_counter()
+        if self._method == "counter" and self._dev is not None:
+            try:
+                return t, self._dev.energy_j()
+            except Exception:
+                return t, None
+        return t, None
+
+    def _window_j(self, t0: float | None, e0: float | None, t1: float, e1: float | None) -> float | None:
+        if t0 is None or self._dev is None:
+            return None
+        if self._method == "counter":
+            return _nvml.counter_delta_j(e0, e1)
+        if self._sampler is not None:
+            return _nvml.integrate_power(list(self._sampler.samples), t0, t1)
+        return None
+
+    # ------------------------------------------------------------------ hooks
+    def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._dev, self._reason = _nvml.open_device_for(pl_module.device)
+        local_info: dict[str, Any] = {"rank": trainer.global_rank, "available": self._dev is not None}
+        if self._dev is not None:
+            self._cuda_device = pl_module.device if pl_module.device.type == "cuda" else None
+            ok, why = self._dev.has_energy_counter()
+            if ok:
+                self._method = "counter"
+            else:
+                self._method = "sampled-power"
+                self._sampler = _PowerSampler(self._dev, self.sample_interval_s)
+                self._sampler.start()
+                local_info["counter_unavailable"] = why
+            local_info.update(self._dev.info())
+            local_info["method"] = self._method
+        else:
+            local_info["reason"] = self._reason
+            rank_zero_info(f"EnergyCallback: power unavailable: {self._reason}")
+        self._device_info = gather_objects(trainer, local_info)
+        # every rank joins the epoch-end gathers when any rank measures (no rank may skip a collective)
+        self._participate = any(info.get("available") for info in self._device_info)
+        log_metrics(trainer, {"energy/available": 1.0 if self._dev is not None else 0.0})
+        self._start_log_schedule(trainer)
+        if not self._participate:
+            return
+        self._fit_t0, self._fit_e0 = self._now()
+        self._log_t0, self._log_e0 = self._fit_t0, self._fit_e0
+
+    def on_train_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if not self._participate:
+            return
+        self._epoch_t0, self._epoch_e0 = self._now()
+        self._samples = 0
+
+    def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
+        self._stepped = False
+
+    def on_before_optimizer_step(self, trainer: Trainer, pl_module: LightningModule, optimizer: Any) -> None:
+        self._stepped = True
+
+    def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int) -> None:
+        if self._dev is None:
+            return
+        self._samples += batch_size(batch) or 0
+        if self._stepped and self._count_step():
+            t = time.perf_counter()
+            e = None
+            if self._method == "counter":
+                try:
+                    e = self._dev.energy_j()
+                except Exception:
+                    e = None
+            joules = self._window_j(self._log_t0, self._log_e0, t, e)
+            if joules is not None and self._log_t0 is not None and t > self._log_t0:
+                log_metrics(trainer, {"energy/power_w": joules / (t - self._log_t0)})
+            self._log_t0, self._log_e0 = t, e
+
+    def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if not self._participate:
+            return
+        t1, e1 = self._now()
+        joules = self._window_j(self._epoch_t0, self._epoch_e0, t1, e1)
+        seconds = t1 - self._epoch_t0 if (self._epoch_t0 is not None and self._dev is not None) else None
+        rows = gather_vectors(trainer, pl_module, [joules, seconds, float(self._samples)])
+        j_rank = [r[0] for r in rows]
+        s_rank = [r[1] for r in rows]
+        n_rank = [r[2] for r in rows]
+        total_j = sum(j for j in j_rank if j is not None) if all(j is not None for j in j_rank) else None
+        gpu_s = sum(s for s in s_rank if s is not None)
+        samples = int(sum(n for n in n_rank if n is not None))
+        avg_w = (total_j / max(s for s in s_rank if s is not None)) if (total_j is not None and gpu_s > 0) else None
+        cost = self.price_per_gpu_hour * gpu_s / 3600.0 if self.price_per_gpu_hour is not None else None
+        record = {
+            "epoch": trainer.current_epoch,
+            "energy_j": total_j,
+            "energy_j_per_rank": j_rank,
+            "seconds_per_rank": s_rank,
+            "avg_power_w": avg_w,
+            "avg_power_w_per_rank": [None if (j is None or not s) else j / s for j, s in zip(j_rank, s_rank, strict=False)],
+            "samples": samples,
+            "j_per_sample": (total_j / samples) if (total_j is not None and samples) else None,
+            "gpu_hours": gpu_s / 3600.0,
+            "cost": cost,
+            "throttle_reasons_rank0_end": self._dev.throttle_reasons() if self._dev is not None else None,
+        }
+        self.epochs.append(record)
+        if total_j is not None:
+            self.total_j += total_j
+        self.total_gpu_s += gpu_s
+        self.total_samples += samples
+        log_metrics(trainer, {"energy/epoch_j": total_j, "energy/epoch_avg_w": avg_w,
+                              "energy/j_per_sample": record["j_per_sample"], "energy/epoch_cost": cost})
+
+    def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if not self._participate:
+            return
+        t1, e1 = self._now()
+        joules = self._window_j(self._fit_t0, self._fit_e0, t1, e1)
+        seconds = t1 - self._fit_t0 if (self._fit_t0 is not None and self._dev is not None) else None
+        rows = gather_vectors(trainer, pl_module, [joules, seconds])
+        j_rank = [r[0] for r in rows]
+        self._fit = {
+            "energy_j": sum(j_rank) if all(j is not None for j in j_rank) else None,
+            "energy_j_per_rank": j_rank,
+            "seconds_per_rank": [r[1] for r in rows],
+        }
+        self._stop_sampler()
+
+    def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
+        self._stop_sampler()
+
+    def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        self._stop_sampler()
+
+    def _stop_sampler(self) -> None:
+        if self._sampler is not None:
+            self._sampler.stop()
+            self._sampler = None
+
+    # ------------------------------------------------------------------ summary
+    def summary(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"evidence": EVIDENCE_RUN, "available": self._dev is not None}
+        if self._dev is None:
+            out["reason"] = self._reason
+            out["devices"] = self._device_info
+            return out
+        out.update({
+            "method": self._method,
+            "devices": self._device_info,
+            "price_per_gpu_hour": self.price_per_gpu_hour,
+            "currency": self.currency,
+            "total_energy_j": self.total_j,
+            "total_gpu_hours": self.total_gpu_s / 3600.0,
+            "total_samples": self.total_samples,
+            "j_per_sample": (self.total_j / self.total_samples) if self.total_samples else None,
+            "total_cost": (self.price_per_gpu_hour * self.total_gpu_s / 3600.0) if self.price_per_gpu_hour is not None else None,
+            "training": self._fit,
+            "epochs": list(self.epochs),
+        })
+        return out

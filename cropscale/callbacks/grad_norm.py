@@ -1,0 +1,198 @@
+"""Total gradient norm before clipping, after AMP unscaling, global across ranks; fraction of steps clipped.
+
+Measured in ``on_before_optimizer_step``: Lightning calls it after ``scaler.unscale_`` (16-mixed) and
+before gradient clipping (``plugins/precision/amp.py``), so the gradients are unscaled and unclipped.
+Optimizers that unscale inside ``step()`` (fused, ``_step_supports_amp_scaling``) skip the explicit
+``unscale_``; the norm is then divided by the scale on the device.
+
+Global across ranks: under DDP every rank holds the all-reduced gradients, so the local norm is the
+global one; under FSDP / model-parallel strategies (sharded gradients) the local ``sum |g|^p`` is
+all-reduced (a device-side collective, no host sync). The per-step norms stay on the device and are
+read at log steps.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from lightning.pytorch import LightningModule, Trainer
+
+from cropscale import CropScaleError
+from cropscale.callbacks._common import (
+    EVIDENCE_RUN,
+    ScalingCallback,
+    clear_grad_norm_cache,
+    grad_norm_parts,
+    grad_scaler,
+    is_sharded_strategy,
+    log_metrics,
+    median_p95,
+    scale_tensor,
+    total_norms,
+    trainable_params,
+)
+
+
+class GradNormCallback(ScalingCallback):
+    """Records the total gradient norm of every optimizer step and how often clipping bites.
+
+    Args:
+        norm_type: the norm (2.0 = L2, ``float("inf")`` = max-abs).
+        clip_val: threshold for "clipped"; ``None`` takes ``trainer.gradient_clip_val`` when the
+            trainer clips by norm (``gradient_clip_algorithm="norm"``).
+        sharded: force (``True``/``False``) the cross-rank reduction of the norm; ``None`` decides from
+            the strategy (FSDP / model-parallel: sharded).
+
+    Logged (TensorBoard): at log steps ``numerics/grad_norm`` (mean over the interval),
+    ``numerics/grad_norm_max``, ``numerics/grad_clip_fraction``; at epoch end
+    ``numerics/epoch/grad_norm_median``, ``numerics/epoch/grad_norm_p95``,
+    ``numerics/epoch/grad_clip_fraction``. Non-finite norms (AMP overflow, bad batches) are counted
+    apart (``nonfinite_steps``) and left out of the statistics.
+
+    ``state_dict`` keeps the counts and per-epoch summaries.
+    """
+
+    summary_key = "grad_norm"
+
+    def __init__(self, norm_type: float = 2.0, clip_val: float | None = None, sharded: bool | None = None) -> None:
+        if not (norm_type > 0):
+            raise CropScaleError(f"GradNormCallback(norm_type={norm_type}): must be > 0")
+        if clip_val is not None and clip_val <= 0:
+            raise CropScaleError(f"GradNormCallback(clip_val={clip_val}): must be > 0 or None")
+        self.norm_type = float(norm_type)
+        self.clip_val = clip_val
+        self.sharded = sharded
+        self.steps = 0
+        self.clipped_steps = 0
+        self.nonfinite_steps = 0
+        self.epochs: list[dict[str, Any]] = []
+        self._params: list[torch.nn.Parameter] = []
+        self._sharded = False
+        self._threshold: float | None = None
+        self._threshold_reason: str | None = None
+        self._scaler: Any = None
+        self._norms: list[tuple[list[torch.Tensor], torch.Tensor | None]] = []
+        self._epoch_norms: list[float] = []
+        self._epoch_clipped = 0
+        self._epoch_nonfinite = 0
+        self._stepped = False
+
+    def state_dict(self) -> dict[str, Any]:
+        self._flush()
+        return {"steps": self.steps, "clipped_steps": self.clipped_steps, "nonfinite_steps": self.nonfinite_steps,
+                "epochs": list(self.epochs)}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.steps = int(state_dict.get("steps", 0))
+        self.clipped_steps = int(state_dict.get("clipped_steps", 0))
+        self.nonfinite_steps = int(state_dict.get("nonfinite_steps", 0))
+        self.epochs = list(state_dict.get("epochs", []))
+
+    def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._params = trainable_params(pl_module)
+        self._sharded = is_sharded_strategy(trainer) if self.sharded is None else bool(self.sharded)
+        self._scaler = grad_scaler(trainer)
+        self._norms = []
+        if self.clip_val is not None:
+            self._threshold, self._threshold_reason = float(self.clip_val), None
+        elif trainer.gradient_clip_val and _algorithm(trainer.gradient_clip_algorithm) == "norm":
+            self._threshold, self._threshold_reason = float(trainer.gradient_clip_val), None
+        else:
+            self._threshold = None
+            self._threshold_reason = ("no gradient clipping by norm configured (trainer.gradient_clip_val unset "
+                                      "or gradient_clip_algorithm='value')")
+        self._epoch_norms, self._epoch_clipped, self._epoch_nonfinite = [], 0, 0
+        self._start_log_schedule(trainer)
+
+    def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
+        clear_grad_norm_cache()
+        self._stepped = False
+
+    def on_before_optimizer_step(self, trainer: Trainer, pl_module: LightningModule, optimizer: Any) -> None:
+        self._stepped = True
+        parts = grad_norm_parts(trainer, self._params, optimizer, norm_type=self.norm_type, sharded=self._sharded)
+        if parts is None:
+            return
+        scale = None
+        if self._scaler is not None and getattr(optimizer, "_step_supports_amp_scaling", False):
+            scale = scale_tensor(self._scaler)  # gradients still scaled: divide at read time
+            scale = None if scale is None else scale.detach().clone()
+        self._norms.append((parts, scale))
+
+    def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int) -> None:
+        if self._stepped and self._count_step():
+            interval = self._flush()
+            finite = [v for v in interval if math.isfinite(v)]
+            metrics: dict[str, float | None] = {}
+            if finite:
+                metrics["numerics/grad_norm"] = sum(finite) / len(finite)
+                metrics["numerics/grad_norm_max"] = max(finite)
+                if self._threshold is not None:
+                    metrics["numerics/grad_clip_fraction"] = sum(v > self._threshold for v in finite) / len(finite)
+            log_metrics(trainer, metrics)
+
+    def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._flush()
+        norms = self._epoch_norms
+        stats = median_p95(norms)
+        frac = (self._epoch_clipped / len(norms)) if (norms and self._threshold is not None) else None
+        self.epochs.append({
+            "epoch": trainer.current_epoch, "steps": len(norms) + self._epoch_nonfinite,
+            "grad_norm_median": stats["median"], "grad_norm_p95": stats["p95"],
+            "grad_norm_max": max(norms) if norms else None,
+            "clipped_steps": self._epoch_clipped if self._threshold is not None else None,
+            "clip_fraction": frac, "nonfinite_steps": self._epoch_nonfinite,
+        })
+        log_metrics(trainer, {"numerics/epoch/grad_norm_median": stats["median"],
+                              "numerics/epoch/grad_norm_p95": stats["p95"],
+                              "numerics/epoch/grad_clip_fraction": frac})
+        self._epoch_norms, self._epoch_clipped, self._epoch_nonfinite = [], 0, 0
+
+    def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._flush()
+
+    def _flush(self) -> list[float]:
+        """Read the pending norms (one device-to-host copy); returns them and updates the counts."""
+        if not self._norms:
+            return []
+        pending, self._norms = self._norms, []
+        values = total_norms([parts for parts, _ in pending], self.norm_type)
+        scales = [s for _, s in pending if s is not None]
+        if scales:
+            host_scales = iter(torch.stack(scales).double().cpu().tolist())
+            values = [v / next(host_scales) if s is not None else v for v, (_, s) in zip(values, pending, strict=False)]
+        for v in values:
+            self.steps += 1
+            if not math.isfinite(v):
+                self.nonfinite_steps += 1
+                self._epoch_nonfinite += 1
+                continue
+            self._epoch_norms.append(v)
+            if self._threshold is not None and v > self._threshold:
+                self.clipped_steps += 1
+                self._epoch_clipped += 1
+        return values
+
+    def summary(self) -> dict[str, Any]:
+        finite_steps = self.steps - self.nonfinite_steps
+        return {
+            "evidence": EVIDENCE_RUN,
+            "norm_type": self.norm_type,
+            "sharded_reduction": self._sharded,
+            "clip_threshold": self._threshold,
+            "clip_threshold_reason": self._threshold_reason,
+            "steps": self.steps,
+            "nonfinite_steps": self.nonfinite_steps,
+            "clipped_steps": self.clipped_steps if self._threshold is not None else None,
+            "clip_fraction": (self.clipped_steps / finite_steps) if (finite_steps and self._threshold is not None) else None,
+            "epochs": list(self.epochs),
+        }
+
+
+def _algorithm(value: Any) -> str:
+    """``"norm"`` or ``"value"`` from Lightning's ``GradClipAlgorithmType`` enum, a string or ``None``."""
+    if value is None:
+        return "norm"
+    return str(getattr(value, "value", value)).lower()

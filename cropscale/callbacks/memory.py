@@ -1,0 +1,142 @@
+"""Memory: peak allocated and reserved GPU memory per epoch (reset at each epoch start), host RSS.
+
+GPU figures come from the PyTorch caching allocator (``torch.cuda.max_memory_allocated`` /
+``max_memory_reserved``, GiB = 2^30 bytes); they are host-side counters, read without a device sync.
+The epoch peak covers the training epoch and the validation run inside it. Host RSS is the resident
+set size of the process (``/proc/self/statm``; peak: ``getrusage(RUSAGE_SELF).ru_maxrss``, the peak
+since the process started, not reset per epoch). DataLoader worker processes are not included.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import sys
+from typing import Any
+
+import torch
+from lightning.pytorch import LightningModule, Trainer
+
+from cropscale.callbacks._common import (
+    EVIDENCE_RUN,
+    GIB,
+    ScalingCallback,
+    gather_vectors,
+    log_metrics,
+)
+
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
+def host_rss_gib() -> float | None:
+    """Current resident set size of this process (GiB), ``None`` where ``/proc`` is unavailable."""
+    try:
+        with open("/proc/self/statm", encoding="ascii") as f:
+            return int(f.read().split()[1]) * _PAGE / GIB
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def host_peak_rss_gib() -> float:
+    """Peak resident set size of this process since it started (GiB)."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / GIB if sys.platform == "darwin" else peak * 1024 / GIB  # bytes on macOS, KiB on Linux
+
+
+class MemoryCallback(ScalingCallback):
+    """Peak GPU memory (allocated, reserved) per epoch and host RSS, per rank.
+
+    Logged (TensorBoard): at log steps ``memory/host_rss_gib`` and, on CUDA, ``memory/allocated_gib``
+    and ``memory/reserved_gib`` (current); at epoch end ``memory/peak_allocated_gib`` and
+    ``memory/peak_reserved_gib`` (max over ranks), ``memory/host_peak_rss_gib`` (max over ranks).
+
+    ``state_dict`` keeps the per-epoch summaries.
+    """
+
+    summary_key = "memory"
+
+    def __init__(self) -> None:
+        self.epochs: list[dict[str, Any]] = []
+        self._device: torch.device | None = None
+        self._reason: str | None = None
+        self._stepped = False
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"epochs": list(self.epochs)}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.epochs = list(state_dict.get("epochs", []))
+
+    def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        dev = pl_module.device
+        if dev.type == "cuda" and torch.cuda.is_available():
+            self._device, self._reason = dev, None
+        else:
+            self._device = None
+            self._reason = f"the model runs on {dev.type!r}: no CUDA allocator statistics"
+
+        self._start_log_schedule(trainer)
+
+    def on_train_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if self._device is not None:
+            torch.cuda.reset_peak_memory_stats(self._device)
+
+    def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
+        self._stepped = False
+
+    def on_before_optimizer_step(self, trainer: Trainer, pl_module: LightningModule, optimizer: Any) -> None:
+        self._stepped = True
+
+    def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int) -> None:
+        if not (self._stepped and self._count_step()):
+            return
+        metrics: dict[str, float | None] = {"memory/host_rss_gib": host_rss_gib()}
+        if self._device is not None:
+            metrics["memory/allocated_gib"] = torch.cuda.memory_allocated(self._device) / GIB
+            metrics["memory/reserved_gib"] = torch.cuda.memory_reserved(self._device) / GIB
+        log_metrics(trainer, metrics)
+
+    def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if self._device is not None:
+            alloc = torch.cuda.max_memory_allocated(self._device) / GIB
+            reserved = torch.cuda.max_memory_reserved(self._device) / GIB
+        else:
+            alloc = reserved = None
+        rows = gather_vectors(trainer, pl_module, [alloc, reserved, host_rss_gib(), host_peak_rss_gib()])
+        cols = list(zip(*rows, strict=False))
+
+        def vmax(col: tuple) -> float | None:
+            vals = [v for v in col if v is not None]
+            return max(vals) if vals else None
+
+        record = {
+            "epoch": trainer.current_epoch,
+            "peak_allocated_gib": vmax(cols[0]),
+            "peak_reserved_gib": vmax(cols[1]),
+            "host_rss_gib": vmax(cols[2]),
+            "host_peak_rss_gib": vmax(cols[3]),
+            "per_rank": {
+                "peak_allocated_gib": list(cols[0]), "peak_reserved_gib": list(cols[1]),
+                "host_rss_gib": list(cols[2]), "host_peak_rss_gib": list(cols[3]),
+            },
+        }
+        self.epochs.append(record)
+        log_metrics(trainer, {
+            "memory/peak_allocated_gib": record["peak_allocated_gib"],
+            "memory/peak_reserved_gib": record["peak_reserved_gib"],
+            "memory/host_peak_rss_gib": record["host_peak_rss_gib"],
+        })
+
+    def summary(self) -> dict[str, Any]:
+        peaks = [e["peak_allocated_gib"] for e in self.epochs if e.get("peak_allocated_gib") is not None]
+        reserved = [e["peak_reserved_gib"] for e in self.epochs if e.get("peak_reserved_gib") is not None]
+        host = [e["host_peak_rss_gib"] for e in self.epochs if e.get("host_peak_rss_gib") is not None]
+        return {
+            "evidence": EVIDENCE_RUN,
+            "gpu_available": self._device is not None,
+            "gpu_reason": self._reason,
+            "peak_allocated_gib": max(peaks) if peaks else None,
+            "peak_reserved_gib": max(reserved) if reserved else None,
+            "host_peak_rss_gib": max(host) if host else None,
+            "epochs": list(self.epochs),
+        }

@@ -1,0 +1,377 @@
+"""Provenance record: ``run.json`` in the run folder, written at fit start and completed at fit end.
+
+At ``on_fit_start`` global rank 0 writes the record (``status: "running"``): git commit and dirty
+flag, dataset revision (SHA-256 of the sorted file list with sizes, or of the file contents), the
+full resolved configuration (from LightningCLI's ``SaveConfigCallback``, else ``config.yaml`` in the
+run folder, else the module's and datamodule's hyper-parameters), host name, Python / torch /
+Lightning / CUDA / cuDNN / NCCL versions, every rank's device (name, UUID) and, from NVML, driver,
+power limit and persistence mode, ``nvidia-smi topo -m`` where available, world size, seeds,
+precision and strategy. At ``on_fit_end`` it adds the ``summary`` section: one entry per scaling
+callback (their :meth:`~cropscale.callbacks._common.ScalingCallback.summary`, each labelled
+``measured-run``) and sets ``status: "finished"``; on an exception ``status: "failed"`` with the
+error. The schema is documented in ``docs/run_json.md``.
+
+The run folder is ``trainer.log_dir`` (the TensorBoardLogger version folder), else
+``trainer.default_root_dir``.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import hashlib
+import json
+import math
+import os
+import platform
+import shutil
+import socket
+import subprocess
+import sys
+import warnings
+from importlib import metadata
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+from lightning.pytorch import LightningModule, Trainer
+from lightning.pytorch.utilities import rank_zero_info
+
+import cropscale
+from cropscale import CropScaleError
+from cropscale.callbacks import _nvml
+from cropscale.callbacks._common import (
+    EVIDENCE_RUN,
+    ScalingCallback,
+    gather_objects,
+    iter_callbacks,
+    scaling_callbacks,
+)
+
+SCHEMA = "cropscale.run/1"
+_DATA_ATTRS = ("data_root", "root", "data_dir", "root_dir", "dataset_root")
+
+
+def _now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def _run(cmd: list[str], cwd: str | None = None, timeout: float = 10.0) -> str | None:
+    try:
+        out = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=timeout, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout if out.returncode == 0 else None
+
+
+def git_info(path: str | os.PathLike | None = None) -> dict[str, Any]:
+    """Commit, dirty flag (tracked files modified) and top folder of the git repository holding
+    ``path`` (default: the working directory, then the cropscale package)."""
+    if shutil.which("git") is None:
+        return {"available": False, "reason": "git is not installed"}
+    candidates = [str(path)] if path else [os.getcwd(), str(Path(cropscale.__file__).resolve().parent)]
+    for cwd in candidates:
+        top = _run(["git", "rev-parse", "--show-toplevel"], cwd=cwd)
+        if not top:
+            continue
+        commit = (_run(["git", "rev-parse", "HEAD"], cwd=cwd) or "").strip() or None
+        status = _run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=cwd)
+        return {
+            "available": True,
+            "repo": top.strip(),
+            "commit": commit,
+            "dirty": None if status is None else bool(status.strip()),
+        }
+    return {"available": False, "reason": f"not inside a git repository: {candidates}"}
+
+
+def dataset_revision(root: str | os.PathLike, method: Literal["listing", "content"] = "listing") -> dict[str, Any]:
+    """SHA-256 revision of the data folder ``root``.
+
+    ``listing``: hash of the sorted ``relative/path<TAB>size-in-bytes`` lines (fast; catches added,
+    removed and resized files). ``content``: hash of the same lines followed by each file's bytes.
+
+    Raises:
+        CropScaleError: if ``root`` is not a folder.
+    """
+    root_path = Path(root)
+    if not root_path.is_dir():
+        raise CropScaleError(f"dataset revision: {str(root_path)!r} is not a folder")
+    files = sorted(p for p in root_path.rglob("*") if p.is_file())
+    h = hashlib.sha256()
+    total = 0
+    for p in files:
+        size = p.stat().st_size
+        total += size
+        h.update(f"{p.relative_to(root_path).as_posix()}\t{size}\n".encode())
+    if method == "content":
+        for p in files:
+            with open(p, "rb") as f:
+                for chunk in iter(lambda f=f: f.read(1 << 20), b""):
+                    h.update(chunk)
+    elif method != "listing":
+        raise CropScaleError(f"dataset revision: method {method!r} is not 'listing' or 'content'")
+    return {"root": str(root_path.resolve()), "method": method, "sha256": h.hexdigest(), "files": len(files),
+            "bytes": total}
+
+
+def _versions() -> dict[str, Any]:
+    def dist(name: str) -> str | None:
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            return None
+
+    cuda = torch.version.cuda
+    nccl = None
+    if torch.cuda.is_available():
+        try:
+            nccl = ".".join(str(x) for x in torch.cuda.nccl.version())
+        except Exception:
+            nccl = None
+    return {
+        "python": platform.python_version(),
+        "cropscale": cropscale.__version__,
+        "torch": torch.__version__,
+        "lightning": dist("lightning") or dist("pytorch-lightning"),
+        "torchmetrics": dist("torchmetrics"),
+        "numpy": dist("numpy"),
+        "jsonargparse": dist("jsonargparse"),
+        "nvidia-ml-py": dist("nvidia-ml-py"),
+        "cuda": cuda,
+        "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
+        "nccl": nccl,
+    }
+
+
+def _local_device(trainer: Trainer, pl_module: LightningModule) -> dict[str, Any]:
+    dev = pl_module.device
+    info: dict[str, Any] = {
+        "global_rank": trainer.global_rank, "local_rank": trainer.local_rank, "node_rank": trainer.node_rank,
+        "hostname": socket.gethostname(), "device": str(dev),
+    }
+    if dev.type == "cuda" and torch.cuda.is_available():
+        info["name"] = torch.cuda.get_device_name(dev)
+        info["uuid"] = _nvml.cuda_uuid(dev)
+        nv, reason = _nvml.open_device_for(dev)
+        info["nvml"] = nv.info() if nv is not None else {"available": False, "reason": reason}
+    else:
+        info["name"] = platform.processor() or platform.machine()
+        info["cpu_threads"] = torch.get_num_threads()
+    return info
+
+
+def _topology() -> dict[str, Any]:
+    if shutil.which("nvidia-smi") is None:
+        return {"available": False, "reason": "nvidia-smi not found"}
+    out = _run(["nvidia-smi", "topo", "-m"], timeout=20.0)
+    if out is None:
+        return {"available": False, "reason": "nvidia-smi topo -m failed"}
+    return {"available": True, "nvidia_smi_topo_m": out}
+
+
+def _config(trainer: Trainer, pl_module: LightningModule, log_dir: str | None) -> tuple[Any, str | None]:
+    """The resolved configuration and where it came from."""
+    import yaml
+
+    try:
+        from lightning.pytorch.cli import SaveConfigCallback
+    except ImportError:  # jsonargparse missing: no LightningCLI
+        SaveConfigCallback = ()  # type: ignore[assignment,misc]  # noqa: N806
+    for cb in iter_callbacks(trainer):
+        parser, config = getattr(cb, "parser", None), getattr(cb, "config", None)
+        if isinstance(cb, SaveConfigCallback) and parser is not None and config is not None:
+            try:
+                with warnings.catch_warnings():  # skip_none is deprecated in newer jsonargparse; Lightning uses it too
+                    warnings.simplefilter("ignore")
+                    text = parser.dump(config, skip_none=False)
+                return yaml.safe_load(text), "SaveConfigCallback"
+            except Exception:
+                break
+    if log_dir:
+        path = Path(log_dir) / "config.yaml"
+        if path.is_file():
+            try:
+                return yaml.safe_load(path.read_text(encoding="utf-8")), str(path)
+            except Exception:
+                pass
+    hp: dict[str, Any] = {}
+    try:
+        hp["model"] = _jsonable(dict(pl_module.hparams))
+        if trainer.datamodule is not None:
+            hp["data"] = _jsonable(dict(trainer.datamodule.hparams))
+    except Exception:
+        pass
+    return (hp or None), ("hparams" if hp else None)
+
+
+def _jsonable(obj: Any) -> Any:
+    """A JSON-ready copy of ``obj``: unknown objects as ``str``, NaN / inf as ``None``."""
+    def clean(x: Any) -> Any:
+        if isinstance(x, float):
+            return x if math.isfinite(x) else None
+        if isinstance(x, dict):
+            return {str(k): clean(v) for k, v in x.items()}
+        if isinstance(x, list):
+            return [clean(v) for v in x]
+        return x
+
+    return clean(json.loads(json.dumps(obj, default=str)))
+
+
+def _data_root(trainer: Trainer, explicit: str | None) -> str | None:
+    if explicit:
+        return explicit
+    dm = trainer.datamodule
+    for attr in _DATA_ATTRS:
+        value = getattr(dm, attr, None) if dm is not None else None
+        if isinstance(value, (str, os.PathLike)) and Path(value).is_dir():
+            return str(value)
+    return None
+
+
+class ProvenanceCallback(ScalingCallback):
+    """Writes ``run.json`` (provenance at fit start, summaries of every scaling callback at fit end).
+
+    Args:
+        filename: name of the record inside the run folder.
+        data_root: dataset folder to hash; ``None`` looks for a folder in the datamodule attributes
+            ``data_root``, ``root``, ``data_dir``, ``root_dir``, ``dataset_root``.
+        data_hash: ``"listing"`` (file names and sizes) or ``"content"`` (also every byte).
+        topology: record ``nvidia-smi topo -m``.
+        extra: more JSON-ready fields stored under ``extra``.
+
+    Rank behaviour: the device list is gathered from every rank at fit start (a collective); only
+    global rank 0 writes the file. Nothing runs per step.
+
+    Raises:
+        CropScaleError: for an unknown ``data_hash`` or a ``data_root`` that is not a folder.
+    """
+
+    summary_key = "provenance"
+
+    def __init__(self, filename: str = "run.json", data_root: str | None = None,
+                 data_hash: Literal["listing", "content"] = "listing", topology: bool = True,
+                 extra: dict[str, Any] | None = None) -> None:
+        if data_hash not in ("listing", "content"):
+            raise CropScaleError(f"ProvenanceCallback(data_hash={data_hash!r}): use 'listing' or 'content'")
+        if data_root is not None and not Path(data_root).is_dir():
+            raise CropScaleError(f"ProvenanceCallback(data_root={data_root!r}): not a folder")
+        self.filename = filename
+        self.data_root = data_root
+        self.data_hash = data_hash
+        self.topology = topology
+        self.extra = dict(extra or {})
+        self.path: str | None = None
+        self.record: dict[str, Any] = {}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"path": self.path}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.path = state_dict.get("path")
+
+    def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        log_dir = trainer.log_dir or trainer.default_root_dir  # a collective: every rank calls it
+        devices = gather_objects(trainer, _local_device(trainer, pl_module))
+        self.path = os.path.join(log_dir, self.filename)
+        if not trainer.is_global_zero:
+            return
+        root = _data_root(trainer, self.data_root)
+        if root is None:
+            dataset: dict[str, Any] = {"available": False,
+                                       "reason": "no data folder: pass ProvenanceCallback(data_root=...)"}
+        else:
+            try:
+                dataset = {"available": True, **dataset_revision(root, self.data_hash)}
+            except (CropScaleError, OSError) as err:
+                dataset = {"available": False, "reason": str(err)}
+        config, source = _config(trainer, pl_module, log_dir)
+        strategy = trainer.strategy
+        self.record = {
+            "schema": SCHEMA,
+            "evidence": EVIDENCE_RUN,
+            "status": "running",
+            "started_utc": _now(),
+            "finished_utc": None,
+            "run_dir": os.path.abspath(log_dir),
+            "command": list(sys.argv),
+            "git": git_info(),
+            "dataset": dataset,
+            "config": config,
+            "config_source": source,
+            "host": {"hostname": socket.gethostname(), "platform": platform.platform(),
+                     "cpu_count": os.cpu_count()},
+            "versions": _versions(),
+            "devices": devices,
+            "topology": _topology() if self.topology else {"available": False, "reason": "topology=False"},
+            "distributed": {
+                "world_size": trainer.world_size,
+                "num_nodes": trainer.num_nodes,
+                "devices_per_node": trainer.num_devices,
+                "strategy": type(strategy).__name__,
+                "process_group_backend": getattr(strategy, "process_group_backend", None)
+                or getattr(strategy, "_process_group_backend", None),
+                "accelerator": type(trainer.accelerator).__name__,
+            },
+            "precision": str(trainer.precision),
+            "float32_matmul_precision": torch.get_float32_matmul_precision(),
+            "seeds": {
+                "PL_GLOBAL_SEED": os.environ.get("PL_GLOBAL_SEED"),
+                "PL_SEED_WORKERS": os.environ.get("PL_SEED_WORKERS"),
+                "torch_initial_seed": int(torch.initial_seed()),
+            },
+            "trainer": {
+                "max_epochs": trainer.max_epochs,
+                "max_steps": trainer.max_steps,
+                "accumulate_grad_batches": trainer.accumulate_grad_batches,
+                "gradient_clip_val": trainer.gradient_clip_val,
+                "gradient_clip_algorithm": None if trainer.gradient_clip_algorithm is None
+                else str(getattr(trainer.gradient_clip_algorithm, "value", trainer.gradient_clip_algorithm)),
+                "log_every_n_steps": trainer.log_every_n_steps,
+                "val_check_interval": trainer.val_check_interval,
+                "deterministic": torch.are_deterministic_algorithms_enabled(),
+            },
+            "callbacks": [type(cb).__name__ for cb in iter_callbacks(trainer)],
+            "extra": _jsonable(self.extra),
+            "summary": {},
+        }
+        self._write()
+        rank_zero_info(f"ProvenanceCallback: wrote {self.path}")
+
+    def on_fit_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._finish(trainer, "finished", None)
+
+    def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
+        self._finish(trainer, "failed", exception)
+
+    def _finish(self, trainer: Trainer, status: str, exception: BaseException | None) -> None:
+        if not trainer.is_global_zero or not self.record:
+            return
+        summary: dict[str, Any] = {}
+        for cb in scaling_callbacks(trainer):
+            if cb is self:
+                continue
+            try:
+                summary[cb.summary_key] = _jsonable(cb.summary())
+            except Exception as err:  # a broken summary must not lose the record
+                summary[cb.summary_key] = {"evidence": cb.evidence, "error": f"{type(err).__name__}: {err}"}
+        self.record["summary"] = summary
+        self.record["status"] = status
+        self.record["finished_utc"] = _now()
+        self.record["global_step"] = trainer.global_step
+        self.record["epochs_completed"] = trainer.current_epoch
+        if exception is not None:
+            self.record["error"] = {"type": type(exception).__name__, "message": str(exception)}
+        self._write()
+
+    def _write(self) -> None:
+        assert self.path is not None
+        os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
+        tmp = self.path + ".tmp"
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(_jsonable(self.record), f, indent=2, sort_keys=False, allow_nan=False)
+            f.write("\n")
+        os.replace(tmp, self.path)
+
+    def summary(self) -> dict[str, Any]:
+        return {"evidence": EVIDENCE_RUN, "path": self.path}

@@ -1,0 +1,249 @@
+"""Throughput: samples/s (global and per rank), step latency (median, p95), train-only,
+validation-only and end-to-end epoch wall time, achieved TFLOP/s and MFU.
+
+Definitions (host clock, ``time.perf_counter``):
+
+- *step latency*: time between the ends (``on_train_batch_end``) of consecutive optimizer steps in
+  the same epoch, leaving out warm-up steps and the first step after a validation run. On CUDA the
+  host runs ahead of the device by at most the launch queue, so in steady state host and device step
+  periods agree; the epoch edges are synchronised (``sync_cuda_at_epoch_end``).
+- *epoch wall*: ``on_train_epoch_start`` -> ``on_train_epoch_end`` (Lightning 2.6 runs the epoch's
+  validation before ``on_train_epoch_end``); *validation*: the sum of ``on_validation_start`` ->
+  ``on_validation_end`` inside it (sanity check excluded); *train* = wall - validation.
+- *samples/s*: a rank's samples / its train time; global = sum of samples over ranks / the slowest
+  rank's train time. ``samples_per_s_steady``: samples of the measured steps / their summed latency.
+- *achieved TFLOP/s*: ``flops_per_sample`` (forward + backward FLOPs of one training sample, from the
+  constructor or ``pl_module.flops_per_sample``) x samples / train time, per GPU; *MFU* = achieved
+  per GPU / dense peak of the device and dtype (:mod:`cropscale.callbacks._peaks`, or ``peak_tflops``).
+  Without FLOPs or without a peak, MFU is not reported and the reason is recorded.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+from lightning.pytorch import LightningModule, Trainer
+
+from cropscale import CropScaleError
+from cropscale.callbacks import _peaks
+from cropscale.callbacks._common import (
+    EVIDENCE_RUN,
+    ScalingCallback,
+    batch_size,
+    gather_vectors,
+    log_metrics,
+    median_p95,
+)
+
+
+class ThroughputCallback(ScalingCallback):
+    """Samples/s, step latency, epoch times, achieved TFLOP/s and MFU.
+
+    Args:
+        flops_per_sample: forward + backward FLOPs of one training sample; ``None`` reads
+            ``pl_module.flops_per_sample`` at each epoch end (absent or ``None``: no TFLOP/s, no MFU).
+        peak_tflops: dense peak TFLOP/s of one device for the run's dtype, overriding the table.
+        warmup_steps: optimizer steps at the start of ``fit`` left out of the latency statistics.
+        sync_cuda_at_epoch_end: synchronise the device at epoch start and end (two syncs per epoch) so
+            that epoch times include the queued GPU work.
+
+    Logged (TensorBoard): at log steps ``perf/samples_per_s_rank`` (this rank, interval);
+    at epoch end ``perf/epoch/samples_per_s`` (global), ``perf/epoch/samples_per_s_steady``,
+    ``perf/epoch/step_latency_ms_median``, ``perf/epoch/step_latency_ms_p95``,
+    ``perf/epoch/train_s``, ``perf/epoch/val_s``, ``perf/epoch/wall_s``, ``perf/epoch/tflops_per_s``
+    (per GPU), ``perf/epoch/mfu``.
+
+    ``state_dict`` keeps the totals and per-epoch summaries.
+    """
+
+    summary_key = "throughput"
+
+    def __init__(self, flops_per_sample: float | None = None, peak_tflops: float | None = None,
+                 warmup_steps: int = 5, sync_cuda_at_epoch_end: bool = True) -> None:
+        if flops_per_sample is not None and flops_per_sample <= 0:
+            raise CropScaleError(f"ThroughputCallback(flops_per_sample={flops_per_sample}): must be > 0")
+        if peak_tflops is not None and peak_tflops <= 0:
+            raise CropScaleError(f"ThroughputCallback(peak_tflops={peak_tflops}): must be > 0")
+        if warmup_steps < 0:
+            raise CropScaleError(f"ThroughputCallback(warmup_steps={warmup_steps}): must be >= 0")
+        self.flops_per_sample = flops_per_sample
+        self.peak_tflops = peak_tflops
+        self.warmup_steps = warmup_steps
+        self.sync_cuda_at_epoch_end = sync_cuda_at_epoch_end
+        self.total_samples = 0
+        self.total_train_s = 0.0
+        self.epochs: list[dict[str, Any]] = []
+        self._cuda: torch.device | None = None
+        self._steps_this_fit = 0
+        self._last_end: float | None = None
+        self._step_samples = 0
+        self._stepped = False
+        self._lat: list[float] = []
+        self._lat_samples = 0
+        self._samples = 0
+        self._epoch_t0: float | None = None
+        self._val_t0: float | None = None
+        self._val_s = 0.0
+        self._log_t0: float | None = None
+        self._log_samples = 0
+        self._device_name = "cpu"
+        self._dtype = "fp32"
+        self._mfu_reason: str | None = None
+        self._flops_source: str | None = None
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"total_samples": self.total_samples, "total_train_s": self.total_train_s, "epochs": list(self.epochs)}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.total_samples = int(state_dict.get("total_samples", 0))
+        self.total_train_s = float(state_dict.get("total_train_s", 0.0))
+        self.epochs = list(state_dict.get("epochs", []))
+
+    # ------------------------------------------------------------------ hooks
+    def _sync(self) -> None:
+        if self._cuda is not None and self.sync_cuda_at_epoch_end:
+            torch.cuda.synchronize(self._cuda)
+
+    def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        dev = pl_module.device
+        self._cuda = dev if (dev.type == "cuda" and torch.cuda.is_available()) else None
+        self._device_name = torch.cuda.get_device_name(dev) if self._cuda is not None else dev.type
+        self._dtype = _peaks.precision_dtype(str(trainer.precision), torch.get_float32_matmul_precision())
+        self._steps_this_fit = 0
+        self._start_log_schedule(trainer)
+
+    def on_train_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._sync()
+        self._epoch_t0 = self._log_t0 = time.perf_counter()
+        self._last_end = None
+        self._lat, self._lat_samples = [], 0
+        self._samples = self._step_samples = self._log_samples = 0
+        self._val_s = 0.0
+
+    def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
+        self._stepped = False
+
+    def on_before_optimizer_step(self, trainer: Trainer, pl_module: LightningModule, optimizer: Any) -> None:
+        self._stepped = True
+
+    def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int) -> None:
+        n = batch_size(batch) or 0
+        self._samples += n
+        self._step_samples += n
+        if not self._stepped:
+            return
+        t = time.perf_counter()
+        self._steps_this_fit += 1
+        if self._last_end is not None and self._steps_this_fit > self.warmup_steps:
+            self._lat.append(t - self._last_end)
+            self._lat_samples += self._step_samples
+        self._last_end = t
+        self._log_samples += self._step_samples
+        self._step_samples = 0
+        if self._count_step() and self._log_t0 is not None and t > self._log_t0:
+            log_metrics(trainer, {"perf/samples_per_s_rank": self._log_samples / (t - self._log_t0)})
+            self._log_t0, self._log_samples = t, 0
+
+    def on_validation_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if not trainer.sanity_checking and self._epoch_t0 is not None:
+            self._sync()
+            self._val_t0 = time.perf_counter()
+
+    def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if self._val_t0 is not None:
+            self._sync()
+            t = time.perf_counter()
+            self._val_s += t - self._val_t0
+            self._val_t0 = None
+            self._last_end = None  # the next step's latency would include validation
+            self._log_t0 = t
+
+    def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._sync()
+        wall = time.perf_counter() - self._epoch_t0 if self._epoch_t0 is not None else None
+        train_s = (wall - self._val_s) if wall is not None else None
+        steady = sum(self._lat)
+        rows = gather_vectors(trainer, pl_module, [
+            float(self._samples), train_s, self._val_s, wall,
+            float(self._lat_samples), steady if self._lat else None,
+        ])
+        samples_rank = [int(r[0] or 0) for r in rows]
+        train_rank = [r[1] for r in rows]
+        total_samples = sum(samples_rank)
+        slowest_train = max((t for t in train_rank if t), default=None)
+        sps = total_samples / slowest_train if slowest_train else None
+        steady_rows = [(r[4], r[5]) for r in rows if r[5]]
+        sps_steady = (sum(n for n, _ in steady_rows) / max(s for _, s in steady_rows)) if steady_rows else None
+        lat = median_p95(self._lat, scale=1e3)
+        flops, tflops, mfu, peak = self._flops_figures(pl_module, total_samples, slowest_train, trainer.world_size)
+        record = {
+            "epoch": trainer.current_epoch,
+            "samples": total_samples,
+            "samples_per_rank": samples_rank,
+            "samples_per_s": sps,
+            "samples_per_s_per_rank": [(n / t) if t else None for n, t in zip(samples_rank, train_rank, strict=False)],
+            "samples_per_s_steady": sps_steady,
+            "step_latency_ms": lat,
+            "train_s": slowest_train,
+            "train_s_per_rank": train_rank,
+            "val_s": max((r[2] for r in rows if r[2] is not None), default=None),
+            "wall_s": max((r[3] for r in rows if r[3] is not None), default=None),
+            "flops_per_sample": flops,
+            "tflops_per_s_per_gpu": tflops,
+            "peak_tflops": peak,
+            "mfu": mfu,
+        }
+        self.epochs.append(record)
+        self.total_samples += total_samples
+        self.total_train_s += slowest_train or 0.0
+        log_metrics(trainer, {
+            "perf/epoch/samples_per_s": sps, "perf/epoch/samples_per_s_steady": sps_steady,
+            "perf/epoch/step_latency_ms_median": lat["median"], "perf/epoch/step_latency_ms_p95": lat["p95"],
+            "perf/epoch/train_s": slowest_train, "perf/epoch/val_s": record["val_s"], "perf/epoch/wall_s": record["wall_s"],
+            "perf/epoch/tflops_per_s": tflops, "perf/epoch/mfu": mfu,
+        })
+
+    # ------------------------------------------------------------------ FLOPs
+    def _flops_figures(self, pl_module: LightningModule, samples: int, train_s: float | None,
+                       world: int) -> tuple[float | None, float | None, float | None, float | None]:
+        flops = self.flops_per_sample
+        self._flops_source = "constructor" if flops is not None else None
+        if flops is None:
+            attr = getattr(pl_module, "flops_per_sample", None)
+            if attr is not None:
+                try:
+                    flops = float(attr)
+                    self._flops_source = "pl_module.flops_per_sample"
+                except (TypeError, ValueError):
+                    flops = None
+        peak = self.peak_tflops if self.peak_tflops is not None else _peaks.peak_tflops(self._device_name, self._dtype)
+        if flops is None or flops <= 0:
+            self._mfu_reason = ("no FLOPs per sample: pass ThroughputCallback(flops_per_sample=...) or set "
+                                "pl_module.flops_per_sample")
+            return None, None, None, peak
+        if not train_s or not samples:
+            self._mfu_reason = "no training samples measured"
+            return flops, None, None, peak
+        tflops = flops * samples / train_s / max(world, 1) / 1e12
+        if peak is None:
+            self._mfu_reason = (f"no dense peak for device {self._device_name!r} and dtype {self._dtype!r}: "
+                                "pass ThroughputCallback(peak_tflops=...)")
+            return flops, tflops, None, None
+        self._mfu_reason = None
+        return flops, tflops, tflops / peak, peak
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "evidence": EVIDENCE_RUN,
+            "device": self._device_name,
+            "dtype": self._dtype,
+            "warmup_steps": self.warmup_steps,
+            "flops_source": self._flops_source,
+            "mfu_reason": self._mfu_reason,
+            "total_samples": self.total_samples,
+            "total_train_s": self.total_train_s,
+            "samples_per_s": (self.total_samples / self.total_train_s) if self.total_train_s else None,
+            "epochs": list(self.epochs),
+        }

@@ -1,0 +1,163 @@
+"""Two-process CPU DDP (gloo) run of every scaling callback, launched as a subprocess running this file
+(Lightning's subprocess launcher starts the second rank from the same command line).
+
+What it shows: NaN in one sample seen by rank 0 only -> both ranks skip the same optimizer steps
+(flag all-reduced), training finishes on both ranks without a hang, the skipped steps leave the
+parameters untouched on both ranks, the record names the exact sample ids; the gradient all-reduce is
+timed by the comm hook under gloo; per-rank figures are gathered at epoch end; ``run.json`` lists both
+ranks' devices and all ranks' non-finite records.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve()
+
+
+def _worker(out_dir: str) -> None:
+    import warnings
+
+    import torch
+    from lightning.pytorch import Callback, Trainer
+    from lightning.pytorch.loggers import TensorBoardLogger
+
+    from cropscale.callbacks import (
+        CallbackGroup,
+        EnergyCallback,
+        GradNormCallback,
+        LossScaleCallback,
+        MemoryCallback,
+        NonFiniteCallback,
+        ProvenanceCallback,
+        StepTimingCallback,
+        ThroughputCallback,
+    )
+    from cropscale.callbacks._toy import ToyTask
+
+    warnings.filterwarnings("ignore")
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+
+    class ParamSpy(Callback):
+        def __init__(self):
+            self.changed = []
+
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+            self._before = [p.detach().clone() for p in pl_module.parameters()]
+            self._ids = batch["patch_id"].tolist()
+
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            after = list(pl_module.parameters())
+            self.changed.append({"ids": self._ids, "changed": not all(
+                torch.equal(a, b.detach()) for a, b in zip(self._before, after, strict=True))})
+
+    st, th = StepTimingCallback(warmup_steps=1), ThroughputCallback(warmup_steps=1)
+    nf, gn, mem = NonFiniteCallback(policy="skip"), GradNormCallback(), MemoryCallback()
+    group = CallbackGroup([st, th, LossScaleCallback(), nf, gn, EnergyCallback(), mem, ProvenanceCallback()])
+    spy = ParamSpy()
+    trainer = Trainer(
+        accelerator="cpu", devices=2, strategy="ddp", max_epochs=2, callbacks=[group, spy],
+        logger=TensorBoardLogger(out_dir, name="ddp", version=0), log_every_n_steps=2,
+        enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False,
+        num_sanity_val_steps=0,
+    )
+    # 32 samples, 16 per rank (Lightning's DistributedSampler shuffles); the NaN sample 1010 lands in
+    # one batch of one rank per epoch
+    task = ToyTask(n_train=32, optimizer="adamw", weight_decay=0.5, lr=0.05, nan_patch_ids={1010})
+    trainer.fit(task)
+    result = {
+        "rank": trainer.global_rank,
+        "global_step": trainer.global_step,
+        "spy": spy.changed,
+        "params": [p.detach().double().sum().item() for p in task.parameters()],
+        "adam_steps": [int(trainer.optimizers[0].state[p]["step"]) for p in task.parameters()],
+        "nonfinite": {"batches": nf.nonfinite_batches, "skipped": nf.skipped_steps, "records": nf.records},
+        "step_timing": st.summary(),
+        "throughput": th.epochs,
+        "grad_norm": gn.summary(),
+        "memory": mem.epochs,
+        "log_dir": trainer.log_dir,
+    }
+    Path(out_dir, f"rank{trainer.global_rank}.json").write_text(json.dumps(result))
+
+
+@pytest.fixture(scope="module")
+def ddp_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("ddp")
+    env = dict(os.environ, PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1")
+    env.pop("LOCAL_RANK", None)
+    t0 = time.perf_counter()
+    proc = subprocess.run([sys.executable, str(HERE), str(out)], cwd=str(out), env=env, capture_output=True,
+                          text=True, timeout=300)
+    elapsed = time.perf_counter() - t0
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1)]
+    record = json.loads(Path(ranks[0]["log_dir"], "run.json").read_text())
+    return {"ranks": ranks, "record": record, "elapsed": elapsed}
+
+
+def _bad_steps(rank_result):
+    """1-based optimizer steps whose batch on this rank held the NaN sample 1010."""
+    return [i + 1 for i, s in enumerate(rank_result["spy"]) if 1010 in s["ids"]]
+
+
+def test_skip_is_consistent_across_ranks(ddp_run):
+    r0, r1 = ddp_run["ranks"]
+    assert r0["global_step"] == r1["global_step"] == 8  # both ranks finished: no hang
+    bad = {0: _bad_steps(r0), 1: _bad_steps(r1)}
+    assert len(bad[0]) + len(bad[1]) == 2  # sample 1010 is seen once per epoch, by one rank
+    skipped = sorted(bad[0] + bad[1])
+    for r in (r0, r1):  # the same steps skipped on both ranks, parameters untouched there
+        assert r["nonfinite"]["skipped"] == 2
+        assert [not s["changed"] for s in r["spy"]] == [i + 1 in skipped for i in range(8)]
+        assert r["adam_steps"] == [6, 6]
+    assert r0["params"] == r1["params"]  # replicas stayed identical
+    for rank, r in ((0, r0), (1, r1)):  # only the rank that saw the NaN sample records its batch
+        recs = r["nonfinite"]["records"]
+        assert [rec["global_step"] for rec in recs] == bad[rank]
+        for rec in recs:
+            ids = r["spy"][rec["global_step"] - 1]["ids"]
+            assert rec["patch_id"] == ids and rec["nonfinite_input_patch_id"] == [1010]
+            assert rec["rank"] == rank and rec["loss_finite"] is False and rec["grads_finite"] is False
+
+
+def test_run_json_gathers_both_ranks(ddp_run):
+    rec = ddp_run["record"]
+    r0, r1 = ddp_run["ranks"]
+    assert rec["status"] == "finished" and rec["distributed"]["world_size"] == 2
+    assert [d["global_rank"] for d in rec["devices"]] == [0, 1]
+    nf = rec["summary"]["nonfinite"]
+    assert len(nf["records"]) == 2
+    assert nf["per_rank"] == [{"nonfinite_batches": len(_bad_steps(r)), "skipped_steps": 2} for r in (r0, r1)]
+    assert rec["summary"]["energy"]["available"] is False
+
+
+def test_comm_hook_times_the_allreduce_under_gloo(ddp_run):
+    st = ddp_run["ranks"][0]["step_timing"]
+    assert st["comm_timing"] == {"available": True, "backend": "gloo", "clock": "perf_counter"}
+    last = st["epochs"][-1]
+    assert last["windows_ms"]["comm"]["median"] > 0.0
+    assert 0.0 <= last["windows_ms"]["comm_exposed"]["median"] <= last["windows_ms"]["backward"]["p95"]
+    assert len(last["step_ms_per_rank"]["per_rank"]) == 2
+    assert last["step_ms_per_rank"]["slowest_rank"] in (0, 1)
+
+
+def test_per_rank_gathers(ddp_run):
+    r0 = ddp_run["ranks"][0]
+    for ep in r0["throughput"]:
+        assert ep["samples_per_rank"] == [16, 16] and ep["samples"] == 32
+        assert ep["samples_per_s"] == pytest.approx(32 / max(ep["train_s_per_rank"]))
+    assert len(r0["memory"][0]["per_rank"]["host_rss_gib"]) == 2
+    assert r0["grad_norm"]["steps"] == 8 and r0["grad_norm"]["nonfinite_steps"] == 2
+
+
+if __name__ == "__main__":
+    _worker(sys.argv[1])
