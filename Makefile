@@ -10,7 +10,7 @@ SHARED_DATA ?= ../shared/data
 SAMPLES := worldcereal-flanders pastis-r-mini vhr-samples
 ARGS ?=
 
-.PHONY: install data fit test test-slow test-perf test-all lint tensorboard gpu-check bench clean
+.PHONY: install data fit test test-slow test-perf test-all lint tensorboard gpu-check bench study-cpu clean
 
 install: $(VENV)/.installed
 
@@ -56,6 +56,17 @@ tensorboard: install
 
 gpu-check: install data
 	bash scripts/gpu_check.sh
+
+# Figures for the closing notes (CPU; each prints its evidence label).
+bench: install data
+	$(PY) -m cropscale summary
+	$(PY) -m cropscale benchmark --precision 32-true bf16-mixed --batch-sizes 1 4 --output reports/bench_cpu.json
+	$(PY) -m cropscale loader-bench --workers 0 2 --model-steps 5
+	$(PY) -m cropscale tiling-bench
+	$(PY) -m cropscale callback-bench
+
+study-cpu: install data
+	$(PY) -m cropscale study --config configs/study/cpu.yaml $(ARGS)
 
 clean:
 	rm -rf runs reports lightning_logs .pytest_cache
