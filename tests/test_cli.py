@@ -88,7 +88,6 @@ def test_bad_arguments_are_one_paragraph(tmp_path, flanders_root, args, needle):
     assert len(res.stderr.strip().splitlines()) <= 8, res.stderr
 
 
-@pytest.mark.slow
 def test_fit_ddp_two_cpu_processes(tmp_path, flanders_root):
     res = run_cli(
         ["fit", f"--data.root={flanders_root}", "--trainer.accelerator=cpu", "--trainer.devices=2",

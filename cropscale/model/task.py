@@ -164,8 +164,10 @@ class CropMappingTask(LightningModule):
         seg = self.val_seg.compute()
         miou = float(seg["mIoU"])
         logs = {"val/loss": self.val_loss.compute(), "val/mIoU": seg["mIoU"], "val/OA": seg["OA"]}
-        logs.update({f"val/{k}": v for k, v in self.val_parcel.compute().items()})
-        logs.update({f"val/{k}": v for k, v in self.val_hr.compute().items()})
+        # Parcel and high-grid scores are NaN when no validation patch has that target (e.g. PASTIS
+        # without SPOT): such keys are left out rather than logged as NaN.
+        for extra in (self.val_parcel.compute(), self.val_hr.compute()):
+            logs.update({f"val/{k}": v for k, v in extra.items() if torch.isfinite(torch.as_tensor(v)).all()})
         names = self.hparams.class_names or [str(i) for i in range(self.hparams.num_classes)]
         for idx, iou in enumerate(seg["iou_per_class"].tolist()):
             if seg["support"][idx] > 0:
