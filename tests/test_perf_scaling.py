@@ -20,7 +20,6 @@ from cropscale.scaling.measure import (
     tiled_validation_time_vs_area,
 )
 
-
 pytestmark = pytest.mark.perf
 
 

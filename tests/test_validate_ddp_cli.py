@@ -5,7 +5,6 @@ divide the number of patches, where Lightning's padding DistributedSampler would
 """
 
 import pytest
-
 from test_cli import run_cli, scalar_tags
 
 VALIDATE = [
