@@ -55,7 +55,7 @@ tensorboard: install
 	$(VENV)/bin/tensorboard --logdir runs
 
 gpu-check: install data
-	bash scripts/gpu_check.sh
+	PYTHON=$(abspath $(PY)) bash scripts/gpu_check.sh
 
 # Figures for the closing notes (CPU; each prints its evidence label).
 bench: install data

@@ -18,6 +18,7 @@ printed as one paragraph naming the argument or path, and the process exits with
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 from pathlib import Path
 
@@ -55,7 +56,7 @@ def _lightning_cli(args: list[str] | None) -> None:
 
     # exit_on_error=False: jsonargparse raises ArgumentError instead of printing the whole usage, and
     # main() prints one paragraph naming the argument.
-    parser_kwargs: dict = {"exit_on_error": False}
+    parser_kwargs: dict = {"exit_on_error": False, "prog": "python -m cropscale"}
     for sub in ("fit", "validate", "test", "predict"):
         parser_kwargs[sub] = {"exit_on_error": False}
         if DEFAULT_CONFIG.is_file():
@@ -104,3 +105,32 @@ def main(argv: list[str] | None = None) -> None:
             sub = args[0] if args and args[0] in ("fit", "validate", "test", "predict") else ""
             _fail(f"{err} (see: python -m cropscale {sub} --help)".replace("  ", " "))
         _fail(str(err))
+    except Exception as err:
+        message = _user_error(err)
+        if message is None or os.environ.get("CROPSCALE_TRACEBACK"):
+            raise
+        _fail(f"{message} (set CROPSCALE_TRACEBACK=1 for the traceback)")
+
+
+def _user_error(err: Exception) -> str | None:
+    """One-paragraph text for errors that come from the user's arguments rather than from a bug:
+    Lightning's checks of Trainer arguments (ValueError), a checkpoint that is missing, not a
+    checkpoint, or of another model configuration. None for anything else (the traceback is kept)."""
+    import pickle
+
+    text = " ".join(str(err).split())
+    if isinstance(err, FileNotFoundError):
+        return f"file not found: {err.filename or text}" if "heckpoint" not in text else text
+    if isinstance(err, pickle.UnpicklingError) or "Weights only load failed" in text:
+        return f"--ckpt_path is not a readable Lightning checkpoint ({text[:200]})"
+    if isinstance(err, RuntimeError) and "Error(s) in loading state_dict" in text:
+        return ("--ckpt_path holds weights of another model configuration (e.g. another class count or"
+                f" net_kwargs): {text[:300]}")
+    if isinstance(err, ValueError) and type(err) is ValueError:
+        tb = err.__traceback__
+        while tb.tb_next is not None:
+            tb = tb.tb_next
+        origin = tb.tb_frame.f_code.co_filename
+        if "lightning" in origin or "torch/optim" in origin:
+            return text
+    return None

@@ -76,6 +76,11 @@ def test_fit_end_to_end_on_real_sample(tmp_path, flanders_root):
         (["fit", "--trainer.no_such_key=1"], "no_such_key"),
         (["fit", "--data.root=/nonexistent/pastis"], "/nonexistent/pastis"),
         (["fit", "--trainer.devices=0"], "devices"),
+        (["fit", "--model.lr=-1"], "model.lr"),
+        (["fit", "--model.val_stride=64"], "model.val_stride"),
+        (["fit", "--trainer.strategy=bogus"], "bogus"),
+        (["validate", "--ckpt_path=/nonexistent/best.ckpt"], "/nonexistent/best.ckpt"),
+        (["test"], "data.test_folds"),
     ],
 )
 def test_bad_arguments_are_one_paragraph(tmp_path, flanders_root, args, needle):

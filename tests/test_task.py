@@ -77,3 +77,29 @@ def test_best_miou_survives_checkpoint_round_trip():
     assert math.isnan(fresh.best_miou)
     fresh.on_load_checkpoint(ckpt)
     assert (fresh.best_miou, fresh.best_epoch) == (0.4321, 3)
+
+
+def test_predict_step_returns_whole_patch_maps():
+    from cropscale.model.synthetic import synthetic_batch
+
+    task = CropMappingTask(num_classes=10, val_window=32, val_stride=16).eval()
+    batch = synthetic_batch(2, t2=4, t1=2, height=64, width=32, num_classes=10)
+    with torch.no_grad():
+        out = task.predict_step(batch, 0)
+    assert out["semantic"].shape == (2, 64, 32) and out["semantic"].dtype == torch.int64
+    assert out["semantic_logits"].shape == (2, 10, 64, 32)
+    assert out["parcel"].shape == (2, 3, 64, 32) and 0 <= out["parcel"].min() <= out["parcel"].max() <= 1
+    assert out["hr"].shape == (2, 3, 640, 320)
+    assert torch.equal(out["patch_id"], batch["patch_id"])
+
+
+@pytest.mark.parametrize(
+    "kwargs,needle",
+    [({"lr": 0.0}, "model.lr"), ({"val_window": 32, "val_stride": 33}, "model.val_stride"),
+     ({"tile_batch_size": 0}, "model.tile_batch_size"), ({"weight_decay": -1.0}, "model.weight_decay")],
+)
+def test_bad_task_arguments_name_the_option(kwargs, needle):
+    from cropscale import CropScaleError
+
+    with pytest.raises(CropScaleError, match=needle):
+        CropMappingTask(**kwargs)

@@ -219,7 +219,10 @@ class PastisHDDataModule(LightningDataModule):
         if self._records is None:
             self._records = read_metadata(self.metadata_path)
         if stage in ("test", "predict") and self.test_folds is None:
-            raise CropScaleError(f"data.test_folds: no test folds given for stage '{stage}'")
+            raise CropScaleError(
+                f"data.test_folds: no test folds given; the '{getattr(stage, 'value', stage)}' stage reads the"
+                " test folds (e.g. --data.test_folds=[5])"
+            )
         # datasets first: their file checks fail fast, before statistics are computed
         built = []
         if stage in ("fit", None):

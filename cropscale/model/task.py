@@ -12,6 +12,7 @@ Validation and test: overlap-weighted tiled inference over whole patches
 
 from __future__ import annotations
 
+import warnings
 from typing import Any, Literal
 
 import torch
@@ -21,12 +22,18 @@ from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities import rank_zero_info
 from torch.optim.lr_scheduler import LambdaLR
 
+from cropscale import CropScaleError
 from cropscale.batch import model_inputs
 from cropscale.metrics import HighGridMetrics, ParcelMetrics, SegmentationMetrics, confusion_matrix_figure
 from cropscale.model.losses import MultiTaskLoss
 from cropscale.model.network import CropMappingNet
 from cropscale.model.optim import LRScaling, global_batch_size, scale_learning_rate, warmup_factor
 from cropscale.tiling import sliding_window_inference
+
+
+# The validation scores are computed from confusion matrices already summed across ranks
+# (torchmetrics), so they are logged without sync_dist; Lightning's advice to add it does not apply.
+warnings.filterwarnings("ignore", message=r".*when logging on epoch level in distributed setting.*")
 
 
 class CropMappingTask(LightningModule):
@@ -76,6 +83,9 @@ class CropMappingTask(LightningModule):
         allow_tf32: bool | None = None,
     ) -> None:
         super().__init__()
+        _check_arguments(lr=lr, weight_decay=weight_decay, warmup_steps=warmup_steps,
+                         reference_batch_size=reference_batch_size, val_window=val_window,
+                         val_stride=val_stride, tile_batch_size=tile_batch_size)
         self.save_hyperparameters()
         net_kwargs = dict(net_kwargs or {})
         net_kwargs.pop("num_classes", None)
@@ -107,6 +117,15 @@ class CropMappingTask(LightningModule):
             self.net = self.net.to(memory_format=torch.channels_last)
         dm = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
         t2, t1, crop = (getattr(dm, "t2", 16), getattr(dm, "t1", 4), getattr(dm, "crop_size", 32))
+        if crop % self.net.stride:
+            raise CropScaleError(
+                f"data.crop_size={crop} must be a multiple of the network's FPN stride {self.net.stride}"
+            )
+        if self.hparams.val_window % self.net.stride:
+            raise CropScaleError(
+                f"model.val_window={self.hparams.val_window} must be a multiple of the network's FPN stride"
+                f" {self.net.stride} (usually the training crop size, data.crop_size={crop})"
+            )
         if self.example_input_array is None:
             from cropscale.model.synthetic import synthetic_batch
 
@@ -186,6 +205,23 @@ class CropMappingTask(LightningModule):
         self.val_hr.reset()
         self.val_loss.reset()
 
+    def predict_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> dict[str, torch.Tensor]:
+        """Tiled prediction of whole patches.
+
+        Returns:
+            ``{"patch_id": [B] int64, "semantic": [B, H, W] int64 class ids (argmax of the blended
+            logits), "semantic_logits": [B, C, H, W], "parcel": [B, 3, H, W] probabilities (sigmoid of
+            extent, boundary, distance logits), "hr": [B, 3, 10H, 10W] RGB in [0, 1]}``.
+        """
+        outputs = self._tiled_forward(batch)
+        return {
+            "patch_id": batch["patch_id"],
+            "semantic": outputs["semantic"].argmax(dim=1),
+            "semantic_logits": outputs["semantic"],
+            "parcel": torch.sigmoid(outputs["parcel"]),
+            "hr": outputs["hr"],
+        }
+
     def test_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
         outputs = self._tiled_forward(batch)
         self.test_seg.update(outputs["semantic"].detach(), batch["semantic"])
@@ -250,6 +286,27 @@ class CropMappingTask(LightningModule):
         state = checkpoint.get("cropscale", {})
         self.best_miou = float(state.get("best_miou", float("nan")))
         self.best_epoch = int(state.get("best_epoch", -1))
+
+
+def _check_arguments(**values: Any) -> None:
+    """Fail at construction, naming the ``model.*`` option, instead of deep inside the first epoch."""
+    rules = {
+        "lr": (lambda v: v > 0, "> 0"),
+        "weight_decay": (lambda v: v >= 0, ">= 0"),
+        "warmup_steps": (lambda v: v >= 0, ">= 0"),
+        "reference_batch_size": (lambda v: v >= 1, ">= 1"),
+        "val_window": (lambda v: v >= 1, ">= 1"),
+        "tile_batch_size": (lambda v: v >= 1, ">= 1"),
+    }
+    for name, (ok, what) in rules.items():
+        if not ok(values[name]):
+            raise CropScaleError(f"model.{name} must be {what}, got {values[name]}")
+    stride, window = values["val_stride"], values["val_window"]
+    if stride is not None and not 1 <= stride <= window:
+        raise CropScaleError(
+            f"model.val_stride={stride} must be between 1 and model.val_window={window}, or every pixel"
+            " would not be covered by a tile"
+        )
 
 
 def _slug(name: str) -> str:
