@@ -229,14 +229,213 @@ def test_run_without_run_json_reports_reasons(tmp_path):
 
     folder = tmp_path / "plain" / "version_0"
     writer = SummaryWriter(str(folder))
+    writer.add_scalar("train/loss_epoch", 1.0, 5)
     writer.add_scalar("val/mIoU", 0.4, 5)
     writer.close()
     (folder / "config.yaml").write_text(yaml.safe_dump(_config("bf16-mixed", 2)))
     r = rp.load_run(folder)
     assert r["precision"] == "bf16-mixed" and r["global_batch"] == 2 and r["devices"] == 1
+    assert r["precision_verified"] is False and r["training_run"]
     assert r["figures"]["best_miou"]["value"] == pytest.approx(0.4) and r["figures"]["best_epoch"]["value"] == 0
     for key in ("samples_per_s", "median_step_ms", "energy_j", "peak_memory_gib"):
         assert r["figures"][key]["value"] is None and "no run.json" in r["figures"][key]["why"]
+
+
+# ------------------------------------------------- plain fits: config.yaml + TensorBoard, no run.json
+def _plain_config(precision="32-true", *, accelerator="cpu", strategy="auto", devices=1, num_nodes=1,
+                  batch_size=2) -> dict:
+    """``config.yaml`` as LightningCLI's SaveConfigCallback writes it for a plain ``fit``."""
+    return {
+        "seed_everything": 0,
+        "trainer": {"accelerator": accelerator, "strategy": strategy, "devices": devices, "num_nodes": num_nodes,
+                    "precision": precision, "logger": {"class_path": "lightning.pytorch.loggers.TensorBoardLogger",
+                                                       "init_args": {"save_dir": "runs", "name": "default"}},
+                    "max_epochs": 1, "accumulate_grad_batches": 1},
+        "model": {"lr": 0.001},
+        "data": {"root": "data/x", "batch_size": batch_size, "samples_per_patch": 2},
+        "ckpt_path": None,
+    }
+
+
+def _plain_run(folder: Path, config: dict | None = None, *, train: bool = True, miou: float = 0.3) -> Path:
+    """A run folder of ``python -m cropscale fit`` without the scaling callbacks (``train=False``: one of
+    ``validate``, which logs validation scalars only): events, config.yaml, hparams.yaml."""
+    from torch.utils.tensorboard import SummaryWriter
+
+    writer = SummaryWriter(str(folder))
+    if train:
+        writer.add_scalar("train/loss_step", 2.5, 0)
+        writer.add_scalar("epoch", 0.0, 1)
+        writer.add_scalar("train/loss_epoch", 2.0, 1)
+    writer.add_scalar("epoch", 0.0, 1 if train else 0)
+    writer.add_scalar("val/mIoU", miou, 1 if train else 0)
+    writer.close()
+    (folder / "config.yaml").write_text(yaml.safe_dump(config or _plain_config()))
+    (folder / "hparams.yaml").write_text(yaml.safe_dump({"lr": 0.001}))
+    return folder
+
+
+def _md_row(md: str, name: str) -> list[str]:
+    line = next(x for x in md.splitlines() if x.startswith(f"| {name} |"))
+    return [c.strip() for c in line.strip("|").split("|")]
+
+
+def _footnote(md: str, cell: str) -> str:
+    """The footnote text a ``... [n]`` cell points to."""
+    n = cell.rsplit("[", 1)[1].rstrip("]")
+    return next(x for x in md.splitlines() if x.startswith(f"[{n}] "))
+
+
+@pytest.mark.parametrize(("strategy", "shown"), [
+    ({"class_path": "lightning.pytorch.strategies.DDPStrategy",
+      "init_args": {"find_unused_parameters": False, "process_group_backend": None, "timeout": "0:30:00"}}, "ddp"),
+    ({"class_path": "lightning.pytorch.strategies.FSDPStrategy", "init_args": {"sharding_strategy": "FULL_SHARD"}},
+     "fsdp"),
+    ({"class_path": "my_pkg.strategies.ShardedThing", "init_args": {"x": 1}}, "ShardedThing"),
+    ("lightning.pytorch.strategies.DDPStrategy", "ddp"),
+    ("ddp_find_unused_parameters_true", "ddp_find_unused_parameters_true"),
+    ("ddp", "ddp"),
+])
+def test_strategy_short_name(tmp_path, strategy, shown):
+    folder = _plain_run(tmp_path / "v0", _plain_config(strategy=strategy, devices=2))
+    r = rp.load_run(folder)
+    assert r["strategy"] == shown
+    md, _ = rp.write_table([r], tmp_path / "out", "t")
+    cells = _md_row(md.read_text(), r["name"])
+    assert cells[3] == shown and "class_path" not in md.read_text()
+
+
+def test_strategy_from_run_json_short_name_and_auto_footnote(tmp_path):
+    folder = _plain_run(tmp_path / "v0", _plain_config(strategy="ddp", devices=2))
+    (folder / "run.json").write_text(json.dumps({"schema": "cropscale.run/1", "status": "finished",
+                                                 "precision": "32-true", "summary": {"throughput": {}},
+                                                 "distributed": {"world_size": 2, "strategy": "DDPStrategy"}}))
+    r = rp.load_run(folder)
+    assert (r["strategy"], r["devices"]) == ("ddp", 2)
+    auto = rp.load_run(_plain_run(tmp_path / "v1"))  # strategy 'auto', no run.json
+    assert auto["strategy"] == "auto" and "not recorded" in auto["descriptive"]["strategy"]["note"]
+
+
+@pytest.mark.parametrize(("devices", "num_nodes", "count", "shown", "why"), [
+    ("2", 1, 2, 2, None),  # LightningCLI stores --trainer.devices=2 as the string '2'
+    (2, 1, 2, 2, None),
+    ("2", "2", 4, 4, "2 per node x 2 nodes"),
+    ([0, 1], 1, 2, 2, "2 device id(s) [0, 1]"),
+    ("0,1", 1, 2, 2, "2 device id(s) ['0', '1']"),
+    ("auto", 1, None, "auto", "requests devices='auto'"),
+    (-1, 1, None, "all (-1)", "requests devices=-1"),
+    (None, 1, None, None, "no trainer.devices"),
+])
+def test_devices_from_config(tmp_path, devices, num_nodes, count, shown, why):
+    folder = _plain_run(tmp_path / "v0", _plain_config(devices=devices, num_nodes=num_nodes, batch_size=3))
+    r = rp.load_run(folder)
+    assert r["devices"] == count
+    assert r["global_batch"] == (3 * count if count else None)  # local batch x world size (no optim/global_batch)
+    if count is None:
+        assert "world size is unknown" in r["descriptive"]["global_batch"]["why"]
+    desc = r["descriptive"]["devices"]
+    assert desc["value"] == shown
+    text = desc["why"] if shown is None else desc["note"]
+    assert (text is None) if why is None else (why in text)
+    md, csv_path = rp.write_table([r], tmp_path / "out", "t")
+    cell = _md_row(md.read_text(), r["name"])[4]
+    if why is None:
+        assert cell == str(shown)
+    else:  # never a bare n/a: the cell points to its reason
+        assert cell.startswith(f"{'n/a' if shown is None else shown} [") and why in _footnote(md.read_text(), cell)
+    with open(csv_path, newline="") as f:
+        row = next(csv.DictReader(f))
+    assert row["devices"] == ("" if shown is None else str(shown)) and (why or "") in row["devices_note"]
+
+
+def test_requested_precision_is_labelled_and_footnoted(tmp_path):
+    runs = tmp_path / "runs"
+    base = _plain_run(_mk(runs / "fp32" / "version_0"), _plain_config("32-true"), miou=0.30)
+    amp = _plain_run(_mk(runs / "amp" / "version_0"), _plain_config("16-mixed"), miou=0.32)  # on CPU: ran bf16
+    auto = _plain_run(_mk(runs / "auto" / "version_0"), _plain_config("bf16-mixed", accelerator="auto", batch_size=4))
+    ra, rb, rc = rp.load_run(base), rp.load_run(amp), rp.load_run(auto)
+    assert (rb["precision"], rb["precision_requested"], rb["precision_verified"]) == ("16-mixed", "16-mixed", False)
+    assert "as bf16-mixed" in rb["descriptive"]["precision"]["note"]
+    assert "cannot be verified" in rc["descriptive"]["precision"]["note"]
+    assert ra["descriptive"]["precision"]["value"] == "32-true (requested)"
+    assert rp.precision_label(rb) == "AMP FP16 (requested)"
+
+    out = tmp_path / "rep"
+    assert rp.main([str(runs), "--out", str(out)]) == 0
+    md = (out / "report.md").read_text()
+    cell = _md_row(md, "amp/version_0")[2]
+    assert cell.startswith("16-mixed (requested) [")
+    note = _footnote(md, cell)
+    assert "no run.json" in note and "accelerator 'cpu'" in note and "bf16-mixed" in note
+    assert _md_row(md, "auto/version_0")[2].startswith("bf16-mixed (requested) [")
+    # the pair is by requested precision and says so: never a bare "AMP FP16" as if recorded
+    pairs = md.split("## Precision pairs")[1]
+    pair = _md_row(pairs, "fp32/version_0")
+    assert pair[1] == "amp/version_0" and pair[2].startswith("AMP FP16 (requested) [")
+    pnote = _footnote(pairs, pair[2])
+    assert "not verified" in pnote and "amp/version_0" in pnote and "bf16-mixed" in pnote
+    assert pair[10].startswith("+0.0200")  # the IoU difference is measured all the same
+    assert "| AMP FP16 |" not in md
+    with open(out / "report_pairs.csv", newline="") as f:
+        prow = next(csv.DictReader(f))
+    assert prow["precision"] == "AMP FP16 (requested)" and "not verified" in prow["precision_note"]
+
+
+def test_run_json_precision_is_authoritative(tmp_path):
+    runs = tmp_path / "runs"
+    base = _plain_run(_mk(runs / "fp32" / "version_0"), _plain_config("32-true"))
+    amp = _plain_run(_mk(runs / "amp" / "version_0"), _plain_config("16-mixed"))
+    for folder, precision in ((base, "32-true"), (amp, "bf16-mixed")):  # what Lightning ran on CPU
+        (folder / "run.json").write_text(json.dumps({
+            "schema": "cropscale.run/1", "status": "finished", "precision": precision, "config": None,
+            "distributed": {"world_size": 1, "strategy": "SingleDeviceStrategy"},
+            "summary": {"throughput": {"samples_per_s": 5.0, "epochs": []}}}))
+    rb = rp.load_run(amp)
+    assert (rb["precision"], rb["precision_requested"], rb["precision_verified"]) == ("bf16-mixed", "16-mixed", True)
+    assert "requested 16-mixed" in rb["descriptive"]["precision"]["note"]
+    assert rp.load_run(base)["descriptive"]["precision"]["note"] is None
+    pairs = rp.precision_pairs(rp.load_inputs([runs]))
+    assert [p["precision"] for p in pairs] == ["AMP BF16"] and pairs[0]["descriptive"] == {}
+
+
+def _mk(folder: Path) -> Path:
+    folder.mkdir(parents=True)
+    return folder
+
+
+def test_validate_folders_are_skipped(tmp_path, capsys):
+    runs = tmp_path / "runs"
+    fit = _plain_run(_mk(runs / "default" / "version_0"))
+    val = _plain_run(_mk(runs / "default" / "version_1"), train=False)
+    assert rp.load_run(val)["training_run"] is False
+    lines: list[str] = []
+    records = rp.load_inputs([runs], on_skip=lines.append)
+    assert [r["name"] for r in records] == ["default/version_0"]
+    assert lines == [f"skipped {val}: no training run (validate/test only)"]
+
+    out = tmp_path / "rep"
+    assert rp.main([str(runs), "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert f"skipped {val}: no training run (validate/test only)\n" in printed
+    md = (out / "report.md").read_text()
+    assert "default/version_0" in md and "default/version_1" not in md
+
+    # named explicitly: still skipped, with the reason
+    assert rp.main([str(fit), str(val), "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    line = next(x for x in printed.splitlines() if x.startswith(f"skipped {val}:"))
+    assert "named explicitly" in line and "train/loss_epoch" in line and "no run.json" in line
+    assert "default/version_1" not in (out / "report.md").read_text()
+    with pytest.raises(CropScaleError, match="no training run or benchmark among the inputs"):
+        rp.main([str(val), "--out", str(out)])
+
+    # run.json with a training summary keeps a folder without train/* scalars (and one without: skipped)
+    (val / "run.json").write_text(json.dumps({"schema": "cropscale.run/1", "status": "finished",
+                                              "summary": {"throughput": {"samples_per_s": 1.0}}}))
+    assert rp.load_run(val)["training_run"] is True
+    (val / "run.json").write_text(json.dumps({"schema": "cropscale.run/1", "status": "failed", "summary": {}}))
+    r = rp.load_run(val)
+    assert r["training_run"] is False and "status 'failed'" in r["skip_reason"]
 
 
 # ------------------------------------------------------------------------------ end to end (slow)

@@ -28,8 +28,17 @@ Where each run figure comes from (``run.json`` ``summary`` sections are the scal
 ================================  ===================================================================
 figure                            source
 ================================  ===================================================================
-precision, strategy, devices      ``run.json`` ``precision``, ``distributed.strategy`` / ``world_size``
-                                  (else ``config.yaml``)
+precision                         ``run.json`` ``precision`` (the precision Lightning ran with), else
+                                  ``config.yaml`` ``trainer.precision`` shown as ``<p> (requested)``
+                                  (see "Runs without run.json" below)
+strategy                          ``run.json`` ``distributed.strategy``, else ``config.yaml``
+                                  ``trainer.strategy``; short names ``ddp`` / ``fsdp`` / ``deepspeed``
+                                  for those classes, else the class name (a ``class_path`` entry) or
+                                  the configured string
+devices                           ``run.json`` ``distributed.world_size``, else ``config.yaml``
+                                  ``trainer.devices`` x ``num_nodes`` (numeric strings such as ``'2'``
+                                  count; a list of device ids counts its ids; ``auto`` / ``-1`` are
+                                  shown as such, footnoted: the resolved count is not recorded)
 global batch                      TensorBoard ``optim/global_batch`` (else local batch x world size x
                                   accumulation from the configuration)
 best val/mIoU, its epoch          maximum of TensorBoard ``val/mIoU``; epoch (0-based) from Lightning's
@@ -48,6 +57,23 @@ non-finite, skipped steps         ``summary.nonfinite`` (summed over ranks) + ``
                                   ``skipped_steps`` (GradScaler skips under 16-mixed)
 ================================  ===================================================================
 
+Runs without ``run.json`` (``python -m cropscale fit`` without ``--config callbacks/scaling.yaml``:
+only ``config.yaml``, ``hparams.yaml`` and TensorBoard events). The configuration holds the *requested*
+precision, not the one Lightning ran with (it runs ``16-mixed`` on CPU as ``bf16-mixed``), and nothing
+else in such a folder records it. The report therefore shows ``<precision> (requested)`` with a footnote
+saying that it is unverified, and why when the accelerator makes it so (``cpu``: the request was
+changed; ``auto``: it depends on the device the run got). Such runs are still paired (their IoU
+difference is measured), but the pair is labelled by the *requested* precision: the pair's Precision
+cell reads e.g. ``AMP FP16 (requested)`` and its footnote names the unverified run(s) -- never a bare
+``AMP FP16`` as if the precision had been recorded. With ``run.json`` its ``precision`` is
+authoritative (a footnote notes where the configuration requested something else).
+
+Run folders that are no training run -- no TensorBoard tag under ``train/`` (``train/loss_step``,
+``train/loss_epoch``) and no ``run.json`` with a training summary, e.g. ``runs/default/version_N``
+written by ``python -m cropscale validate`` / ``test`` -- are skipped with one printed line
+``skipped RUN: no training run (validate/test only)``; a folder named explicitly on the command line is
+skipped too, with the longer reason.
+
 Functions for reuse (the study runner :mod:`cropscale.bench.study` builds on them):
 :func:`load_run`, :func:`load_benchmark`, :func:`load_inputs`, :func:`find_runs`,
 :func:`load_scalars`, :func:`precision_pairs`, :func:`write_table`, :func:`write_report`, and the
@@ -55,7 +81,10 @@ figure helpers :func:`plot_iou_by_epoch`, :func:`plot_by_precision_and_batch`,
 :func:`plot_step_decomposition`. A *record* (what the loaders return) is a dict with ``name``,
 ``kind`` (``run`` or ``microbenchmark``), ``path``, ``figures`` (column key -> :func:`figure` dict),
 ``iou_by_epoch`` (``[(epoch, best mIoU so far)]``), ``step_windows_ms`` (window -> ms, with
-``step_windows_source``) and ``pair_key`` (what must be equal for two records to form a precision pair).
+``step_windows_source``) and ``pair_key`` (what must be equal for two records to form a precision pair);
+run records also carry ``precision_requested``, ``precision_verified`` (False: from the configuration
+only), ``descriptive`` (column key -> :func:`figure` dict of a descriptive cell with its footnote),
+``training_run`` and ``skip_reason``.
 """
 
 from __future__ import annotations
@@ -65,7 +94,7 @@ import csv
 import json
 import math
 import statistics
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -88,6 +117,7 @@ __all__ = [
     "plot_by_precision_and_batch",
     "plot_iou_by_epoch",
     "plot_step_decomposition",
+    "precision_label",
     "precision_pairs",
     "write_report",
     "write_table",
@@ -300,6 +330,139 @@ def _load_config(folder: Path, run_json: dict[str, Any] | None) -> dict[str, Any
     return None
 
 
+# Lightning's short names of the strategies the report abbreviates (else the class name is shown)
+STRATEGY_SHORT_NAMES = {"DDPStrategy": "ddp", "FSDPStrategy": "fsdp", "DeepSpeedStrategy": "deepspeed"}
+# Lightning's legacy precision spellings (``_convert_precision_to_unified_args``)
+PRECISION_ALIASES = {"64": "64-true", "32": "32-true", "16": "16-mixed", "bf16": "bf16-mixed"}
+MIXED_OR_HALF = ("16-mixed", "bf16-mixed", "16-true", "bf16-true")
+TRAINING_SCALAR_PREFIX = "train/"
+"""TensorBoard tags of a training run (``train/loss_step``, ``train/loss_epoch``, ...): ``validate`` and
+``test`` never log them."""
+
+
+def _class_name(value: Any) -> str | None:
+    """The class name of a LightningCLI ``{class_path, init_args}`` entry or of a dotted import path."""
+    if isinstance(value, dict):
+        path = value.get("class_path")
+        return str(path).rsplit(".", 1)[-1] if path else None
+    if isinstance(value, str) and "." in value and value.rsplit(".", 1)[-1][:1].isupper():
+        return value.rsplit(".", 1)[-1]
+    return None
+
+
+def _strategy_name(value: Any) -> str | None:
+    """Short strategy name: ``ddp`` / ``fsdp`` / ``deepspeed`` for those classes, else the class name
+    (a ``class_path`` entry, a dotted path or ``run.json``'s class name), or the configured string."""
+    if value is None:
+        return None
+    cls = _class_name(value)
+    if cls is None and isinstance(value, str) and value.endswith("Strategy"):
+        cls = value  # run.json distributed.strategy: a class name
+    if cls is not None:
+        return STRATEGY_SHORT_NAMES.get(cls, cls)
+    if isinstance(value, dict):
+        return "custom (no class_path)"
+    return str(value)
+
+
+def _accelerator_name(value: Any) -> str | None:
+    cls = _class_name(value)
+    if cls is not None:
+        return {"CPUAccelerator": "cpu", "CUDAAccelerator": "cuda", "MPSAccelerator": "mps"}.get(cls, cls)
+    return None if value is None else str(value).lower()
+
+
+def _normalise_precision(value: Any) -> str | None:
+    """Lightning's unified precision string (``16`` -> ``16-mixed``, ``bf16`` -> ``bf16-mixed``, ...);
+    ``None`` stays ``None``."""
+    if value is None:
+        return None
+    text = str(value).strip()
+    return PRECISION_ALIASES.get(text, text)
+
+
+def _as_int(value: Any) -> int | None:
+    """An int from an int or a numeric string (``'2'``, as LightningCLI may store ``devices``), else None."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, str) and value.strip().lstrip("-").isdigit():
+        return int(value.strip())
+    return None
+
+
+def _devices_from_config(config: dict[str, Any] | None) -> tuple[int | None, Any, str | None]:
+    """``(world size or None, shown value, reason or qualifier)`` from ``trainer.devices`` x
+    ``trainer.num_nodes`` of the configuration. Numeric strings count as ints; a list of device ids
+    (or Lightning's ``"0,1"`` string) counts its ids; ``auto`` / ``-1`` are shown as such with the reason
+    the count is unknown."""
+    src = "config.yaml"
+    d, n_raw = _get(config, "trainer", "devices"), _get(config, "trainer", "num_nodes", default=1)
+    nodes = _as_int(n_raw) if n_raw is not None else 1
+    if nodes is None or nodes < 1:
+        return None, None, f"{src} trainer.num_nodes={n_raw!r} is not a node count"
+    per_node = f" x {nodes} nodes" if nodes > 1 else ""
+    if d is None:
+        return None, None, f"no trainer.devices in {src} (and no run.json)"
+    count = _as_int(d)
+    ids: list[Any] | None = None
+    if isinstance(d, (list, tuple)):
+        ids = list(d)
+    elif isinstance(d, str) and "," in d:
+        ids = [x.strip() for x in d.split(",") if x.strip()]
+    if ids is not None:
+        n = len(ids) * nodes
+        return n, n, f"{len(ids)} device id(s) {ids}{per_node} in {src} (no run.json)"
+    if count is not None and count > 0:
+        note = f"{count} per node{per_node} in {src} (no run.json)" if nodes > 1 else None
+        return count * nodes, count * nodes, note
+    shown = "all (-1)" if count == -1 else str(d)
+    return None, shown, (f"{src} requests devices={d!r}{per_node}: the number Lightning resolved is not "
+                         "recorded (no run.json)")
+
+
+def _precision_from(run_json: dict[str, Any] | None, config: dict[str, Any] | None
+                    ) -> tuple[str | None, str | None, bool, str | None]:
+    """``(precision, requested, verified, note)``. ``run.json`` ``precision`` (the precision plugin
+    Lightning actually used) is authoritative; without it the configuration's ``trainer.precision`` is
+    the *requested* precision (``verified`` False) and ``note`` says what cannot be verified."""
+    raw = _get(config, "trainer", "precision")
+    has_trainer = isinstance(_get(config, "trainer"), dict)
+    requested = _normalise_precision(raw) if raw is not None else ("32-true" if has_trainer else None)
+    recorded = _normalise_precision(_get(run_json, "precision"))
+    if recorded is not None:
+        note = (f"run.json records {recorded}; the configuration requested {requested} "
+                "(Lightning changed it)" if requested and requested != recorded else None)
+        return recorded, requested, True, note
+    if requested is None:
+        return None, None, False, "no precision: no run.json and no trainer.precision in config.yaml"
+    accel = _accelerator_name(_get(config, "trainer", "accelerator")) or "auto"
+    note = ("precision as requested in config.yaml"
+            + (" (trainer.precision unset: Lightning's default 32-true)" if raw is None else "")
+            + "; no run.json records the precision Lightning ran with")
+    if requested == "16-mixed" and accel == "cpu":
+        note += ("; accelerator 'cpu': Lightning runs 16-mixed on CPU as bf16-mixed, so this run did not use "
+                 "FP16 AMP")
+    elif requested in MIXED_OR_HALF and accel not in ("cuda", "gpu"):
+        note += (f"; accelerator {accel!r}: the effective precision depends on the device the run got "
+                 "(Lightning runs 16-mixed on CPU as bf16-mixed) and cannot be verified")
+    return requested, requested, False, note
+
+
+def _training_summary(run_json: dict[str, Any] | None) -> bool:
+    summary = _get(run_json, "summary")
+    return bool(isinstance(summary, dict) and summary) or bool(_get(run_json, "global_step"))
+
+
+def precision_label(record: dict[str, Any]) -> str:
+    """Display label of a record's precision (``AMP FP16``, ...), with `` (requested)`` when no
+    ``run.json`` confirms it."""
+    p = record.get("precision")
+    label = PRECISION_LABELS.get(p, str(p))
+    return f"{label} (requested)" if record.get("precision_verified") is False else label
+
+
 def _run_name(folder: Path) -> str:
     parts = folder.resolve().parts
     return "/".join(parts[-2:]) if len(parts) >= 2 else str(folder)
@@ -328,12 +491,25 @@ def load_run(path: str | Path) -> dict[str, Any]:
     E = EVIDENCE_RUN  # noqa: N806
     figures: dict[str, dict[str, Any]] = {}
 
-    precision = _get(run_json, "precision") or _get(config, "trainer", "precision")
-    strategy = _get(run_json, "distributed", "strategy") or _get(config, "trainer", "strategy")
-    devices = _get(run_json, "distributed", "world_size")
+    precision, precision_requested, precision_verified, precision_note = _precision_from(run_json, config)
+    precision_shown = precision if precision_verified or precision is None else f"{precision} (requested)"
+    recorded_strategy = _get(run_json, "distributed", "strategy")
+    strategy = _strategy_name(recorded_strategy or _get(config, "trainer", "strategy"))
+    strategy_note = None
+    if strategy is None:
+        strategy_note = "no strategy in run.json or config.yaml"
+    elif recorded_strategy is None and strategy == "auto":
+        strategy_note = "strategy 'auto' as configured: the strategy Lightning chose is not recorded (no run.json)"
+    devices = _as_int(_get(run_json, "distributed", "world_size"))
+    devices_shown: Any = devices
+    devices_note = None
     if devices is None:
-        d, n = _get(config, "trainer", "devices"), _get(config, "trainer", "num_nodes", default=1)
-        devices = int(d) * int(n or 1) if isinstance(d, int) else None
+        devices, devices_shown, devices_note = _devices_from_config(config)
+    descriptive = {
+        "precision": figure(precision_shown, None, precision_note, precision_note),
+        "strategy": figure(strategy, None, strategy_note, strategy_note),
+        "devices": figure(devices_shown, None, devices_note, devices_note),
+    }
     gb_events = scalars.get("optim/global_batch", [])
     if gb_events:
         global_batch: int | None = int(round(gb_events[-1][1]))
@@ -341,6 +517,10 @@ def load_run(path: str | Path) -> dict[str, Any]:
         local = _get(config, "data", "batch_size")
         acc = _get(config, "trainer", "accumulate_grad_batches", default=1) or 1
         global_batch = int(local) * int(devices) * int(acc) if isinstance(local, int) and devices else None
+        if global_batch is None:
+            descriptive["global_batch"] = figure(None, None, "no optim/global_batch in the TensorBoard events and "
+                                                 + ("the world size is unknown" if isinstance(local, int)
+                                                    else "no integer data.batch_size in the configuration"))
 
     # quality
     miou = _epoch_series(scalars, "val/mIoU")
@@ -457,6 +637,14 @@ def load_run(path: str | Path) -> dict[str, Any]:
         figures["skipped_steps"] = figure(None, E, why)
 
     status = _get(run_json, "status")
+    training = any(t.startswith(TRAINING_SCALAR_PREFIX) for t in scalars) or _training_summary(run_json)
+    if training:
+        skip_reason = None
+    elif run_json is None:
+        skip_reason = "no training run (validate/test only)"
+    else:
+        skip_reason = (f"no training run: no training scalars and run.json holds no training summary "
+                       f"(status {status!r})")
     return {
         "name": _run_name(folder),
         "kind": "run",
@@ -464,9 +652,14 @@ def load_run(path: str | Path) -> dict[str, Any]:
         "evidence": E,
         "status": status,
         "precision": precision,
+        "precision_requested": precision_requested,
+        "precision_verified": precision_verified,
         "strategy": strategy,
         "devices": devices,
         "global_batch": global_batch,
+        "descriptive": descriptive,
+        "training_run": training,
+        "skip_reason": skip_reason,
         "figures": figures,
         "iou_by_epoch": iou_by_epoch,
         "step_windows_ms": windows,
@@ -542,21 +735,44 @@ def load_benchmark(path: str | Path) -> list[dict[str, Any]]:
     return records
 
 
-def load_inputs(paths: Iterable[str | Path]) -> list[dict[str, Any]]:
-    """Records of every input: benchmark JSON files (by their schema) and run folders (searched with
-    :func:`find_runs`).
+def load_inputs(paths: Iterable[str | Path], on_skip: Callable[[str], None] | None = print) -> list[dict[str, Any]]:
+    """Records of every input: benchmark JSON files (by their schema) and training-run folders
+    (searched with :func:`find_runs`).
+
+    A run folder that is no training run (no ``train/*`` TensorBoard scalar and no ``run.json`` with a
+    training summary: a ``python -m cropscale validate`` / ``test`` folder) is skipped, with one line
+    ``skipped RUN: <reason>`` passed to ``on_skip`` (default ``print``; None: silent); a folder named
+    explicitly gets the longer reason.
 
     Raises:
-        CropScaleError: an input that is neither (named).
+        CropScaleError: an input that is neither (named); every input skipped (the reasons listed).
     """
     records: list[dict[str, Any]] = []
+    skipped: list[str] = []
     for p in paths:
         path = Path(p)
         if path.is_file() and path.suffix == ".json" and path.name != "run.json":
             records.extend(load_benchmark(path))
             continue
-        for folder in find_runs(path):
-            records.append(load_run(folder))
+        folders = find_runs(path)
+        named = path.parent if path.is_file() else path
+        for folder in folders:
+            record = load_run(folder)
+            if record["training_run"]:
+                records.append(record)
+                continue
+            line = f"skipped {folder}: {record['skip_reason']}"
+            if folder.resolve() == named.resolve():
+                line += (f" (named explicitly, still skipped: its TensorBoard events hold no "
+                         f"{TRAINING_SCALAR_PREFIX}* scalar such as train/loss_step or train/loss_epoch, and "
+                         + ("it has no run.json" if record["status"] is None else "its run.json has no summary")
+                         + "; `python -m cropscale validate` / `test` write such folders)")
+            skipped.append(f"{folder} ({record['skip_reason']})")
+            if on_skip is not None:
+                on_skip(line)
+    if not records and skipped:
+        raise CropScaleError(f"report: no training run or benchmark among the inputs; skipped {len(skipped)} "
+                             "run folder(s): " + "; ".join(skipped))
     names = [r["name"] for r in records]
     for r in records:  # make names unique: fall back to the full path where two collide
         if names.count(r["name"]) > 1 and r["kind"] == "run":
@@ -604,10 +820,24 @@ def precision_pairs(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
                 return figure(None, E, why)
             return figure(a - b if diff else a / b, E)
 
+        requested = [rec for rec in (base, r) if rec.get("precision_verified") is False]
+        pair_precision = PRECISION_LABELS.get(r["precision"], r["precision"])
+        descriptive = {}
+        if requested:
+            pair_precision += " (requested)"
+            why = ("precision as requested in config.yaml, not verified (no run.json) for "
+                   + " and ".join(rec["name"] for rec in requested)
+                   + "; the pair is by requested precision, not by the precision the runs ran with")
+            if r.get("precision_verified") is False and r.get("precision") == "16-mixed" and "on CPU as bf16" in (
+                    (r.get("descriptive") or {}).get("precision", {}).get("note") or ""):
+                why += f"; {r['name']} ran on accelerator 'cpu', where Lightning runs 16-mixed as bf16-mixed"
+            descriptive["precision"] = figure(pair_precision, None, note=why)
         pairs.append({
             "base": base["name"],
             "other": r["name"],
-            "precision": PRECISION_LABELS.get(r["precision"], r["precision"]),
+            "precision": pair_precision,
+            "precision_verified": not requested,
+            "descriptive": descriptive,
             "global_batch": r.get("global_batch"),
             "evidence": E,
             "base_samples_per_s": base["figures"]["samples_per_s"],
@@ -691,7 +921,18 @@ def write_table(rows: Sequence[dict[str, Any]], out_dir: str | Path, stem: str,
                 csv_row[f"{c.key}_evidence"] = fig["evidence"] or ""
                 csv_row[f"{c.key}_note"] = extra or ""
             else:
-                cells.append(_cell_md(_fmt(fig, c.fmt)))
+                desc = (row.get("descriptive") or {}).get(c.key)
+                if isinstance(desc, dict):  # a descriptive value with its qualifier / reason
+                    text, fig = _fmt(desc["value"], c.fmt), desc["value"]
+                    extra = desc["why"] if desc["value"] is None else desc.get("note")
+                    if extra:
+                        if extra not in notes:
+                            notes.append(extra)
+                        text += f" [{notes.index(extra) + 1}]"
+                    csv_row[f"{c.key}_note"] = extra or ""
+                else:
+                    text = _fmt(fig, c.fmt)
+                cells.append(_cell_md(text))
                 csv_row[c.key] = "" if fig is None else fig
         evidence = ", ".join(labels) or row.get("evidence") or "n/a"
         csv_row["evidence"] = evidence
@@ -703,10 +944,14 @@ def write_table(rows: Sequence[dict[str, Any]], out_dir: str | Path, stem: str,
     md_path.write_text("\n".join(md) + "\n", encoding="utf-8")
     fieldnames: list[str] = []
     for c in columns:
-        fieldnames += [c.key, f"{c.key}_evidence", f"{c.key}_note"] if c.figure else [c.key]
+        if c.figure:
+            fieldnames += [c.key, f"{c.key}_evidence", f"{c.key}_note"]
+        else:  # a descriptive column gets a _note column where some row qualifies it
+            described = any(isinstance((r.get("descriptive") or {}).get(c.key), dict) for r in rows)
+            fieldnames += [c.key, f"{c.key}_note"] if described else [c.key]
     fieldnames.append("evidence")
     with open(csv_path, "w", newline="", encoding="utf-8") as f:
-        writer = csv.DictWriter(f, fieldnames=fieldnames)
+        writer = csv.DictWriter(f, fieldnames=fieldnames, restval="")
         writer.writeheader()
         writer.writerows(csv_rows)
     return md_path, csv_path
@@ -743,7 +988,7 @@ def plot_iou_by_epoch(records: Sequence[dict[str, Any]], path: str | Path) -> Pa
     runs = [r for r in records if r.get("iou_by_epoch")]
     for r in runs:
         epochs, values = zip(*r["iou_by_epoch"], strict=True)
-        ax.plot(epochs, values, marker="o", label=f"{r['name']} ({PRECISION_LABELS.get(r['precision'], r['precision'])})")
+        ax.plot(epochs, values, marker="o", label=f"{r['name']} ({precision_label(r)})")
     if runs:
         ax.set_xlabel("epoch (0-based)")
         ax.set_ylabel("best val macro IoU so far")
@@ -767,7 +1012,7 @@ def plot_by_precision_and_batch(records: Sequence[dict[str, Any]], key: str, yla
         value, batch = _value(r, key), r.get("global_batch")
         if value is None or batch is None:
             continue
-        label = PRECISION_LABELS.get(r.get("precision"), str(r.get("precision")))
+        label = precision_label(r)
         series.setdefault((label, r["kind"]), []).append((int(batch), float(value)))
     for (label, kind), points in sorted(series.items()):
         points.sort()
@@ -797,7 +1042,7 @@ def plot_step_decomposition(records: Sequence[dict[str, Any]], path: str | Path)
     fig, ax = plt.subplots(figsize=(max(6.0, 1.4 * len(runs) + 3), 4.5))
     if runs:
         bottoms = [0.0] * len(runs)
-        names = [f"{r['name']}\n{PRECISION_LABELS.get(r['precision'], r['precision'])}"
+        names = [f"{r['name']}\n{precision_label(r)}"
                  f"{'' if (r.get('step_windows_source') or '').startswith('StepTiming') else ' *'}" for r in runs]
         for window in STEP_WINDOWS:
             heights = [float(r["step_windows_ms"].get(window, 0.0)) for r in runs]
