@@ -87,9 +87,7 @@ class CropMappingTask(LightningModule):
                          reference_batch_size=reference_batch_size, val_window=val_window,
                          val_stride=val_stride, tile_batch_size=tile_batch_size)
         self.save_hyperparameters()
-        net_kwargs = dict(net_kwargs or {})
-        net_kwargs.pop("num_classes", None)
-        self.net = CropMappingNet(num_classes=num_classes, **net_kwargs)
+        self.net = CropMappingNet(num_classes=num_classes, **self._net_kwargs())
         self.loss_fn = MultiTaskLoss(
             semantic_weight=semantic_weight,
             parcel_weight=parcel_weight,
@@ -138,6 +136,7 @@ class CropMappingTask(LightningModule):
             self.flops_per_sample = float(flops_per_sample(fresh, t2=t2, t1=t1, height=crop, width=crop)["total"])
 
     def _net_kwargs(self) -> dict[str, Any]:
+        """``net_kwargs`` without ``num_classes``, which always comes from the task (linked from the data)."""
         kwargs = dict(self.hparams.net_kwargs or {})
         kwargs.pop("num_classes", None)
         return kwargs
