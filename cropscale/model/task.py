@@ -30,7 +30,6 @@ from cropscale.model.network import CropMappingNet
 from cropscale.model.optim import LRScaling, global_batch_size, scale_learning_rate, warmup_factor
 from cropscale.tiling import sliding_window_inference
 
-
 # The validation scores are computed from confusion matrices already summed across ranks
 # (torchmetrics), so they are logged without sync_dist; Lightning's advice to add it does not apply.
 warnings.filterwarnings("ignore", message=r".*when logging on epoch level in distributed setting.*")
