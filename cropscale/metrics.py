@@ -192,6 +192,20 @@ def confusion_matrix_figure(cm: Tensor | np.ndarray, class_names: Sequence[str] 
     return fig
 
 
+def _select_present(owner: str, present: Tensor | None, preds: Tensor, target: Tensor) -> tuple[Tensor, Tensor]:
+    """Keep the samples whose target is present (``present [B]`` bool; None = all).
+
+    Raises:
+        CropScaleError: ``present`` is not ``[B]``.
+    """
+    if present is None:
+        return preds, target
+    if present.shape != preds.shape[:1]:
+        raise CropScaleError(f"{owner}: present must be [{preds.shape[0]}] bool, got {tuple(present.shape)}")
+    keep = present.to(torch.bool)
+    return preds[keep], target[keep]
+
+
 def _disk(radius: int, device: torch.device) -> Tensor:
     r = torch.arange(-radius, radius + 1, device=device, dtype=torch.float32)
     return ((r[:, None] ** 2 + r[None, :] ** 2) <= radius**2 + 1e-6).to(torch.float32)
@@ -265,12 +279,7 @@ class ParcelMetrics(Metric):
         if pred_b.shape != target_b.shape:
             raise CropScaleError(f"ParcelMetrics: preds {tuple(preds.shape)} and target {tuple(target.shape)} "
                                  f"do not match")
-        if present is not None:
-            if present.shape != pred_b.shape[:1]:
-                raise CropScaleError(f"ParcelMetrics: present must be [{pred_b.shape[0]}] bool, got "
-                                     f"{tuple(present.shape)}")
-            keep = present.to(torch.bool)
-            pred_b, target_b = pred_b[keep], target_b[keep]
+        pred_b, target_b = _select_present("ParcelMetrics", present, pred_b, target_b)
         if pred_b.shape[0] == 0:
             return
         self.pred_boundary += pred_b.sum()
@@ -345,12 +354,7 @@ class HighGridMetrics(Metric):
         if preds.shape != target.shape or preds.dim() != 4:
             raise CropScaleError(f"HighGridMetrics: preds {tuple(preds.shape)} and target {tuple(target.shape)} "
                                  f"must both be [B, 3, sH, sW]")
-        if present is not None:
-            if present.shape != preds.shape[:1]:
-                raise CropScaleError(f"HighGridMetrics: present must be [{preds.shape[0]}] bool, got "
-                                     f"{tuple(present.shape)}")
-            keep = present.to(torch.bool)
-            preds, target = preds[keep], target[keep]
+        preds, target = _select_present("HighGridMetrics", present, preds, target)
         if preds.shape[0] == 0:
             return
         p = preds.detach().to(torch.float64)
