@@ -167,6 +167,16 @@ def time_round_robin(
 # --------------------------------------------------------------------------- step time vs batch
 
 
+def _default_net(seed: int):
+    """The default ``CropMappingNet()``, initialised under ``torch.manual_seed(seed)``."""
+    import torch
+
+    from cropscale.model.network import CropMappingNet
+
+    torch.manual_seed(seed)
+    return CropMappingNet()
+
+
 def step_time_vs_batch(
     batch_sizes: Sequence[int] = (1, 2, 4, 8, 16),
     *,
@@ -207,10 +217,7 @@ def step_time_vs_batch(
 
     sizes = _check_sizes(batch_sizes, "batch_sizes")
     if net is None:
-        from cropscale.model.network import CropMappingNet
-
-        torch.manual_seed(seed)
-        net = CropMappingNet()
+        net = _default_net(seed)
     if loss is None:
         from cropscale.model.losses import MultiTaskLoss
 
@@ -299,10 +306,7 @@ def tiled_validation_time_vs_area(
 
     sizes = _check_sizes(patch_sizes, "patch_sizes")
     if net is None:
-        from cropscale.model.network import CropMappingNet
-
-        torch.manual_seed(seed)
-        net = CropMappingNet()
+        net = _default_net(seed)
     if make_inputs is None:
         from cropscale.batch import model_inputs
         from cropscale.model.synthetic import synthetic_batch
