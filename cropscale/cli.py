@@ -25,6 +25,7 @@ from pathlib import Path
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 from cropscale import CropScaleError
+from cropscale.distributed import finish_distributed
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_CONFIG = REPO_ROOT / "configs" / "default.yaml"
@@ -50,7 +51,7 @@ class CropScaleCLI(LightningCLI):
         parser.link_arguments("data.ignore_index", "model.ignore_index")
 
 
-def _lightning_cli(args: list[str] | None) -> None:
+def _lightning_cli(args: list[str] | None) -> LightningCLI:
     from cropscale.data.datamodule import PastisHDDataModule
     from cropscale.model.task import CropMappingTask
 
@@ -61,7 +62,7 @@ def _lightning_cli(args: list[str] | None) -> None:
         parser_kwargs[sub] = {"exit_on_error": False}
         if DEFAULT_CONFIG.is_file():
             parser_kwargs[sub]["default_config_files"] = [str(DEFAULT_CONFIG)]
-    CropScaleCLI(
+    return CropScaleCLI(
         CropMappingTask,
         PastisHDDataModule,
         parser_kwargs=parser_kwargs,
@@ -99,7 +100,12 @@ def main(argv: list[str] | None = None) -> None:
             sys.exit(int(status or 0))
         if not args or args[0] in ("-h", "--help"):
             _print_overview()
-        _lightning_cli(None if argv is None else args)
+        cli = _lightning_cli(None if argv is None else args)
+        failed = finish_distributed(getattr(cli, "trainer", None))
+        if failed:
+            ranks = ", ".join(f"local rank {r} exited with status {s}" for r, s in failed)
+            print(f"cropscale: error: rank 0 finished but {ranks} (see that rank's output above)", file=sys.stderr)
+            sys.exit(1)
     except (CropScaleError, MisconfigurationException, ArgumentError) as err:
         if isinstance(err, ArgumentError):
             sub = args[0] if args and args[0] in ("fit", "validate", "test", "predict") else ""

@@ -41,6 +41,7 @@ def _worker(out_dir: str) -> None:
         ThroughputCallback,
     )
     from cropscale.callbacks._toy import ToyTask
+    from cropscale.distributed import finish_distributed
 
     warnings.filterwarnings("ignore")
     torch.set_num_threads(1)
@@ -87,6 +88,9 @@ def _worker(out_dir: str) -> None:
         "log_dir": trainer.log_dir,
     }
     Path(out_dir, f"rank{trainer.global_rank}.json").write_text(json.dumps(result))
+    # as cropscale's CLI does: destroy the gloo group (left to interpreter exit it can abort) and let rank 0
+    # return only after rank 1 has written its file and exited 0
+    assert finish_distributed(trainer) == []
 
 
 @pytest.fixture(scope="module")

@@ -121,6 +121,7 @@ def run_validation(devices: int, data: Path, out: Path) -> None:
     from torch.utils.data import DataLoader
 
     from cropscale.data.sharding import EvalShardSampler
+    from cropscale.distributed import finish_distributed
 
     torch.set_num_threads(1)
 
@@ -150,6 +151,9 @@ def run_validation(devices: int, data: Path, out: Path) -> None:
                          logger=False, enable_checkpointing=False, enable_progress_bar=False,
                          enable_model_summary=False, num_sanity_val_steps=0)
     trainer.validate(TinyValModule())
+    # as cropscale's CLI does: destroy the gloo group (left to interpreter exit it can abort) and let rank 0
+    # return only after rank 1 has written its files and exited 0
+    assert finish_distributed(trainer) == []
 
 
 def _run_script(devices: int, data: Path, out: Path) -> dict:

@@ -30,6 +30,7 @@ import time
 from pathlib import Path
 
 from cropscale import CropScaleError
+from cropscale.distributed import finish_distributed
 
 EVIDENCE = "measured-run"
 
@@ -169,6 +170,9 @@ def main(argv: list[str] | None = None) -> int:
         }
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(record, indent=2), encoding="utf-8")
+    failed = finish_distributed(trainer)  # gloo group destroyed; rank 0 waits for the other ranks
+    if failed:
+        raise CropScaleError(f"ddp_probe: rank 0 finished but child ranks failed: {failed} (local rank, exit status)")
     return 0
 
 
