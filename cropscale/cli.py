@@ -42,13 +42,62 @@ EXTRA_COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
+LIGHTNING_COMMANDS = ("fit", "validate", "test", "predict")
+
+#: ``ckpt_path`` values that Lightning resolves itself (not file paths).
+_CKPT_KEYWORDS = ("best", "last", "hpc")
+
+
+def check_checkpoint(path: str | None) -> None:
+    """Refuse a ``--ckpt_path`` that is not a Lightning checkpoint, before Lightning opens it.
+
+    Lightning's own failures for such files surface deep inside ``torch.load`` or its checkpoint
+    migration (a truncated zip, a plain ``torch.save`` file, any non-torch file). Lightning's keywords
+    (``best``, ``last``, ``hpc``, ``registry...``) and remote URLs are left to Lightning. The file is
+    opened memory-mapped (``mmap=True``): its tensors are not read here.
+
+    Raises:
+        CropScaleError: naming the path: not found, not readable by ``torch.load(weights_only=True)``,
+            or readable but without the keys of a Lightning checkpoint (``state_dict``,
+            ``pytorch-lightning_version``).
+    """
+    import pickle
+    import zipfile
+
+    import torch
+
+    if not path or path in _CKPT_KEYWORDS or path.startswith("registry") or "://" in path:
+        return
+    if not Path(path).is_file():
+        raise CropScaleError(f"--ckpt_path: checkpoint file not found: {path}")
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=zipfile.is_zipfile(path))
+    except (RuntimeError, pickle.UnpicklingError, EOFError, OSError, ValueError) as err:
+        reason = " ".join(str(err).split())
+        reason = reason.split(". ")[0] if "Weights only load failed" not in reason else "not a torch checkpoint file"
+        raise CropScaleError(f"--ckpt_path {path} is not a readable Lightning checkpoint ({reason[:160]})") from err
+    missing = [k for k in ("state_dict", "pytorch-lightning_version") if not isinstance(ckpt, dict) or k not in ckpt]
+    if missing:
+        raise CropScaleError(
+            f"--ckpt_path {path} is a torch file but not a Lightning checkpoint (no {' / '.join(map(repr, missing))}:"
+            " use a .ckpt written by ModelCheckpoint or trainer.save_checkpoint)"
+        )
+
+
 class CropScaleCLI(LightningCLI):
-    """LightningCLI with the data module's class count and names linked into the task."""
+    """LightningCLI with the data module's class count and names linked into the task, and a
+    ``--ckpt_path`` checked before Lightning opens it (:func:`check_checkpoint`)."""
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         parser.link_arguments("data.num_classes", "model.num_classes", apply_on="instantiate")
         parser.link_arguments("data.class_names", "model.class_names", apply_on="instantiate")
         parser.link_arguments("data.ignore_index", "model.ignore_index")
+
+    def parse_arguments(self, parser: LightningArgumentParser, args) -> None:
+        super().parse_arguments(parser, args)
+        sub = self.config.get("subcommand")
+        if sub:
+            check_checkpoint(self.config[sub].get("ckpt_path"))
 
 
 def _lightning_cli(args: list[str] | None) -> LightningCLI:
@@ -58,7 +107,7 @@ def _lightning_cli(args: list[str] | None) -> LightningCLI:
     # exit_on_error=False: jsonargparse raises ArgumentError instead of printing the whole usage, and
     # main() prints one paragraph naming the argument.
     parser_kwargs: dict = {"exit_on_error": False, "prog": "python -m cropscale"}
-    for sub in ("fit", "validate", "test", "predict"):
+    for sub in LIGHTNING_COMMANDS:
         parser_kwargs[sub] = {"exit_on_error": False}
         if DEFAULT_CONFIG.is_file():
             parser_kwargs[sub]["default_config_files"] = [str(DEFAULT_CONFIG)]
@@ -100,6 +149,9 @@ def main(argv: list[str] | None = None) -> None:
             sys.exit(int(status or 0))
         if not args or args[0] in ("-h", "--help"):
             _print_overview()
+        elif not args[0].startswith("-") and args[0] not in LIGHTNING_COMMANDS:
+            _fail(f"unknown subcommand {args[0]!r}: choose from {', '.join((*LIGHTNING_COMMANDS, *EXTRA_COMMANDS))}"
+                  " (see: python -m cropscale --help)")
         cli = _lightning_cli(None if argv is None else args)
         failed = finish_distributed(getattr(cli, "trainer", None))
         if failed:
@@ -108,9 +160,9 @@ def main(argv: list[str] | None = None) -> None:
             sys.exit(1)
     except (CropScaleError, MisconfigurationException, ArgumentError) as err:
         if isinstance(err, ArgumentError):
-            sub = args[0] if args and args[0] in ("fit", "validate", "test", "predict") else ""
+            sub = args[0] if args and args[0] in LIGHTNING_COMMANDS else ""
             _fail(f"{err} (see: python -m cropscale {sub} --help)".replace("  ", " "))
-        _fail(str(err))
+        _fail(_name_trainer_argument(str(err)) if isinstance(err, MisconfigurationException) else str(err))
     except Exception as err:
         message = _user_error(err)
         if message is None or os.environ.get("CROPSCALE_TRACEBACK"):
@@ -132,11 +184,26 @@ def _user_error(err: Exception) -> str | None:
     if isinstance(err, RuntimeError) and "Error(s) in loading state_dict" in text:
         return ("--ckpt_path holds weights of another model configuration (e.g. another class count or"
                 f" net_kwargs): {text[:300]}")
-    if isinstance(err, ValueError) and type(err) is ValueError:
+    if type(err) in (ValueError, TypeError):
         tb = err.__traceback__
         while tb.tb_next is not None:
             tb = tb.tb_next
-        origin = tb.tb_frame.f_code.co_filename
-        if "lightning" in origin or "torch/optim" in origin:
-            return text
+        origin = tb.tb_frame.f_code.co_filename.replace(os.sep, "/")
+        # TypeError only from Lightning's checks of Trainer arguments (a TypeError elsewhere is a bug)
+        checks = ("lightning/fabric/accelerators/", "lightning/pytorch/accelerators/",
+                  "lightning/fabric/utilities/device_parser", "/connectors/")
+        if (type(err) is ValueError and ("lightning" in origin or "torch/optim" in origin)) or (
+                "lightning" in origin and any(c in origin for c in checks)):
+            return _name_trainer_argument(text)
     return None
+
+
+def _name_trainer_argument(text: str) -> str:
+    """Prefix Lightning's message with the ``--trainer.<name>`` it is about, when it names one
+    (Lightning writes ```devices``` or ```Trainer(devices='0')```)."""
+    import re
+
+    for name in ("devices", "num_nodes", "accelerator", "strategy", "precision"):
+        if re.search(rf"`(Trainer\()?{name}\b", text):
+            return f"--trainer.{name}: {text}"
+    return text

@@ -75,7 +75,9 @@ def test_fit_end_to_end_on_real_sample(tmp_path, flanders_root):
     [
         (["fit", "--trainer.no_such_key=1"], "no_such_key"),
         (["fit", "--data.root=/nonexistent/pastis"], "/nonexistent/pastis"),
-        (["fit", "--trainer.devices=0"], "devices"),
+        (["fit", "--trainer.devices=0"], "--trainer.devices"),
+        (["fit", "--trainer.devices=-5"], "--trainer.devices"),  # Lightning raises TypeError here
+        (["frobnicate"], "unknown subcommand 'frobnicate': choose from fit, validate, test, predict, summary"),
         (["fit", "--model.lr=-1"], "model.lr"),
         (["fit", "--model.val_stride=64"], "model.val_stride"),
         (["fit", "--trainer.strategy=bogus"], "bogus"),
@@ -103,3 +105,31 @@ def test_fit_ddp_two_cpu_processes(tmp_path, flanders_root):
     run_dir = next((tmp_path / "runs" / "default").glob("version_*"))
     assert "val/mIoU" in scalar_tags(run_dir)
     assert "global batch 4 = local 2 x world size 2" in res.stdout + res.stderr
+
+
+def test_checkpoint_is_checked_before_lightning_opens_it(tmp_path):
+    import torch
+
+    from cropscale import CropScaleError
+    from cropscale.cli import check_checkpoint
+
+    for keyword in (None, "", "last", "best", "hpc", "registry:model", "s3://bucket/x.ckpt"):
+        check_checkpoint(keyword)  # left to Lightning
+    good = tmp_path / "good.ckpt"
+    torch.save({"state_dict": {"w": torch.ones(2)}, "pytorch-lightning_version": "2.6.0"}, good)
+    check_checkpoint(str(good))
+    text = tmp_path / "notes.txt"
+    text.write_text("not a checkpoint\n")
+    plain = tmp_path / "weights.pt"
+    torch.save(torch.nn.Linear(2, 2).state_dict(), plain)
+    truncated = tmp_path / "truncated.ckpt"
+    truncated.write_bytes(good.read_bytes()[:200])
+    cases = [
+        (tmp_path / "missing.ckpt", "checkpoint file not found: .*missing.ckpt"),
+        (text, "notes.txt is not a readable Lightning checkpoint \\(not a torch checkpoint file\\)"),
+        (plain, "weights.pt is a torch file but not a Lightning checkpoint \\(no 'state_dict' / 'pytorch-lightning_version'"),
+        (truncated, "truncated.ckpt is not a readable Lightning checkpoint \\(PytorchStreamReader failed"),
+    ]
+    for path, message in cases:
+        with pytest.raises(CropScaleError, match=message):
+            check_checkpoint(str(path))
