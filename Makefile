@@ -64,6 +64,7 @@ bench: install data
 	$(PY) -m cropscale loader-bench --workers 0 2 --model-steps 5
 	$(PY) -m cropscale tiling-bench
 	$(PY) -m cropscale callback-bench
+	$(PY) -m cropscale callback-bench --model network
 
 study-cpu: install data
 	$(PY) -m cropscale study --config configs/study/cpu.yaml $(ARGS)

@@ -14,6 +14,7 @@ from typing import Any
 from lightning.pytorch.callbacks import Callback, Checkpoint
 
 from cropscale import CropScaleError
+from cropscale.callbacks._common import deferred_logging
 
 _HOOKS: tuple[str, ...] = (
     "setup", "teardown", "on_fit_start", "on_fit_end", "on_sanity_check_start", "on_sanity_check_end",
@@ -57,6 +58,10 @@ class CallbackGroup(Callback):
 
     ``state_dict`` holds each member's state under its ``state_key``, so that a resumed run restores
     every member. Rank behaviour is the members' own.
+
+    Scalars the members log in ``on_train_batch_end`` are written once all of them ran
+    (:func:`~cropscale.callbacks._common.deferred_logging`), so that their device reads do not wait
+    on TensorBoard's writer thread.
 
     After ``on_train_start`` the per-step hooks are forwarded only to members whose
     ``wants_hook(name)`` (if they define it) is true, e.g. a loss-scale callback without a GradScaler
@@ -126,6 +131,17 @@ def _make_forwarder(hook: str) -> Any:
 
 
 for _hook in _HOOKS:
-    if _hook not in ("on_train_start", "on_train_end"):
+    if _hook not in ("on_train_start", "on_train_end", "on_train_batch_end"):
         setattr(CallbackGroup, _hook, _make_forwarder(_hook))
 del _hook
+
+
+def _on_train_batch_end(self: CallbackGroup, trainer: Any, *args: Any, **kwargs: Any) -> None:
+    """Forward ``on_train_batch_end`` to the members that override it; their scalars are written
+    after all of them ran (:func:`~cropscale.callbacks._common.deferred_logging`)."""
+    with deferred_logging(trainer):
+        for fn in self._dispatch["on_train_batch_end"]:
+            fn(trainer, *args, **kwargs)
+
+
+CallbackGroup.on_train_batch_end = _on_train_batch_end  # type: ignore[method-assign]
