@@ -172,7 +172,8 @@ def main(argv: list[str] | None = None) -> None:
 
 def _user_error(err: Exception) -> str | None:
     """One-paragraph text for errors that come from the user's arguments rather than from a bug:
-    Lightning's checks of Trainer arguments (ValueError), a checkpoint that is missing, not a
+    Lightning's checks of Trainer arguments (ValueError; TypeError from its accelerator and connector
+    checks, e.g. ``devices=-5``), a checkpoint that is missing, not a
     checkpoint, or of another model configuration. None for anything else (the traceback is kept)."""
     import pickle
 
@@ -199,8 +200,8 @@ def _user_error(err: Exception) -> str | None:
 
 
 def _name_trainer_argument(text: str) -> str:
-    """Prefix Lightning's message with the ``--trainer.<name>`` it is about, when it names one
-    (Lightning writes ```devices``` or ```Trainer(devices='0')```)."""
+    """Prefix Lightning's message with the ``--trainer.<name>`` it is about, when it names one in
+    backquotes (as in ``Trainer(devices='0')`` or ``devices`` ... should be an int > 0)."""
     import re
 
     for name in ("devices", "num_nodes", "accelerator", "strategy", "precision"):
