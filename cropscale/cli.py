@@ -24,21 +24,21 @@ from pathlib import Path
 
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
-from cropscale import CropScaleError
 from cropscale.distributed import finish_distributed
+from cropscale.errors import CropScaleError
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_CONFIG = REPO_ROOT / "configs" / "default.yaml"
 
 EXTRA_COMMANDS: dict[str, tuple[str, str]] = {
-    "summary": ("cropscale.model.summary", "parameters and FLOPs per sample of the configured model"),
-    "benchmark": ("cropscale.bench.benchmark", "compute-only training-step microbenchmark (FP32 vs AMP)"),
-    "report": ("cropscale.bench.report", "quality-and-speed report (Markdown, CSV, PNG) of runs"),
-    "study": ("cropscale.bench.study", "scaling study runner (1-8 devices, both batch protocols)"),
-    "scaling": ("cropscale.scaling.cli", "analytical Amdahl and ring all-reduce tables"),
-    "loader-bench": ("cropscale.data.bench", "data-pipeline throughput (samples/s) by worker count"),
+    "summary": ("cropscale.bench.summary", "parameters and FLOPs per sample of the configured model"),
+    "benchmark": ("cropscale.bench.step", "compute-only training-step microbenchmark (FP32 vs AMP)"),
+    "report": ("cropscale.report.cli", "quality-and-speed report (Markdown, CSV, PNG) of runs"),
+    "study": ("cropscale.study.runner", "scaling study runner (1-8 devices, both batch protocols)"),
+    "scaling": ("cropscale.study.analytical", "analytical Amdahl and ring all-reduce tables"),
+    "loader-bench": ("cropscale.bench.loader", "data-pipeline throughput (samples/s) by worker count"),
     "tiling-bench": ("cropscale.bench.tiling", "tiled validation time vs tiles x one-tile forward"),
-    "callback-bench": ("cropscale.bench.callback_overhead", "per-step overhead of the scaling callbacks"),
+    "callback-bench": ("cropscale.bench.callbacks", "per-step overhead of the scaling callbacks"),
 }
 
 

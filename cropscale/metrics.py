@@ -26,7 +26,7 @@ from torch import Tensor
 from torchmetrics import Metric
 from torchmetrics.functional.classification import multiclass_confusion_matrix
 
-from cropscale import CropScaleError
+from cropscale.errors import CropScaleError
 
 
 class SegmentationMetrics(Metric):

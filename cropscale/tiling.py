@@ -55,7 +55,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from cropscale import CropScaleError
+from cropscale.errors import CropScaleError
 
 PADDING_MODES: tuple[str, ...] = ("reflect", "replicate", "zeros", "shift")
 BLEND_WINDOWS: tuple[str, ...] = ("hann", "uniform")

@@ -56,7 +56,7 @@ tests_rc=${PIPESTATUS[0]}
 
 echo "== benchmark (${BATCHES}) -> $OUT_DIR/bench_gpu.json"
 # shellcheck disable=SC2086  # BATCHES is a list of numbers
-timeout "$BENCH_TIMEOUT" "$PY" -m cropscale.bench.benchmark --device "$DEVICE" \
+timeout "$BENCH_TIMEOUT" "$PY" -m cropscale.bench.step --device "$DEVICE" \
     --precision 32-true 16-mixed bf16-mixed --batch-sizes $BATCHES --warmup 10 --iterations 30 \
     --details --output "$OUT_DIR/bench_gpu.json" >"$OUT_DIR/bench_gpu.txt" 2>&1
 bench_rc=$?

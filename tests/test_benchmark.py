@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from cropscale import CropScaleError
-from cropscale.bench import benchmark as bm
+from cropscale.bench import step as bm
 
 COMMAND = ["benchmark", "--precision", "32-true", "bf16-mixed", "--batch-sizes", "1", "2",
            "--warmup", "2", "--iterations", "5"]
@@ -246,7 +246,7 @@ def test_bad_arguments_raise_cropscale_error(argv, match):
 
 
 def test_peak_tflops_from_the_callbacks_table_override_and_reason():
-    from cropscale.callbacks._peaks import peak_tflops as table_peak
+    from cropscale.env.peaks import peak_tflops as table_peak
 
     assert table_peak("NVIDIA H200", "bf16") is not None
     assert bm.peak_tflops("NVIDIA H200", "bf16") == (table_peak("NVIDIA H200", "bf16"), None)
@@ -262,7 +262,7 @@ def test_cuda_rows_memory_mfu_and_scaler():
     table when the GPU is in it, the NVML record (driver, power limit, persistence mode) or its reason."""
     if not torch.cuda.is_available():
         pytest.fail("marked gpu: run this where torch sees a CUDA device (scripts/gpu_check.sh)")
-    from cropscale.callbacks._peaks import peak_tflops as table_peak
+    from cropscale.env.peaks import peak_tflops as table_peak
 
     config = bm.BenchmarkConfig(precisions=["32-true", "16-mixed", "bf16-mixed"], batch_sizes=[2], warmup=2,
                                 iterations=3, device="cuda", t2=4, t1=2, crop_size=16)

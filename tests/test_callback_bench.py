@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from cropscale.bench import callback_overhead
+from cropscale.bench import callbacks as callback_overhead
 from cropscale.callbacks._common import deferred_logging, log_metrics
 
 

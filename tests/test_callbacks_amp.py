@@ -10,7 +10,7 @@ from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.plugins import MixedPrecision
 
 from cropscale.callbacks import GradNormCallback, LossScaleCallback, NonFiniteCallback
-from cropscale.callbacks._toy import ToyTask
+from cropscale.testing.toy import ToyTask
 
 pytestmark = [
     pytest.mark.filterwarnings("ignore:.*LeafSpec"),  # Lightning 2.6 on torch 2.13

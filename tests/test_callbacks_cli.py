@@ -22,7 +22,7 @@ from cropscale.callbacks import (
     StepTimingCallback,
     ThroughputCallback,
 )
-from cropscale.callbacks._toy import ToyTask
+from cropscale.testing.toy import ToyTask
 
 PRESETS = Path(__file__).resolve().parents[1] / "callbacks"
 SINGLE = {

@@ -40,8 +40,8 @@ def _worker(out_dir: str) -> None:
         StepTimingCallback,
         ThroughputCallback,
     )
-    from cropscale.callbacks._toy import ToyTask
     from cropscale.distributed import finish_distributed
+    from cropscale.testing.toy import ToyTask
 
     warnings.filterwarnings("ignore")
     torch.set_num_threads(1)

@@ -22,11 +22,11 @@ from cropscale.callbacks import (
     MemoryCallback,
     StepTimingCallback,
     ThroughputCallback,
-    _nvml,
     all_scaling_callbacks,
 )
 from cropscale.callbacks._common import percentile
-from cropscale.callbacks._toy import ToyTask
+from cropscale.env import nvml
+from cropscale.testing.toy import ToyTask
 
 RUN_JSON_FIELDS = {
     "schema", "evidence", "status", "started_utc", "finished_utc", "run_dir", "command", "git", "dataset",
@@ -256,14 +256,14 @@ class CountingNvml:
 
 def _fake_open(nv):
     def open_device_for(device):
-        return _nvml.NvmlDevice(nv, ("dev", 0), "fake-uuid"), None
+        return nvml.NvmlDevice(nv, ("dev", 0), "fake-uuid"), None
 
     return open_device_for
 
 
 def test_energy_counter_path_with_fake_nvml(tmp_path, monkeypatch):
     nv = CountingNvml()
-    monkeypatch.setattr(_nvml, "open_device_for", _fake_open(nv))
+    monkeypatch.setattr(nvml, "open_device_for", _fake_open(nv))
     en = EnergyCallback(price_per_gpu_hour=2.0, currency="EUR")
     trainer = make_trainer(tmp_path, [en], log_every_n_steps=1000)
     trainer.fit(ToyTask())
@@ -285,7 +285,7 @@ def test_energy_counter_path_with_fake_nvml(tmp_path, monkeypatch):
 
 def test_energy_sampled_power_fallback(tmp_path, monkeypatch):
     nv = CountingNvml(counter_supported=False)
-    monkeypatch.setattr(_nvml, "open_device_for", _fake_open(nv))
+    monkeypatch.setattr(nvml, "open_device_for", _fake_open(nv))
     en = EnergyCallback(sample_interval_s=0.005)
     make_trainer(tmp_path, [en], max_epochs=1).fit(ToyTask())
     s = en.summary()

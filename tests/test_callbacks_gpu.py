@@ -17,12 +17,11 @@ from cropscale.callbacks import (
     CallbackGroup,
     StepTimingCallback,
     ThroughputCallback,
-    _nvml,
-    _peaks,
     all_scaling_callbacks,
 )
 from cropscale.callbacks._clock import CudaEventClock
-from cropscale.callbacks._toy import ToyTask
+from cropscale.env import nvml, peaks
+from cropscale.testing.toy import ToyTask
 
 pytestmark = [
     pytest.mark.gpu,
@@ -59,9 +58,9 @@ def test_cuda_event_marks_do_not_block_the_host():
 
 
 def test_nvml_device_found_by_uuid_and_energy_counter_moves():
-    dev, reason = _nvml.open_device_for(torch.device("cuda", 0))
+    dev, reason = nvml.open_device_for(torch.device("cuda", 0))
     assert dev is not None, reason
-    assert _nvml.normalize_uuid(dev.uuid) == _nvml.normalize_uuid(str(torch.cuda.get_device_properties(0).uuid))
+    assert nvml.normalize_uuid(dev.uuid) == nvml.normalize_uuid(str(torch.cuda.get_device_properties(0).uuid))
     info = dev.info()
     assert info["name"] and info["driver"] and info["power_limit_w"] > 0
     ok, why = dev.has_energy_counter()
@@ -69,7 +68,7 @@ def test_nvml_device_found_by_uuid_and_energy_counter_moves():
     _busy(1.0)
     t1 = time.perf_counter()
     if ok:
-        joules = _nvml.counter_delta_j(e0, dev.energy_j())
+        joules = nvml.counter_delta_j(e0, dev.energy_j())
         assert joules is not None and 10.0 < joules / (t1 - t0) < 2000.0  # plausible average watts
     else:
         assert 10.0 < dev.power_w() < 2000.0, why
@@ -77,10 +76,10 @@ def test_nvml_device_found_by_uuid_and_energy_counter_moves():
 
 def test_peak_table_knows_this_gpu_or_says_so():
     name = torch.cuda.get_device_name(0)
-    family = _peaks.device_family(name)
+    family = peaks.device_family(name)
     if "H200" in name:
         assert family == "H200 SXM" or family == "H200 NVL"
-        assert _peaks.peak_tflops(name, "bf16") in (989.5, 835.5)
+        assert peaks.peak_tflops(name, "bf16") in (989.5, 835.5)
 
 
 def test_fit_on_gpu_all_callbacks(tmp_path, monkeypatch):
@@ -121,7 +120,7 @@ def test_fit_on_gpu_all_callbacks(tmp_path, monkeypatch):
     assert mem["gpu_available"] is True and mem["peak_allocated_gib"] > 0
     th = s["throughput"]
     assert th["dtype"] == "fp16" and th["device"] == torch.cuda.get_device_name(0)
-    peak = _peaks.peak_tflops(th["device"], "fp16")
+    peak = peaks.peak_tflops(th["device"], "fp16")
     last = th["epochs"][-1]
     if peak is not None:
         assert last["mfu"] == pytest.approx(last["tflops_per_s_per_gpu"] / peak)

@@ -8,7 +8,7 @@ import torch
 from lightning.pytorch import Callback, Trainer
 
 from cropscale.callbacks import NonFiniteCallback, NonFiniteError
-from cropscale.callbacks._toy import ToyTask
+from cropscale.testing.toy import ToyTask
 
 # ToyDataset(16), batch 4, no shuffling: batch k holds patch ids 1000+4k .. 1003+4k and
 # crop_yx [8*(i % 4), 8*(i // 4)] for sample i

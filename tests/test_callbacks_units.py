@@ -24,11 +24,10 @@ from cropscale.callbacks import (
     StepTimingCallback,
     ThroughputCallback,
     _common,
-    _nvml,
-    _peaks,
 )
 from cropscale.callbacks.provenance import dataset_revision
 from cropscale.callbacks.step_timing import ALL_FIGURES
+from cropscale.env import nvml, peaks
 
 
 # ----------------------------------------------------------------------------------------- batches
@@ -91,20 +90,20 @@ def test_total_norms_combine_parts_exactly():
     ],
 )
 def test_device_family(name, family):
-    assert _peaks.device_family(name) == family
+    assert peaks.device_family(name) == family
 
 
 def test_peak_table_dense_figures():
     # H200 SXM: 1979 TFLOP/s bf16 "with sparsity" in the datasheet -> 989.5 dense
-    assert _peaks.peak_tflops("NVIDIA H200", "bf16") == 989.5
-    assert _peaks.peak_tflops("NVIDIA H200", "fp16") == 989.5
-    assert _peaks.peak_tflops("NVIDIA H200", "tf32") == 494.5
-    assert _peaks.peak_tflops("NVIDIA H200", "fp32") == 67.0
-    assert _peaks.peak_tflops("NVIDIA A100-SXM4-40GB", "bf16") == 312.0
-    assert _peaks.peak_tflops("Tesla V100-SXM2-16GB", "bf16") is None  # no bf16 on Volta
-    assert _peaks.peak_tflops("cpu", "fp32") is None
-    for family, row in _peaks.DENSE_PEAK_TFLOPS.items():
-        assert set(row) <= set(_peaks.DTYPES), family
+    assert peaks.peak_tflops("NVIDIA H200", "bf16") == 989.5
+    assert peaks.peak_tflops("NVIDIA H200", "fp16") == 989.5
+    assert peaks.peak_tflops("NVIDIA H200", "tf32") == 494.5
+    assert peaks.peak_tflops("NVIDIA H200", "fp32") == 67.0
+    assert peaks.peak_tflops("NVIDIA A100-SXM4-40GB", "bf16") == 312.0
+    assert peaks.peak_tflops("Tesla V100-SXM2-16GB", "bf16") is None  # no bf16 on Volta
+    assert peaks.peak_tflops("cpu", "fp32") is None
+    for family, row in peaks.DENSE_PEAK_TFLOPS.items():
+        assert set(row) <= set(peaks.DTYPES), family
 
 
 @pytest.mark.parametrize(
@@ -114,7 +113,7 @@ def test_peak_table_dense_figures():
      ("transformer-engine", "highest", "fp8")],
 )
 def test_precision_dtype(precision, matmul, dtype):
-    assert _peaks.precision_dtype(precision, matmul) == dtype
+    assert peaks.precision_dtype(precision, matmul) == dtype
 
 
 # -------------------------------------------------------------------------------------------- NVML
@@ -180,21 +179,21 @@ class FakeNvml:
 def test_uuid_matching_ignores_index_order_prefix_and_case():
     nv = FakeNvml(["GPU-aaaa-0001", "GPU-BBBB-0002", "GPU-cccc-0003"])
     # CUDA_VISIBLE_DEVICES=2,1: cuda:0 is NVML index 2, cuda:1 is NVML index 1
-    assert _nvml.find_handle_by_uuid(nv, "cccc-0003") == (("dev", 2), False)
-    assert _nvml.find_handle_by_uuid(nv, "bbbb-0002") == (("dev", 1), False)
-    assert _nvml.find_handle_by_uuid(nv, b"GPU-AAAA-0001") == (("dev", 0), False)
+    assert nvml.find_handle_by_uuid(nv, "cccc-0003") == (("dev", 2), False)
+    assert nvml.find_handle_by_uuid(nv, "bbbb-0002") == (("dev", 1), False)
+    assert nvml.find_handle_by_uuid(nv, b"GPU-AAAA-0001") == (("dev", 0), False)
     with pytest.raises(LookupError, match="dddd"):
-        _nvml.find_handle_by_uuid(nv, "dddd-0004")
+        nvml.find_handle_by_uuid(nv, "dddd-0004")
 
 
 def test_uuid_matching_mig_instance_returns_physical_gpu():
     nv = FakeNvml(["GPU-aaaa", "GPU-bbbb"], mig={1: ["MIG-1111", "MIG-2222"]})
-    assert _nvml.find_handle_by_uuid(nv, "MIG-2222") == (("dev", 1), True)
+    assert nvml.find_handle_by_uuid(nv, "MIG-2222") == (("dev", 1), True)
 
 
 def test_nvml_device_readings_and_info():
     nv = FakeNvml(["GPU-aaaa"], energy_mj={0: 123_456})
-    dev = _nvml.NvmlDevice(nv, ("dev", 0), "aaaa")
+    dev = nvml.NvmlDevice(nv, ("dev", 0), "aaaa")
     assert dev.energy_j() == pytest.approx(123.456)
     assert dev.power_w() == pytest.approx(312.5)
     info = dev.info()
@@ -206,26 +205,26 @@ def test_nvml_device_readings_and_info():
 
 
 def test_open_device_for_cpu_gives_reason():
-    dev, reason = _nvml.open_device_for(torch.device("cpu"))
+    dev, reason = nvml.open_device_for(torch.device("cpu"))
     assert dev is None and "cpu" in reason
 
 
 def test_energy_counter_delta():
-    assert _nvml.counter_delta_j(1000.0, 1250.5) == 250.5
-    assert _nvml.counter_delta_j(1000.0, 999.0) is None  # counter reset (driver reload)
-    assert _nvml.counter_delta_j(None, 5.0) is None
+    assert nvml.counter_delta_j(1000.0, 1250.5) == 250.5
+    assert nvml.counter_delta_j(1000.0, 999.0) is None  # counter reset (driver reload)
+    assert nvml.counter_delta_j(None, 5.0) is None
 
 
 def test_integrate_power_trapezoid_with_edge_interpolation():
     samples = [(0.0, 100.0), (1.0, 200.0), (2.0, 200.0)]
     # window [0.5, 1.5]: P(0.5) = 150 (interpolated), then 200 -> 0.5*(150+200)*0.5 + 0.5*(200+200)*0.5
-    assert _nvml.integrate_power(samples, 0.5, 1.5) == pytest.approx(187.5)
-    assert _nvml.integrate_power(samples, 0.0, 2.0) == pytest.approx(150.0 + 200.0)
+    assert nvml.integrate_power(samples, 0.5, 1.5) == pytest.approx(187.5)
+    assert nvml.integrate_power(samples, 0.0, 2.0) == pytest.approx(150.0 + 200.0)
     # beyond the samples the power is held: 100 W before, 200 W after
-    assert _nvml.integrate_power(samples, -1.0, 0.0) == pytest.approx(100.0)
-    assert _nvml.integrate_power(samples, 2.0, 4.0) == pytest.approx(400.0)
-    assert _nvml.integrate_power([], 0.0, 1.0) is None
-    assert _nvml.integrate_power(samples, 1.0, 1.0) is None
+    assert nvml.integrate_power(samples, -1.0, 0.0) == pytest.approx(100.0)
+    assert nvml.integrate_power(samples, 2.0, 4.0) == pytest.approx(400.0)
+    assert nvml.integrate_power([], 0.0, 1.0) is None
+    assert nvml.integrate_power(samples, 1.0, 1.0) is None
 
 
 # ------------------------------------------------------------------------------------ step windows

@@ -1,11 +1,11 @@
-"""Loader benchmark command (cropscale.data.bench): runs, prints labelled samples/s, writes JSON."""
+"""Loader benchmark command (cropscale.bench.loader): runs, prints labelled samples/s, writes JSON."""
 
 import json
 
 import pytest
 
 from cropscale import CropScaleError
-from cropscale.data.bench import main
+from cropscale.bench.loader import main
 
 
 def test_loader_bench_prints_labelled_figures(flanders_root, tmp_path, capsys):

@@ -273,7 +273,7 @@ def test_synthetic_batch_follows_the_contract():
 
 
 def test_summary_prints_parameters_and_flops(capsys):
-    from cropscale.model.summary import main
+    from cropscale.bench.summary import main
 
     assert main(["--num-classes", "20", "--t2", "2", "--t1", "1", "--height", "8", "--width", "8"]) == 0
     out = capsys.readouterr().out

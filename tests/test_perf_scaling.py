@@ -1,6 +1,6 @@
 """Performance assertions on the real code (``make test-perf``; marked ``perf``, not in the default run).
 
-Each test measures a series with :mod:`cropscale.scaling.measure`, prints its table (every row
+Each test measures a series with :mod:`cropscale.bench.measure`, prints its table (every row
 labelled with its evidence) and states its asymptotic trend through the ``scaling`` fixture of
 tests/scaling_plugin.py. Sizes are kept small for a 2-core CPU machine shared with other jobs:
 crops of 8 x 8 pixels (high grid 80 x 80), 4 x 4 tiles, one torch thread, 5 repetitions
@@ -11,14 +11,14 @@ import os
 
 import pytest
 
-from cropscale.scaling.amdahl import karp_flatt
-from cropscale.scaling.measure import (
+from cropscale.bench.measure import (
     allreduce_volume_vs_world_size,
     loader_time_vs_dates,
     speedup_and_karp_flatt,
     step_time_vs_batch,
     tiled_validation_time_vs_area,
 )
+from cropscale.scaling.amdahl import karp_flatt
 
 pytestmark = pytest.mark.perf
 
@@ -66,7 +66,7 @@ def test_allreduce_volume_is_bounded_in_world_size(scaling):
 def test_karp_flatt_from_measured_cpu_ddp_runs(tmp_path, record_property):
     """1 and 2 processes (Lightning DDP over gloo, its subprocess launcher), equal global batch."""
     pytest.importorskip("cropscale.model.network")
-    from cropscale.scaling.ddp_probe import run_probe
+    from cropscale.bench.ddp_probe import run_probe
 
     options = {"global_batch": 4, "steps": 6, "warmup": 2, "crop_size": 16, "threads": 1}
     one = run_probe(1, tmp_path / "ddp1.json", **options)

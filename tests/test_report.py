@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from cropscale import CropScaleError
-from cropscale.bench import report as rp
+from cropscale.report import cli as rp
 
 REPO = Path(__file__).resolve().parents[1]
 FIGURES = ("iou_by_epoch.png", "throughput.png", "peak_memory.png", "step_decomposition.png")

@@ -15,8 +15,8 @@ from cropscale.scaling.assertions import (
     excess_growth,
     parse_order,
 )
-from cropscale.scaling.measure import ScalingSeries
 from cropscale.scaling.pmnf import CONSTANT, Term, fit_pmnf
+from cropscale.scaling.series import ScalingSeries
 
 pytest_plugins = ["pytester"]
 

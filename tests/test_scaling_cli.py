@@ -5,7 +5,7 @@ import json
 import pytest
 
 from cropscale import CropScaleError
-from cropscale.scaling.cli import main
+from cropscale.study.analytical import main
 
 AMDAHL_ROWS = [
     "| 2 | 1.82x / 90.9 % | 1.67x / 83.3 % | 1.48x / 74.1 % | analytical-scenario |",

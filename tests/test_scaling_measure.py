@@ -9,11 +9,7 @@ import torch
 from torch import nn
 
 from cropscale import CropScaleError
-from cropscale.scaling.allreduce import MIB
-from cropscale.scaling.assertions import check_scaling
-from cropscale.scaling.extrap import extrap_records, read_extrap_jsonl, write_extrap_jsonl
-from cropscale.scaling.measure import (
-    ScalingSeries,
+from cropscale.bench.measure import (
     allreduce_volume_vs_world_size,
     loader_time_vs_dates,
     speedup_and_karp_flatt,
@@ -21,6 +17,10 @@ from cropscale.scaling.measure import (
     tiled_validation_time_vs_area,
     time_round_robin,
 )
+from cropscale.scaling.allreduce import MIB
+from cropscale.scaling.assertions import check_scaling
+from cropscale.scaling.extrap import extrap_records, read_extrap_jsonl, write_extrap_jsonl
+from cropscale.scaling.series import ScalingSeries
 
 
 class TinyNet(nn.Module):

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from cropscale import CropScaleError
-from cropscale.bench import study as S
+from cropscale.study import runner as S
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 

@@ -8,7 +8,7 @@ import torch
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 from cropscale import CropScaleError
-from cropscale.bench import protocol as P
+from cropscale.study import protocol as P
 
 
 @pytest.mark.parametrize("n,acc", [(1, 8), (2, 4), (4, 2), (8, 1)])

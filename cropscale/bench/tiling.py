@@ -31,8 +31,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from cropscale import CropScaleError
 from cropscale.batch import HR_SCALE, model_inputs
+from cropscale.errors import CropScaleError
 from cropscale.tiling import TilingStats, sliding_window_inference
 
 EVIDENCE = "measured-microbenchmark"
@@ -155,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.window > min(args.height, args.width):
         raise CropScaleError(f"--window {args.window} is larger than the patch {args.height}x{args.width} "
                              f"(the one-tile forward needs a whole window inside the patch)")
-    from cropscale.bench.benchmark import resolve_device
+    from cropscale.bench.step import resolve_device
 
     device = resolve_device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     torch.manual_seed(0)
@@ -199,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{len(tile_s)}); {stats.tiles_per_patch} tiles x one-tile = {predicted * 1e3:.1f} ms per patch")
     print(f"{EVIDENCE}  ratio tiled / (tiles x one-tile) = {ratio:.3f}")
     if args.output:
-        from cropscale.bench._env import environment_record
+        from cropscale.env.host import environment_record
 
         doc = {
             "evidence": EVIDENCE, "model": model_desc, "precision": args.precision,

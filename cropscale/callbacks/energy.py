@@ -1,6 +1,6 @@
 """GPU power and energy per epoch from NVML (``nvidia-ml-py``), each rank measuring its own GPU.
 
-Each rank finds its GPU by UUID (see :mod:`cropscale.callbacks._nvml`) and reads the NVML
+Each rank finds its GPU by UUID (see :mod:`cropscale.env.nvml`) and reads the NVML
 total-energy counter (mJ) at the window edges: epoch (``on_train_epoch_start`` ->
 ``on_train_epoch_end``, so the validation run inside the epoch is included), the whole training
 (``on_train_start`` -> ``on_train_end``) and, for the power scalar, the interval between log steps.
@@ -27,8 +27,6 @@ import torch
 from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.utilities import rank_zero_info
 
-from cropscale import CropScaleError
-from cropscale.callbacks import _nvml
 from cropscale.callbacks._common import (
     EVIDENCE_RUN,
     ScalingCallback,
@@ -37,12 +35,14 @@ from cropscale.callbacks._common import (
     gather_vectors,
     log_metrics,
 )
+from cropscale.env import nvml
+from cropscale.errors import CropScaleError
 
 
 class _PowerSampler:
     """Background thread sampling power (W) every ``interval`` s into ``samples`` ``[(t, W)]``."""
 
-    def __init__(self, device: _nvml.NvmlDevice, interval: float) -> None:
+    def __init__(self, device: nvml.NvmlDevice, interval: float) -> None:
         self.device = device
         self.interval = interval
         self.samples: list[tuple[float, float]] = []
@@ -97,7 +97,7 @@ class EnergyCallback(ScalingCallback):
         self.total_gpu_s = 0.0
         self.total_samples = 0
         self.epochs: list[dict[str, Any]] = []
-        self._dev: _nvml.NvmlDevice | None = None
+        self._dev: nvml.NvmlDevice | None = None
         self._reason: str | None = "not started"
         self._method: str | None = None
         self._sampler: _PowerSampler | None = None
@@ -149,14 +149,14 @@ class EnergyCallback(ScalingCallback):
         if t0 is None or self._dev is None:
             return None
         if self._method == "counter":
-            return _nvml.counter_delta_j(e0, e1)
+            return nvml.counter_delta_j(e0, e1)
         if self._sampler is not None:
-            return _nvml.integrate_power(list(self._sampler.samples), t0, t1)
+            return nvml.integrate_power(list(self._sampler.samples), t0, t1)
         return None
 
     # ------------------------------------------------------------------ hooks
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        self._dev, self._reason = _nvml.open_device_for(pl_module.device)
+        self._dev, self._reason = nvml.open_device_for(pl_module.device)
         local_info: dict[str, Any] = {"rank": trainer.global_rank, "available": self._dev is not None}
         if self._dev is not None:
             self._cuda_device = pl_module.device if pl_module.device.type == "cuda" else None

@@ -19,7 +19,6 @@ from typing import Any
 import torch
 from lightning.pytorch import LightningModule, Trainer
 
-from cropscale import CropScaleError
 from cropscale.callbacks._common import (
     EVIDENCE_RUN,
     ScalingCallback,
@@ -33,6 +32,7 @@ from cropscale.callbacks._common import (
     total_norms,
     trainable_params,
 )
+from cropscale.errors import CropScaleError
 
 
 class GradNormCallback(ScalingCallback):

@@ -13,8 +13,8 @@ from typing import Any
 
 from lightning.pytorch.callbacks import Callback, Checkpoint
 
-from cropscale import CropScaleError
 from cropscale.callbacks._common import deferred_logging
+from cropscale.errors import CropScaleError
 
 _HOOKS: tuple[str, ...] = (
     "setup", "teardown", "on_fit_start", "on_fit_end", "on_sanity_check_start", "on_sanity_check_end",

@@ -38,7 +38,6 @@ import torch
 from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.utilities import rank_zero_warn
 
-from cropscale import CropScaleError
 from cropscale.callbacks._common import (
     EVIDENCE_RUN,
     ScalingCallback,
@@ -54,6 +53,7 @@ from cropscale.callbacks._common import (
     total_norms,
     trainable_params,
 )
+from cropscale.errors import CropScaleError
 
 
 class NonFiniteError(CropScaleError):

@@ -37,8 +37,6 @@ from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.utilities import rank_zero_info
 
 import cropscale
-from cropscale import CropScaleError
-from cropscale.callbacks import _nvml
 from cropscale.callbacks._common import (
     EVIDENCE_RUN,
     ScalingCallback,
@@ -46,6 +44,8 @@ from cropscale.callbacks._common import (
     iter_callbacks,
     scaling_callbacks,
 )
+from cropscale.env import nvml
+from cropscale.errors import CropScaleError
 
 SCHEMA = "cropscale.run/1"
 _DATA_ATTRS = ("data_root", "root", "data_dir", "root_dir", "dataset_root")
@@ -151,8 +151,8 @@ def _local_device(trainer: Trainer, pl_module: LightningModule) -> dict[str, Any
     }
     if dev.type == "cuda" and torch.cuda.is_available():
         info["name"] = torch.cuda.get_device_name(dev)
-        info["uuid"] = _nvml.cuda_uuid(dev)
-        nv, reason = _nvml.open_device_for(dev)
+        info["uuid"] = nvml.cuda_uuid(dev)
+        nv, reason = nvml.open_device_for(dev)
         info["nvml"] = nv.info() if nv is not None else {"available": False, "reason": reason}
     else:
         info["name"] = platform.processor() or platform.machine()

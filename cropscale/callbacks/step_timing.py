@@ -59,7 +59,6 @@ from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.profilers import Profiler
 from lightning.pytorch.utilities import rank_zero_info
 
-from cropscale import CropScaleError
 from cropscale.callbacks._clock import CudaEventClock, HostClock, clock_for
 from cropscale.callbacks._common import (
     EVIDENCE_RUN,
@@ -70,6 +69,7 @@ from cropscale.callbacks._common import (
     median_p95,
     rank_stats,
 )
+from cropscale.errors import CropScaleError
 
 COMPONENTS: tuple[str, ...] = ("data_wait", "transfer", "forward", "backward", "optimizer", "remainder")
 """The windows of one optimizer step, in order."""

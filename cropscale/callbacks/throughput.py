@@ -14,7 +14,7 @@ Definitions (host clock, ``time.perf_counter``):
   rank's train time. ``samples_per_s_steady``: samples of the measured steps / their summed latency.
 - *achieved TFLOP/s*: ``flops_per_sample`` (forward + backward FLOPs of one training sample, from the
   constructor or ``pl_module.flops_per_sample``) x samples / train time, per GPU; *MFU* = achieved
-  per GPU / dense peak of the device and dtype (:mod:`cropscale.callbacks._peaks`, or ``peak_tflops``).
+  per GPU / dense peak of the device and dtype (:mod:`cropscale.env.peaks`, or ``peak_tflops``).
   Without FLOPs or without a peak, MFU is not reported and the reason is recorded.
 """
 
@@ -26,8 +26,6 @@ from typing import Any
 import torch
 from lightning.pytorch import LightningModule, Trainer
 
-from cropscale import CropScaleError
-from cropscale.callbacks import _peaks
 from cropscale.callbacks._common import (
     EVIDENCE_RUN,
     ScalingCallback,
@@ -36,6 +34,8 @@ from cropscale.callbacks._common import (
     log_metrics,
     median_p95,
 )
+from cropscale.env import peaks
+from cropscale.errors import CropScaleError
 
 
 class ThroughputCallback(ScalingCallback):
@@ -110,7 +110,7 @@ class ThroughputCallback(ScalingCallback):
         dev = pl_module.device
         self._cuda = dev if (dev.type == "cuda" and torch.cuda.is_available()) else None
         self._device_name = torch.cuda.get_device_name(dev) if self._cuda is not None else dev.type
-        self._dtype = _peaks.precision_dtype(str(trainer.precision), torch.get_float32_matmul_precision())
+        self._dtype = peaks.precision_dtype(str(trainer.precision), torch.get_float32_matmul_precision())
         self._steps_this_fit = 0
         self._start_log_schedule(trainer)
 
@@ -218,7 +218,7 @@ class ThroughputCallback(ScalingCallback):
                     self._flops_source = "pl_module.flops_per_sample"
                 except (TypeError, ValueError):
                     flops = None
-        peak = self.peak_tflops if self.peak_tflops is not None else _peaks.peak_tflops(self._device_name, self._dtype)
+        peak = self.peak_tflops if self.peak_tflops is not None else peaks.peak_tflops(self._device_name, self._dtype)
         if flops is None or flops <= 0:
             self._mfu_reason = ("no FLOPs per sample: pass ThroughputCallback(flops_per_sample=...) or set "
                                 "pl_module.flops_per_sample")

@@ -12,8 +12,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from cropscale import CropScaleError
 from cropscale.batch import HR_SCALE, ID_KEYS, MODEL_INPUT_KEYS, TARGET_KEYS
+from cropscale.errors import CropScaleError
 
 BATCH_KEYS: tuple[str, ...] = MODEL_INPUT_KEYS + TARGET_KEYS + ID_KEYS
 """Every key of a batch, in contract order."""

@@ -27,11 +27,11 @@ from lightning.pytorch import LightningDataModule
 from lightning.pytorch.utilities import rank_zero_info
 from torch.utils.data import DataLoader, get_worker_info
 
-from cropscale import CropScaleError
 from cropscale.data.collate import collate
 from cropscale.data.dataset import S1_ORBITS, PastisHDDataset
 from cropscale.data.metadata import read_classes, read_metadata
 from cropscale.data.stats import NormStats, compute_norm_stats
+from cropscale.errors import CropScaleError
 
 _RANK_STRIDE = 1_000_003  # separates the seeds of different ranks
 

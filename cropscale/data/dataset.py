@@ -45,7 +45,6 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from cropscale import CropScaleError
 from cropscale.batch import HR_SCALE, S2_BANDS
 from cropscale.data.hr import HighGridReader, crop_bounds, high_grid_shape
 from cropscale.data.metadata import PatchGeo, PatchRecord, day_of_year, read_classes, read_metadata
@@ -53,6 +52,7 @@ from cropscale.data.stats import NormStats
 from cropscale.data.targets import parcel_targets
 from cropscale.data.temporal import clear_fraction, s1_pixel_validity, s2_pixel_validity, select_dates
 from cropscale.data.transforms import RandomDihedral
+from cropscale.errors import CropScaleError
 
 S1_ORBITS: tuple[str, ...] = ("S1A", "S1D")
 """Sentinel-1 orbits of the batch contract: ascending (``s1a``), descending (``s1d``)."""

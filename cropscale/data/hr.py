@@ -22,8 +22,8 @@ from pathlib import Path
 
 import numpy as np
 
-from cropscale import CropScaleError
 from cropscale.batch import HR_SCALE
+from cropscale.errors import CropScaleError
 
 _SNAP = 1e-3  # window offsets within this many source pixels of an integer are snapped to it
 

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from cropscale import CropScaleError
+from cropscale.errors import CropScaleError
 
 MODALITIES: tuple[str, ...] = ("S2", "S1A", "S1D")
 """Modalities whose acquisition dates the metadata may list (``dates-<name>``)."""

@@ -24,7 +24,7 @@ from __future__ import annotations
 import torch.distributed as dist
 from torch.utils.data import DistributedSampler
 
-from cropscale import CropScaleError
+from cropscale.errors import CropScaleError
 
 
 def _world() -> tuple[int, int]:

@@ -22,8 +22,8 @@ from pathlib import Path
 
 import numpy as np
 
-from cropscale import CropScaleError
 from cropscale.batch import S1_BANDS, S2_BANDS
+from cropscale.errors import CropScaleError
 
 FORMAT = "cropscale-norm-stats/1"
 

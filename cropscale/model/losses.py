@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from cropscale import CropScaleError
+from cropscale.errors import CropScaleError
 
 __all__ = ["MultiTaskLoss"]
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from typing import Literal
 
-from cropscale import CropScaleError
+from cropscale.errors import CropScaleError
 
 LRScaling = Literal["none", "linear", "sqrt"]
 

@@ -21,8 +21,8 @@ import torch
 from scipy import ndimage
 from torch import Tensor
 
-from cropscale import CropScaleError
 from cropscale.batch import HR_SCALE
+from cropscale.errors import CropScaleError
 
 __all__ = ["synthetic_batch"]
 

@@ -22,8 +22,8 @@ from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities import rank_zero_info
 from torch.optim.lr_scheduler import LambdaLR
 
-from cropscale import CropScaleError
 from cropscale.batch import model_inputs
+from cropscale.errors import CropScaleError
 from cropscale.metrics import HighGridMetrics, ParcelMetrics, SegmentationMetrics, confusion_matrix_figure
 from cropscale.model.losses import MultiTaskLoss
 from cropscale.model.network import CropMappingNet

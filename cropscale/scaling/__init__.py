@@ -5,12 +5,11 @@
   reduce-scatter / all-gather, inputs from a real ``nn.Module``.
 - :mod:`~cropscale.scaling.pmnf`: single-parameter PMNF fitting (Extra-P's search).
 - :mod:`~cropscale.scaling.assertions`: ``assert_scaling(x, y, expected="O(n)", tolerance=0.1)``.
-- :mod:`~cropscale.scaling.measure`: ``(x, repeated y)`` series from the real code.
+- :mod:`~cropscale.scaling.series`: :class:`ScalingSeries`, ``(x, repeated y)`` of one metric.
 - :mod:`~cropscale.scaling.extrap`: export to Extra-P's JSON Lines input.
-- :mod:`~cropscale.scaling.ddp_probe`: measured 1-vs-N-process DDP step time (Lightning launcher).
-- :mod:`~cropscale.scaling.cli`: ``python -m cropscale scaling``.
 
-Modules that need torch import it lazily; importing this package costs numpy only.
+Layer 1: this package imports numpy (and scipy) and the vocabulary, nothing of torch, Lightning or
+the rest of cropscale. The series measured on the real code are made by :mod:`cropscale.bench.measure`.
 """
 
 from cropscale.scaling.allreduce import (
@@ -47,24 +46,16 @@ from cropscale.scaling.assertions import (
     parse_order,
 )
 from cropscale.scaling.extrap import read_extrap_jsonl, write_extrap_jsonl
-from cropscale.scaling.measure import (
-    ScalingSeries,
-    allreduce_volume_vs_world_size,
-    loader_time_vs_dates,
-    speedup_and_karp_flatt,
-    step_time_vs_batch,
-    tiled_validation_time_vs_area,
-)
 from cropscale.scaling.pmnf import PMNFModel, PMNFWarning, Term, fit_pmnf, hypotheses
+from cropscale.scaling.series import ScalingSeries
 
 __all__ = [
     "Bucket", "GradientPayload", "PMNFModel", "PMNFWarning", "ScalingAssertionError", "ScalingSeries",
-    "ScalingVerdict", "Term", "all_gather_send_bytes", "allreduce_table", "allreduce_volume_vs_world_size",
-    "amdahl_efficiency", "amdahl_speedup", "amdahl_table", "assert_scaling", "check_scaling",
+    "ScalingVerdict", "Term", "all_gather_send_bytes", "allreduce_table", "amdahl_efficiency", "amdahl_speedup", "amdahl_table", "assert_scaling", "check_scaling",
     "ddp_allreduce_time", "ddp_buckets", "efficiency", "estimated_bucket_count", "excess_growth",
     "fit_pmnf", "format_allreduce_table", "format_amdahl_table", "fsdp_send_bytes", "gradient_payload",
-    "gustafson_speedup", "hypotheses", "karp_flatt", "loader_time_vs_dates", "parse_order",
+    "gustafson_speedup", "hypotheses", "karp_flatt", "parse_order",
     "read_extrap_jsonl", "reduce_scatter_send_bytes", "reduce_scatter_time", "ring_allreduce_send_bytes",
-    "ring_allreduce_time", "speedup_and_karp_flatt", "step_time_vs_batch", "tiled_validation_time_vs_area",
+    "ring_allreduce_time",
     "write_extrap_jsonl",
 ]

@@ -30,7 +30,7 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from cropscale import CropScaleError
+from cropscale.errors import CropScaleError
 
 MIB = 1024 * 1024
 """Bytes per MiB."""

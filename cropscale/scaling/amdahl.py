@@ -21,7 +21,7 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from cropscale import CropScaleError
+from cropscale.errors import CropScaleError
 
 ANALYTICAL = "analytical-scenario"
 

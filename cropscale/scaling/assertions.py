@@ -28,7 +28,7 @@ from fractions import Fraction
 
 import numpy as np
 
-from cropscale import CropScaleError
+from cropscale.errors import CropScaleError
 from cropscale.scaling.pmnf import CONSTANT, PMNFModel, Term, fit_pmnf
 
 DEFAULT_TOLERANCE = 0.1
@@ -256,7 +256,7 @@ def check_scaling(
     """Fit a PMNF model and judge it against ``expected``; never raises on a failed expectation.
 
     Args:
-        x: parameter values, or a :class:`cropscale.scaling.measure.ScalingSeries` (then ``y``
+        x: parameter values, or a :class:`cropscale.bench.measure.ScalingSeries` (then ``y``
             is omitted and its variable name, label and evidence are used).
         y: measurements: one value per ``x`` entry or one sequence of repetitions per ``x``.
         expected: Landau notation (``"O(n)"``, ``"O(1)"``, ``"O(n log n)"`` ...) or a ``Term``

@@ -19,11 +19,11 @@ import math
 from collections.abc import Iterable
 from pathlib import Path
 
-from cropscale import CropScaleError
+from cropscale.errors import CropScaleError
 
 
 def extrap_records(series) -> list[dict]:
-    """One Extra-P JSON Lines record per repetition of a :class:`~cropscale.scaling.measure.ScalingSeries`."""
+    """One Extra-P JSON Lines record per repetition of a :class:`~cropscale.bench.measure.ScalingSeries`."""
     records = []
     for xv, reps in zip(series.x, series.y, strict=True):
         for v in reps:

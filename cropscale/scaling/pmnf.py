@@ -37,7 +37,7 @@ from fractions import Fraction
 
 import numpy as np
 
-from cropscale import CropScaleError
+from cropscale.errors import CropScaleError
 
 POLY_EXPONENTS: tuple[Fraction, ...] = tuple(
     Fraction(f)

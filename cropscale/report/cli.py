@@ -74,7 +74,7 @@ written by ``python -m cropscale validate`` / ``test`` -- are skipped with one p
 ``skipped RUN: no training run (validate/test only)``; a folder named explicitly on the command line is
 skipped too, with the longer reason.
 
-Functions for reuse (the study runner :mod:`cropscale.bench.study` builds on them):
+Functions for reuse (the study runner :mod:`cropscale.study.runner` builds on them):
 :func:`load_run`, :func:`load_benchmark`, :func:`load_inputs`, :func:`find_runs`,
 :func:`load_scalars`, :func:`precision_pairs`, :func:`write_table`, :func:`write_report`, and the
 figure helpers :func:`plot_iou_by_epoch`, :func:`plot_by_precision_and_batch`,
@@ -99,7 +99,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cropscale import CropScaleError
+from cropscale.errors import CropScaleError
 
 __all__ = [
     "COLUMNS",

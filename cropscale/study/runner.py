@@ -2,7 +2,7 @@
 
 A study spec (YAML, see ``configs/study/cpu.yaml`` and ``configs/study/gpu_full.yaml``) lists
 device counts, precisions, batch protocols (``equal-global`` / ``equal-local``, see
-:mod:`cropscale.bench.protocol`), seeds, warm-up and measured epochs, the strategy (``ddp`` /
+:mod:`cropscale.study.protocol`), seeds, warm-up and measured epochs, the strategy (``ddp`` /
 ``fsdp``), the base ``fit`` config files and overrides, and the accelerator. The runner
 
 1. plans every configuration (protocol x precision x world size) with the exact batch arithmetic
@@ -16,7 +16,7 @@ device counts, precisions, batch protocols (``equal-global`` / ``equal-local``, 
    ``os.cpu_count()``): they appear as ``analytical-scenario`` rows predicted from the measured ones
    (Karp-Flatt serial fraction, :mod:`cropscale.scaling.amdahl`, plus the growth of the ring
    all-reduce time, :mod:`cropscale.scaling.allreduce`), never as measurements;
-4. writes the study table (Markdown + CSV) and figures through :mod:`cropscale.bench.report`.
+4. writes the study table (Markdown + CSV) and figures through :mod:`cropscale.report.cli`.
 
 Study folder layout (``--out``, default ``runs/study/<name>``)::
 
@@ -48,8 +48,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cropscale import CropScaleError
-from cropscale.bench import protocol as P
+from cropscale.errors import CropScaleError
+from cropscale.study import protocol as P
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 MEASURED = "measured-run"
@@ -564,7 +564,7 @@ def metrics_from_run(run_dir: str | Path, warmup_epochs: int) -> RunMetrics:
     - optimizer updates per epoch: ``global_step / trainer.max_epochs``;
     - macro IoU: last value (final) and maximum (best) of ``val/mIoU``.
     """
-    from cropscale.bench.report import load_run, load_scalars
+    from cropscale.report.cli import load_run, load_scalars
 
     run_dir = Path(run_dir)
     m = RunMetrics()
@@ -780,7 +780,7 @@ def analytical_rows(
     Karp-Flatt serial fraction at the largest measured ``N_ref > 1`` (``e = 0`` and
     ``N_ref = 1`` when only one rank was measured: ideal compute scaling); then
     ``T_N = T_1 (e + (1 - e) / N) + U_N (t_c(N) - t_c(N_ref))``
-    (:func:`cropscale.bench.protocol.predicted_epoch_time`) with the modelled all-reduce time
+    (:func:`cropscale.study.protocol.predicted_epoch_time`) with the modelled all-reduce time
     ``t_c`` (:func:`comm_time_per_update`); ``S_N = T_1 / T_N``, ``E_N = S_N / N``, samples/s
     ``= samples/s_1 x S_N``. Step times, shares, energy and IoU are not predicted.
     """
@@ -859,7 +859,7 @@ def _data_record(data_root: str | None) -> dict[str, Any]:
     if data_root is None:
         return {"root": None}
     meta = Path(data_root) / "metadata.geojson"
-    from cropscale.bench._env import sha256_file
+    from cropscale.env.host import sha256_file
 
     return {"root": data_root, "metadata_sha256": sha256_file(meta) if meta.is_file() else None}
 
@@ -935,7 +935,7 @@ def run_study(
     try:
         import torch
 
-        from cropscale.bench._env import environment_record
+        from cropscale.env.host import environment_record
 
         doc["environment"] = environment_record(
             __file__, None, torch.device("cuda" if accelerator == "gpu" and torch.cuda.is_available() else "cpu"))
@@ -1021,7 +1021,7 @@ def _previous_runs(out: Path) -> dict[tuple[str, int], dict[str, Any]]:
 
 # ------------------------------------------------------------------------------------ table, figures
 def _columns():
-    from cropscale.bench.report import Column
+    from cropscale.report.cli import Column
 
     return (
         Column("protocol", "Protocol", figure=False),
@@ -1059,7 +1059,7 @@ _PREDICTED = ("train_epoch_s", "samples_per_s", "speedup", "efficiency", "serial
 def _table_row(row: dict[str, Any]) -> dict[str, Any]:
     """A study row as a report row: every figure a ``report.figure`` with its evidence, the reason
     when n/a, and the row's notes attached to the training-epoch time."""
-    from cropscale.bench.report import figure
+    from cropscale.report.cli import figure
 
     out = {k: v for k, v in row.items() if k not in ("notes", "why", "figure_notes")}
     figures = {}
@@ -1089,9 +1089,9 @@ def write_outputs(rows: Sequence[dict[str, Any]], out: Path, spec: StudySpec,
                   runs: Sequence[dict[str, Any]] = ()) -> dict[str, Path]:
     """``study_table.md`` (measured-run block, then the analytical-scenario block), ``study_table.csv``
     (all rows, one ``evidence`` column and per-figure evidence), ``figures/scaling.png`` and, from
-    the run records of :func:`cropscale.bench.report.load_run`, ``figures/iou_by_epoch.png`` and
-    ``figures/step_decomposition.png``; tables through :func:`cropscale.bench.report.write_table`."""
-    from cropscale.bench import report
+    the run records of :func:`cropscale.report.cli.load_run`, ``figures/iou_by_epoch.png`` and
+    ``figures/step_decomposition.png``; tables through :func:`cropscale.report.cli.write_table`."""
+    from cropscale.report import cli as report
 
     out = Path(out)
     table_rows = [_table_row(r) for r in rows]

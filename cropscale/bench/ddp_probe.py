@@ -1,7 +1,7 @@
 """Measured strong-scaling probe: training step time of the real network on 1 vs N processes, run
 through Lightning's DDP strategy and its launcher, for speed-up and the Karp-Flatt serial fraction.
 
-    python -m cropscale.scaling.ddp_probe --devices 2 --global-batch 4 --out /tmp/ddp2.json
+    python -m cropscale.bench.ddp_probe --devices 2 --global-batch 4 --out /tmp/ddp2.json
 
 Each run trains :class:`cropscale.model.network.CropMappingNet` with
 :class:`cropscale.model.losses.MultiTaskLoss`, AdamW and gradient clipping at 1.0 (the Trainer's
@@ -26,68 +26,17 @@ import platform
 import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-from cropscale import CropScaleError
 from cropscale.distributed import finish_distributed
+from cropscale.errors import CropScaleError
+from cropscale.testing.probe import ProbeTask, StepTimer, SyntheticSamples
 
 EVIDENCE = "measured-run"
 
 
-def _build(args):
-    import torch
-    from lightning.pytorch import Callback, LightningModule
-    from torch.utils.data import Dataset
-
-    from cropscale.batch import model_inputs
-    from cropscale.model.losses import MultiTaskLoss
-    from cropscale.model.network import CropMappingNet
-    from cropscale.model.synthetic import synthetic_batch
-
-    class SyntheticSamples(Dataset):
-        """``length`` samples cycled from one pre-generated synthetic batch (one sample per item)."""
-
-        def __init__(self, length: int, pool: int) -> None:
-            batch = synthetic_batch(pool, args.t2, args.t1, args.crop_size, args.crop_size, seed=args.seed)
-            self.samples = [{k: v[i] for k, v in batch.items()} for i in range(pool)]
-            self.length = length
-
-        def __len__(self) -> int:
-            return self.length
-
-        def __getitem__(self, i: int) -> dict:
-            return self.samples[i % len(self.samples)]
-
-    class ProbeModule(LightningModule):
-        def __init__(self) -> None:
-            super().__init__()
-            self.net = CropMappingNet()
-            self.loss = MultiTaskLoss()
-
-        def training_step(self, batch, batch_idx):
-            total, _ = self.loss(self.net(**model_inputs(batch)), batch)
-            return total
-
-        def configure_optimizers(self):
-            return torch.optim.AdamW(self.parameters(), lr=1e-3)
-
-    class StepTimer(Callback):
-        def __init__(self) -> None:
-            self.times: list[float] = []
-            self._t0 = 0.0
-
-        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
-            self._t0 = time.perf_counter()
-
-        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-            self.times.append(time.perf_counter() - self._t0)
-
-    return SyntheticSamples, ProbeModule, StepTimer
-
-
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m cropscale.scaling.ddp_probe", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m cropscale.bench.ddp_probe", description=__doc__.split("\n\n")[0])
     p.add_argument("--devices", type=int, default=1, help="processes (CPU) or GPUs")
     p.add_argument("--accelerator", default="cpu")
     p.add_argument("--global-batch", type=int, default=4, help="samples per optimiser step over all ranks")
@@ -116,12 +65,12 @@ def main(argv: list[str] | None = None) -> int:
     seed_everything(args.seed, workers=True, verbose=False)
     local = args.global_batch // args.devices
     total_steps = args.warmup + args.steps
-    samples_cls, module_cls, timer_cls = _build(args)
     data = torch.utils.data.DataLoader(
-        samples_cls(total_steps * args.global_batch, pool=max(local, 1)), batch_size=local, shuffle=False,
+        SyntheticSamples(total_steps * args.global_batch, pool=max(local, 1), t2=args.t2, t1=args.t1,
+                         crop_size=args.crop_size, seed=args.seed), batch_size=local, shuffle=False,
         num_workers=0,
     )
-    timer = timer_cls()
+    timer = StepTimer()
     trainer = Trainer(
         accelerator=args.accelerator,
         devices=args.devices,
@@ -136,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
         limit_val_batches=0,
         callbacks=[timer],
     )
-    trainer.fit(module_cls(), train_dataloaders=data)
+    trainer.fit(ProbeTask(), train_dataloaders=data)
     measured = timer.times[args.warmup:]
     if not measured:
         raise CropScaleError(f"ddp_probe: only {len(timer.times)} steps ran; {total_steps} were asked for")
@@ -177,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run_probe(devices: int, out: str | Path, *, timeout_s: float = 600, **options) -> dict:
-    """Launch ``python -m cropscale.scaling.ddp_probe`` in a subprocess and return its JSON record.
+    """Launch ``python -m cropscale.bench.ddp_probe`` in a subprocess and return its JSON record.
 
     Args:
         devices: processes / devices.
@@ -188,7 +137,7 @@ def run_probe(devices: int, out: str | Path, *, timeout_s: float = 600, **option
     Raises:
         CropScaleError: the run failed or timed out (the message ends with its output tail).
     """
-    cmd = [sys.executable, "-m", "cropscale.scaling.ddp_probe", "--devices", str(devices), "--out", str(out)]
+    cmd = [sys.executable, "-m", "cropscale.bench.ddp_probe", "--devices", str(devices), "--out", str(out)]
     for key, value in options.items():
         cmd += [f"--{key.replace('_', '-')}", str(value)]
     env = dict(os.environ)

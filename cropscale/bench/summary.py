@@ -20,8 +20,8 @@ import time
 
 import torch
 
-from cropscale import CropScaleError
 from cropscale.batch import model_inputs
+from cropscale.errors import CropScaleError
 from cropscale.model.flops import flops_per_sample
 from cropscale.model.losses import MultiTaskLoss
 from cropscale.model.network import CropMappingNet, count_parameters

@@ -16,7 +16,8 @@ import argparse
 import json
 from dataclasses import asdict
 
-from cropscale import CropScaleError
+from cropscale.errors import CropScaleError
+from cropscale.evidence import LABELS as EVIDENCE_LABELS
 from cropscale.scaling.allreduce import (
     DDP_BUCKET_CAP_MB,
     DDP_FIRST_BUCKET_MB,
@@ -25,7 +26,6 @@ from cropscale.scaling.allreduce import (
     gradient_payload,
 )
 from cropscale.scaling.amdahl import amdahl_table, efficiency, format_amdahl_table, karp_flatt
-from cropscale.scaling.measure import EVIDENCE_LABELS
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -6,7 +6,7 @@ traced to the code, the command, the machine and the accelerator settings that p
 ``*_reason`` entry beside them, never guessed.
 
 NVML facts (driver version, enforced power limit in W, persistence mode, clocks) and the git record
-come from the scaling callbacks' helpers (:mod:`cropscale.callbacks._nvml`, which matches the CUDA
+come from the scaling callbacks' helpers (:mod:`cropscale.env.nvml`, which matches the CUDA
 and NVML devices by UUID, not by index; :func:`cropscale.callbacks.provenance.git_info`), so that a
 benchmark JSON and a run's ``run.json`` describe a machine the same way.
 """
@@ -93,13 +93,13 @@ def _cpu_name() -> str:
 
 def _nvml_facts(device: torch.device) -> dict[str, Any]:
     """Driver version, enforced power limit (W), persistence mode, clocks (MHz) and clock-event reasons
-    of the CUDA ``device`` via the scaling callbacks' NVML helpers (:mod:`cropscale.callbacks._nvml`,
+    of the CUDA ``device`` via the scaling callbacks' NVML helpers (:mod:`cropscale.env.nvml`,
     device matched by UUID); ``None`` fields and ``nvml_reason`` when NVML cannot say."""
     facts: dict[str, Any] = {"driver": None, "power_limit_w": None, "persistence_mode": None}
     try:
-        from cropscale.callbacks._nvml import open_device_for
+        from cropscale.env.nvml import open_device_for
     except ImportError as err:
-        facts["nvml_reason"] = f"cropscale.callbacks._nvml cannot be imported: {err}"
+        facts["nvml_reason"] = f"cropscale.env.nvml cannot be imported: {err}"
         return facts
     nv, reason = open_device_for(device)
     if nv is None:

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import torch
 
-from cropscale import CropScaleError
+from cropscale.errors import CropScaleError
 
 LABEL = "measured-microbenchmark"
 _REPO = Path(__file__).resolve().parents[2]
@@ -193,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"{args.device}: {m['samples_per_s']:.1f} samples/s, median {m['median_step_ms']:.1f} ms/step  [{LABEL}]")
     if args.json:
         try:
-            from cropscale.bench._env import environment_record
+            from cropscale.env.host import environment_record
 
             result["environment"] = environment_record(__file__, argv, torch.device(args.device))
         except ImportError as err:

@@ -36,7 +36,14 @@ import time
 import warnings
 from typing import Any
 
-from cropscale import CropScaleError
+import torch
+from lightning.pytorch import Callback, Trainer
+from lightning.pytorch.loggers import TensorBoardLogger
+
+from cropscale.callbacks import CallbackGroup, all_scaling_callbacks
+from cropscale.errors import CropScaleError
+from cropscale.testing.probe import ProbeTask, SyntheticSamples
+from cropscale.testing.toy import ToyTask, toy_batches
 
 LABEL = "measured-microbenchmark"
 TARGET_US = 100.0
@@ -44,61 +51,26 @@ TARGET_RATIO = 0.02  # --model network: at most 2 % of the study model's step (i
 _DEFAULTS = {"steps": (400, 30), "warmup": (100, 5), "log_every": (50, 10)}  # (linear, network)
 
 
-def _build(args: argparse.Namespace) -> tuple[Any, Any, Any]:
-    import torch
-    from lightning.pytorch import Callback, LightningModule
+class _Probe(Callback):
+    """Host time (``time.perf_counter``, s) of every ``on_train_batch_end``."""
 
-    class Probe(Callback):
-        def __init__(self) -> None:
-            self.ends: list[float] = []
+    def __init__(self) -> None:
+        self.ends: list[float] = []
 
-        def on_train_batch_end(self, *a: Any) -> None:
-            self.ends.append(time.perf_counter())
-
-    class Tiny(LightningModule):
-        """One ``nn.Linear(features, 1)``; batches are cropscale-style dicts (``s2``, ``patch_id``, ``crop_yx``)."""
-
-        def __init__(self, features: int) -> None:
-            super().__init__()
-            self.lin = torch.nn.Linear(features, 1)
-            self.flops_per_sample = 6.0 * features
-
-        def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
-            return self.lin(batch["s2"]).square().mean()
-
-        def configure_optimizers(self) -> torch.optim.Optimizer:
-            return torch.optim.SGD(self.parameters(), lr=1e-3)
-
-    def batches(n: int) -> list[dict]:
-        g = torch.Generator().manual_seed(0)
-        return [{"s2": torch.randn(args.batch, args.features, generator=g),
-                 "patch_id": torch.tensor([i]), "crop_yx": torch.zeros(1, 2, dtype=torch.long)} for i in range(n)]
-
-    return Probe, Tiny, batches
+    def on_train_batch_end(self, *a: Any) -> None:
+        self.ends.append(time.perf_counter())
 
 
 def _network(args: argparse.Namespace, steps: int) -> tuple[Any, Any]:
     """The study's network (default CropMappingNet, multi-task loss, AdamW) and a loader of
-    pre-generated synthetic samples: the module and samples of ``cropscale.scaling.ddp_probe``."""
-    import torch
-
-    from cropscale.scaling import ddp_probe
-
-    spec = argparse.Namespace(t2=args.t2, t1=args.t1, crop_size=args.crop_size, seed=0)
-    samples_cls, module_cls, _ = ddp_probe._build(spec)
-    data = samples_cls(steps * args.batch, pool=args.batch)
-    return module_cls(), torch.utils.data.DataLoader(data, batch_size=args.batch, shuffle=False)
+    pre-generated synthetic samples (:mod:`cropscale.testing.probe`)."""
+    data = SyntheticSamples(steps * args.batch, pool=args.batch, t2=args.t2, t1=args.t1,
+                            crop_size=args.crop_size, seed=0)
+    return ProbeTask(), torch.utils.data.DataLoader(data, batch_size=args.batch, shuffle=False)
 
 
 def _one_run(config: str, args: argparse.Namespace, root: str) -> list[float]:
-    import torch
-    from lightning.pytorch import Trainer
-    from lightning.pytorch.loggers import TensorBoardLogger
-
-    from cropscale.callbacks import CallbackGroup, all_scaling_callbacks
-
-    Probe, Tiny, batches = _build(args)
-    probe = Probe()
+    probe = _Probe()
     callbacks: list[Any] = [probe]
     if config == "on":
         callbacks.append(CallbackGroup(all_scaling_callbacks()))
@@ -108,7 +80,8 @@ def _one_run(config: str, args: argparse.Namespace, root: str) -> list[float]:
     if args.model == "network":
         module, loader = _network(args, steps)
     else:
-        module, loader = Tiny(args.features), torch.utils.data.DataLoader(batches(steps), batch_size=None)
+        module = ToyTask(features=args.features)
+        loader = torch.utils.data.DataLoader(toy_batches(steps, args.batch, args.features), batch_size=None)
     trainer = Trainer(
         accelerator="cpu", devices=1, max_steps=steps, max_epochs=1, callbacks=callbacks,
         logger=TensorBoardLogger(root, name=config), log_every_n_steps=args.log_every,
@@ -123,8 +96,6 @@ def _one_run(config: str, args: argparse.Namespace, root: str) -> list[float]:
 
 def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
     """Run the alternating configurations; returns the figures (seconds inside, µs in the report)."""
-    import torch
-
     torch.set_num_threads(args.threads)
     configs = ["off", "on"] + (["separate"] if args.separate else [])
     per_config: dict[str, list[float]] = {c: [] for c in configs}

@@ -33,7 +33,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
-from cropscale import CropScaleError
+from cropscale.errors import CropScaleError
 from cropscale.model.optim import LRScaling, global_batch_size, scale_learning_rate
 from cropscale.scaling.amdahl import efficiency as _efficiency
 

@@ -74,9 +74,9 @@ class ToyTask(LightningModule):
     def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
         y = self.lin(batch["s2"].flatten(1))
         loss = y.float().square().mean()
-        if self.global_step in self.overflow_steps:
+        if self.overflow_steps and self.global_step in self.overflow_steps:
             loss = loss * 1e6
-        if self.global_step in self.nan_grad_steps:
+        if self.nan_grad_steps and self.global_step in self.nan_grad_steps:
             loss = loss + torch.sqrt(0.0 * self.lin.weight.sum())
         return loss
 
@@ -99,3 +99,12 @@ class ToyTask(LightningModule):
 
     def val_dataloader(self) -> DataLoader:
         return DataLoader(ToyDataset(8, t=1, c=self.lin.in_features, seed=1, first_id=5000), batch_size=4)
+
+
+def toy_batches(n: int, batch: int = 1, features: int = 16, seed: int = 0) -> list[dict[str, torch.Tensor]]:
+    """``n`` ready-made batches for :class:`ToyTask` (a ``DataLoader(..., batch_size=None)`` passes them
+    through): ``{"s2": [batch, features] f32 standard normal, "patch_id": [1] int64 = i, "crop_yx": [1, 2]
+    int64 zeros}``."""
+    g = torch.Generator().manual_seed(seed)
+    return [{"s2": torch.randn(batch, features, generator=g), "patch_id": torch.tensor([i]),
+             "crop_yx": torch.zeros(1, 2, dtype=torch.long)} for i in range(n)]

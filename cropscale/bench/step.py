@@ -68,8 +68,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from cropscale import CropScaleError
-from cropscale.bench._env import current_rss_bytes, environment_record, load_average
+from cropscale.env.host import current_rss_bytes, environment_record, load_average
+from cropscale.errors import CropScaleError
 
 __all__ = [
     "EVIDENCE",
@@ -195,9 +195,9 @@ def peak_tflops(device_name: str, dtype: str, override: float | None = None) -> 
 
 
 def _peak_lookup() -> Callable[[str, str], float | None] | None:
-    """:func:`cropscale.callbacks._peaks.peak_tflops` (the project's one dense peak table), or None."""
+    """:func:`cropscale.env.peaks.peak_tflops` (the project's one dense peak table), or None."""
     try:
-        from cropscale.callbacks._peaks import peak_tflops as lookup
+        from cropscale.env.peaks import peak_tflops as lookup
     except ImportError:
         return None
     return lookup

@@ -1,0 +1,1 @@
+"""The quality-and-speed report of runs and benchmarks: ``python -m cropscale report`` (layer 5)."""

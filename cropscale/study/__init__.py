@@ -1,0 +1,1 @@
+"""The scaling-study runner: ``python -m cropscale study`` (layer 5)."""
