@@ -24,8 +24,10 @@ from pathlib import Path
 
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
+from cropscale.data.datamodule import PastisHDDataModule
 from cropscale.distributed import finish_distributed
 from cropscale.errors import CropScaleError
+from cropscale.model.task import CropMappingTask
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_CONFIG = REPO_ROOT / "configs" / "default.yaml"
@@ -101,9 +103,6 @@ class CropScaleCLI(LightningCLI):
 
 
 def _lightning_cli(args: list[str] | None) -> LightningCLI:
-    from cropscale.data.datamodule import PastisHDDataModule
-    from cropscale.model.task import CropMappingTask
-
     # exit_on_error=False: jsonargparse raises ArgumentError instead of printing the whole usage, and
     # main() prints one paragraph naming the argument.
     parser_kwargs: dict = {"exit_on_error": False, "prog": "python -m cropscale"}

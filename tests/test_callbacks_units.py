@@ -25,7 +25,7 @@ from cropscale.callbacks import (
     ThroughputCallback,
     _common,
 )
-from cropscale.callbacks.provenance import dataset_revision
+from cropscale.env.host import dataset_revision
 from cropscale.callbacks.step_timing import ALL_FIGURES
 from cropscale.env import nvml, peaks
 

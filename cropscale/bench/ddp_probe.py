@@ -28,6 +28,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import torch
+import torch.distributed as dist
+from lightning.pytorch import Trainer, seed_everything
+
 from cropscale.distributed import finish_distributed
 from cropscale.errors import CropScaleError
 from cropscale.testing.probe import ProbeTask, StepTimer, SyntheticSamples
@@ -58,9 +62,6 @@ def main(argv: list[str] | None = None) -> int:
         raise CropScaleError(
             f"--global-batch ({args.global_batch}) must be a positive multiple of --devices ({args.devices})"
         )
-    import torch
-    from lightning.pytorch import Trainer, seed_everything
-
     torch.set_num_threads(args.threads)
     seed_everything(args.seed, workers=True, verbose=False)
     local = args.global_batch // args.devices
@@ -92,8 +93,6 @@ def main(argv: list[str] | None = None) -> int:
     mine = {"rank": trainer.global_rank, "median_step_s": statistics.median(measured), "step_times_s": measured}
     per_rank = [mine]
     if trainer.world_size > 1:
-        import torch.distributed as dist
-
         per_rank = [None] * trainer.world_size
         dist.all_gather_object(per_rank, mine)
     if trainer.global_rank == 0:

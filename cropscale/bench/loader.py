@@ -27,7 +27,12 @@ from pathlib import Path
 
 import torch
 
+from cropscale.batch import model_inputs
+from cropscale.data.datamodule import PastisHDDataModule
+from cropscale.env.host import environment_record
 from cropscale.errors import CropScaleError
+from cropscale.model.losses import MultiTaskLoss
+from cropscale.model.network import CropMappingNet
 
 LABEL = "measured-microbenchmark"
 _REPO = Path(__file__).resolve().parents[2]
@@ -106,9 +111,6 @@ def measure_model(batches: list[dict], num_classes: int, ignore_index: int | Non
     """Time training steps (forward, loss, backward, clip 1.0, AdamW) of ``CropMappingNet`` on
     ``batches`` (cycled) already moved to ``device``; one untimed warm-up step; synchronised per
     step on CUDA. Returns ``{"samples_per_s", "median_step_ms", "steps", "batch_size"}``."""
-    from cropscale.batch import model_inputs
-    from cropscale.model.losses import MultiTaskLoss
-    from cropscale.model.network import CropMappingNet
 
     dev = torch.device(device)
     net = CropMappingNet(num_classes=num_classes).to(dev)
@@ -144,7 +146,6 @@ def measure_model(batches: list[dict], num_classes: int, ignore_index: int | Non
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``python -m cropscale loader-bench``; prints a table, returns 0."""
-    from cropscale.data.datamodule import PastisHDDataModule
 
     args = _parser().parse_args(argv)
     if args.batches < 1 or args.warmup < 0 or args.batch_size < 1 or any(w < 0 for w in args.workers):
@@ -179,25 +180,13 @@ def main(argv: list[str] | None = None) -> int:
     result = {"label": LABEL, "root": str(root), "batch_size": args.batch_size, "crop_size": args.crop_size,
               "t2": args.t2, "t1": args.t1, "loader": rows, "model": None}
     if args.model:
-        try:
-            import cropscale.model.losses  # noqa: F401
-            import cropscale.model.network  # noqa: F401
-        except ImportError as err:
-            result["model_reason"] = f"model not available: {err}"
-            print(f"model training step: skipped ({result['model_reason']})")
-        else:
-            steps = args.model_steps or args.batches
-            m = measure_model(kept, probe.num_classes, args.ignore_index, args.device, steps)
-            result["model"] = {"device": args.device, **m}
-            print(f"model training step (forward + loss + backward + clip + AdamW) on {steps} of the same batches, "
-                  f"{args.device}: {m['samples_per_s']:.1f} samples/s, median {m['median_step_ms']:.1f} ms/step  [{LABEL}]")
+        steps = args.model_steps or args.batches
+        m = measure_model(kept, probe.num_classes, args.ignore_index, args.device, steps)
+        result["model"] = {"device": args.device, **m}
+        print(f"model training step (forward + loss + backward + clip + AdamW) on {steps} of the same batches, "
+              f"{args.device}: {m['samples_per_s']:.1f} samples/s, median {m['median_step_ms']:.1f} ms/step  [{LABEL}]")
     if args.json:
-        try:
-            from cropscale.env.host import environment_record
-
-            result["environment"] = environment_record(__file__, argv, torch.device(args.device))
-        except ImportError as err:
-            result["environment_reason"] = str(err)
+        result["environment"] = environment_record(__file__, argv, torch.device(args.device))
         Path(args.json).write_text(json.dumps(result, indent=1, default=str))
         print(f"written {args.json}")
     return 0

@@ -31,16 +31,23 @@ from collections.abc import Callable, Iterable, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
+import torch
+
+from cropscale.batch import model_inputs
+from cropscale.data.datamodule import PastisHDDataModule
 from cropscale.errors import CropScaleError
 from cropscale.evidence import ANALYTICAL_SCENARIO, MEASURED_MICROBENCHMARK
+from cropscale.model.losses import MultiTaskLoss
+from cropscale.model.network import CropMappingNet
+from cropscale.model.synthetic import synthetic_batch
 from cropscale.scaling.allreduce import MIB, gradient_payload
+from cropscale.scaling.amdahl import karp_flatt
 from cropscale.scaling.series import ScalingSeries
+from cropscale.tiling import sliding_window_inference
 
 
 @contextmanager
 def _torch_threads(threads: int | None):
-    import torch
-
     if threads is None:
         yield
         return
@@ -55,8 +62,6 @@ def _torch_threads(threads: int | None):
 
 
 def _sync(device) -> None:
-    import torch
-
     if str(device).startswith("cuda") and torch.cuda.is_available():
         torch.cuda.synchronize()
 
@@ -108,10 +113,6 @@ def time_round_robin(
 
 def _default_net(seed: int):
     """The default ``CropMappingNet()``, initialised under ``torch.manual_seed(seed)``."""
-    import torch
-
-    from cropscale.model.network import CropMappingNet
-
     torch.manual_seed(seed)
     return CropMappingNet()
 
@@ -152,25 +153,17 @@ def step_time_vs_batch(
     Returns:
         :class:`ScalingSeries` ``step_time_s`` vs ``batch_size``, ``measured-microbenchmark``.
     """
-    import torch
-
     sizes = _check_sizes(batch_sizes, "batch_sizes")
     if net is None:
         net = _default_net(seed)
     if loss is None:
-        from cropscale.model.losses import MultiTaskLoss
-
         loss = MultiTaskLoss()
     if make_batch is None:
-        from cropscale.model.synthetic import synthetic_batch
-
         num_classes = int(getattr(net, "num_classes", 10))
 
         def make_batch(b: int) -> dict:
             return synthetic_batch(b, t2, t1, crop_size, crop_size, num_classes=num_classes, device=device,
                                    seed=seed)
-
-    from cropscale.batch import model_inputs
 
     net = net.to(device).train()
     params = [p for p in net.parameters() if p.requires_grad]
@@ -241,22 +234,17 @@ def tiled_validation_time_vs_area(
     Returns:
         :class:`ScalingSeries` ``tiled_validation_time_s`` vs ``area_px``, ``measured-microbenchmark``.
     """
-    import torch
-
     sizes = _check_sizes(patch_sizes, "patch_sizes")
     if net is None:
         net = _default_net(seed)
     if make_inputs is None:
-        from cropscale.batch import model_inputs
-        from cropscale.model.synthetic import synthetic_batch
-
         num_classes = int(getattr(net, "num_classes", 10))
 
         def make_inputs(s: int) -> dict:
             return model_inputs(synthetic_batch(1, t2, t1, s, s, num_classes=num_classes, device=device, seed=seed))
 
     if infer is None:
-        from cropscale.tiling import sliding_window_inference as infer
+        infer = sliding_window_inference
     hr_scale = int(getattr(net, "hr_scale", 10))
     net = net.to(device).eval()
     patches = {s: make_inputs(s) for s in sizes}
@@ -339,8 +327,6 @@ def loader_time_vs_dates(
         raise CropScaleError(f"batches must be >= 1, got {batches}")
     settings = {"batches": batches, "batch_size": batch_size, "crop_size": crop_size, "threads": threads}
     if make_loader is None:
-        from cropscale.data.datamodule import PastisHDDataModule
-
         data_root = Path(root) if root is not None else _default_data_root()
         settings["root"] = str(data_root)
         shared_stats = {}
@@ -409,8 +395,6 @@ def allreduce_volume_vs_world_size(
     """
     ns = _check_sizes(world_sizes, "world_sizes")
     if module is None:
-        from cropscale.model.network import CropMappingNet
-
         module = CropMappingNet()
     payload = gradient_payload(module, grad_dtype=grad_dtype)
     m = payload.payload_bytes
@@ -435,7 +419,6 @@ def speedup_and_karp_flatt(t1_s: float, tn_s: float, n: int) -> dict[str, float]
         t1_s, tn_s: time of the same work on 1 and on ``n`` devices (s, > 0).
         n: number of devices (> 1).
     """
-    from cropscale.scaling.amdahl import karp_flatt
 
     for name, v in (("t1_s", t1_s), ("tn_s", tn_s)):
         if not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):

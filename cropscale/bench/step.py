@@ -68,8 +68,14 @@ from typing import Any
 import numpy as np
 import torch
 
+from cropscale.batch import model_inputs
+from cropscale.env import peaks
 from cropscale.env.host import current_rss_bytes, environment_record, load_average
 from cropscale.errors import CropScaleError
+from cropscale.model.flops import flops_per_sample
+from cropscale.model.losses import MultiTaskLoss
+from cropscale.model.network import CropMappingNet
+from cropscale.model.synthetic import synthetic_batch
 
 __all__ = [
     "EVIDENCE",
@@ -182,25 +188,13 @@ def peak_tflops(device_name: str, dtype: str, override: float | None = None) -> 
     """
     if override is not None:
         return float(override), None
-    lookup = _peak_lookup()
-    if lookup is None:
-        return None, "no dense peak table found in cropscale.callbacks (MFU needs one; or pass --peak-tflops)"
     try:
-        value = lookup(device_name, dtype)
+        value = peaks.peak_tflops(device_name, dtype)
     except (KeyError, ValueError, CropScaleError) as err:
         return None, f"device {device_name!r} / {dtype} is not in the dense peak table: {err}"
     if value is None:
         return None, f"device {device_name!r} / {dtype} is not in the dense peak table (pass --peak-tflops)"
     return float(value), None
-
-
-def _peak_lookup() -> Callable[[str, str], float | None] | None:
-    """:func:`cropscale.env.peaks.peak_tflops` (the project's one dense peak table), or None."""
-    try:
-        from cropscale.env.peaks import peak_tflops as lookup
-    except ImportError:
-        return None
-    return lookup
 
 
 # ------------------------------------------------------------------------------------------ step
@@ -219,7 +213,6 @@ def train_step(
     set; ``scaler.scale(loss).backward()``; ``scaler.unscale_``; ``clip_grad_norm_(.., 1.0)``;
     ``scaler.step``; ``scaler.update`` (a disabled scaler makes these plain backward / step).
     """
-    from cropscale.batch import model_inputs
 
     optimizer.zero_grad(set_to_none=True)
     ctx = (torch.autocast(device_type=device_type, dtype=autocast_dtype) if autocast_dtype is not None
@@ -324,9 +317,6 @@ def run_configuration(
     Row fields: see :func:`run_benchmark`. Times in ms, memory in GiB (2**30 bytes), throughput in
     samples/s, FLOPs in FLOP, TFLOP/s = 1e12 FLOP/s.
     """
-    from cropscale.model.losses import MultiTaskLoss
-    from cropscale.model.network import CropMappingNet
-    from cropscale.model.synthetic import synthetic_batch
 
     step_fn = step_fn or train_step
     row = _empty_row(config, precision, batch_size, device)
@@ -431,11 +421,6 @@ def _device_name(device: torch.device) -> str:
 
 
 def _flops(config: BenchmarkConfig) -> tuple[dict[str, float] | None, str | None]:
-    try:
-        from cropscale.model.flops import flops_per_sample
-        from cropscale.model.network import CropMappingNet
-    except ImportError as err:
-        return None, f"cropscale.model.flops unavailable: {err}"
     torch.manual_seed(config.seed)
     net = CropMappingNet(num_classes=config.num_classes, **config.net_kwargs)
     counts = flops_per_sample(net, t2=config.t2, t1=config.t1, height=config.crop_size, width=config.crop_size)

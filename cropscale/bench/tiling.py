@@ -32,7 +32,11 @@ import torch
 import torch.nn.functional as F
 
 from cropscale.batch import HR_SCALE, model_inputs
+from cropscale.bench.step import resolve_device
+from cropscale.env.host import environment_record
 from cropscale.errors import CropScaleError
+from cropscale.model.network import CropMappingNet
+from cropscale.model.synthetic import synthetic_batch
 from cropscale.tiling import TilingStats, sliding_window_inference
 
 EVIDENCE = "measured-microbenchmark"
@@ -68,14 +72,6 @@ class ZerosStandIn(torch.nn.Module):
 
 def _synthetic(patches: int, t2: int, t1: int, height: int, width: int, num_classes: int,
                device: torch.device) -> dict[str, torch.Tensor]:
-    try:
-        from cropscale.model.synthetic import synthetic_batch
-    except ImportError:  # pragma: no cover - only before the module exists
-        g = torch.Generator().manual_seed(0)
-        batch = {"s2": torch.randn(patches, t2, 10, height, width, generator=g),
-                 "s2_doy": torch.arange(1, t2 + 1).repeat(patches, 1) * 20,
-                 "s2_mask": torch.ones(patches, t2, height, width, dtype=torch.bool)}
-        return {k: v.to(device) for k, v in batch.items()}
     batch = synthetic_batch(patches, t2=t2, t1=t1, height=height, width=width, num_classes=num_classes,
                             device=device)
     return model_inputs(batch)
@@ -83,15 +79,9 @@ def _synthetic(patches: int, t2: int, t1: int, height: int, width: int, num_clas
 
 def _build_model(name: str, num_classes: int) -> tuple[torch.nn.Module, str]:
     if name in ("auto", "cropmapping"):
-        try:
-            from cropscale.model.network import CropMappingNet
-        except ImportError as err:
-            if name == "cropmapping":
-                raise CropScaleError(f"--model cropmapping: cropscale.model.network does not import: {err}") from None
-        else:
-            net = CropMappingNet(num_classes=num_classes)
-            params = sum(p.numel() for p in net.parameters())
-            return net, f"CropMappingNet (default config, num_classes={num_classes}, {params:,} parameters)"
+        net = CropMappingNet(num_classes=num_classes)
+        params = sum(p.numel() for p in net.parameters())
+        return net, f"CropMappingNet (default config, num_classes={num_classes}, {params:,} parameters)"
     if name == "zeros":
         return ZerosStandIn(num_classes), "zeros stand-in (returns zeros: the tiled time is the tiler's own cost)"
     return ConvStandIn(num_classes), "conv stand-in (one 3x3 Conv2d + nearest x10 upsampling; not the real network)"
@@ -155,7 +145,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.window > min(args.height, args.width):
         raise CropScaleError(f"--window {args.window} is larger than the patch {args.height}x{args.width} "
                              f"(the one-tile forward needs a whole window inside the patch)")
-    from cropscale.bench.step import resolve_device
 
     device = resolve_device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     torch.manual_seed(0)
@@ -199,8 +188,6 @@ def main(argv: list[str] | None = None) -> int:
           f"{len(tile_s)}); {stats.tiles_per_patch} tiles x one-tile = {predicted * 1e3:.1f} ms per patch")
     print(f"{EVIDENCE}  ratio tiled / (tiles x one-tile) = {ratio:.3f}")
     if args.output:
-        from cropscale.env.host import environment_record
-
         doc = {
             "evidence": EVIDENCE, "model": model_desc, "precision": args.precision,
             "settings": {k: getattr(args, k) for k in ("patches", "height", "width", "window", "tile_batch_size",

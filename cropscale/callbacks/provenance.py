@@ -17,18 +17,13 @@ The run folder is ``trainer.log_dir`` (the TensorBoardLogger version folder), el
 
 from __future__ import annotations
 
-import datetime as _dt
-import hashlib
 import json
 import math
 import os
 import platform
-import shutil
 import socket
-import subprocess
 import sys
 import warnings
-from importlib import metadata
 from pathlib import Path
 from typing import Any, Literal
 
@@ -36,7 +31,6 @@ import torch
 from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.utilities import rank_zero_info
 
-import cropscale
 from cropscale.callbacks._common import (
     EVIDENCE_RUN,
     ScalingCallback,
@@ -45,102 +39,20 @@ from cropscale.callbacks._common import (
     scaling_callbacks,
 )
 from cropscale.env import nvml
+from cropscale.env.host import (
+    dataset_revision,
+    git_info,
+    gpu_topology,
+    host_record,
+    library_versions,
+    utc_now,
+)
 from cropscale.errors import CropScaleError
 
 SCHEMA = "cropscale.run/1"
 _DATA_ATTRS = ("data_root", "root", "data_dir", "root_dir", "dataset_root")
-
-
-def _now() -> str:
-    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
-
-
-def _run(cmd: list[str], cwd: str | None = None, timeout: float = 10.0) -> str | None:
-    try:
-        out = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=timeout, check=False)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return out.stdout if out.returncode == 0 else None
-
-
-def git_info(path: str | os.PathLike | None = None) -> dict[str, Any]:
-    """Commit, dirty flag (tracked files modified) and top folder of the git repository holding
-    ``path`` (default: the working directory, then the cropscale package)."""
-    if shutil.which("git") is None:
-        return {"available": False, "reason": "git is not installed"}
-    candidates = [str(path)] if path else [os.getcwd(), str(Path(cropscale.__file__).resolve().parent)]
-    for cwd in candidates:
-        top = _run(["git", "rev-parse", "--show-toplevel"], cwd=cwd)
-        if not top:
-            continue
-        commit = (_run(["git", "rev-parse", "HEAD"], cwd=cwd) or "").strip() or None
-        status = _run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=cwd)
-        return {
-            "available": True,
-            "repo": top.strip(),
-            "commit": commit,
-            "dirty": None if status is None else bool(status.strip()),
-        }
-    return {"available": False, "reason": f"not inside a git repository: {candidates}"}
-
-
-def dataset_revision(root: str | os.PathLike, method: Literal["listing", "content"] = "listing") -> dict[str, Any]:
-    """SHA-256 revision of the data folder ``root``.
-
-    ``listing``: hash of the sorted ``relative/path<TAB>size-in-bytes`` lines (fast; catches added,
-    removed and resized files). ``content``: hash of the same lines followed by each file's bytes.
-
-    Raises:
-        CropScaleError: if ``root`` is not a folder.
-    """
-    root_path = Path(root)
-    if not root_path.is_dir():
-        raise CropScaleError(f"dataset revision: {str(root_path)!r} is not a folder")
-    files = sorted(p for p in root_path.rglob("*") if p.is_file())
-    h = hashlib.sha256()
-    total = 0
-    for p in files:
-        size = p.stat().st_size
-        total += size
-        h.update(f"{p.relative_to(root_path).as_posix()}\t{size}\n".encode())
-    if method == "content":
-        for p in files:
-            with open(p, "rb") as f:
-                for chunk in iter(lambda f=f: f.read(1 << 20), b""):
-                    h.update(chunk)
-    elif method != "listing":
-        raise CropScaleError(f"dataset revision: method {method!r} is not 'listing' or 'content'")
-    return {"root": str(root_path.resolve()), "method": method, "sha256": h.hexdigest(), "files": len(files),
-            "bytes": total}
-
-
-def _versions() -> dict[str, Any]:
-    def dist(name: str) -> str | None:
-        try:
-            return metadata.version(name)
-        except metadata.PackageNotFoundError:
-            return None
-
-    cuda = torch.version.cuda
-    nccl = None
-    if torch.cuda.is_available():
-        try:
-            nccl = ".".join(str(x) for x in torch.cuda.nccl.version())
-        except Exception:
-            nccl = None
-    return {
-        "python": platform.python_version(),
-        "cropscale": cropscale.__version__,
-        "torch": torch.__version__,
-        "lightning": dist("lightning") or dist("pytorch-lightning"),
-        "torchmetrics": dist("torchmetrics"),
-        "numpy": dist("numpy"),
-        "jsonargparse": dist("jsonargparse"),
-        "nvidia-ml-py": dist("nvidia-ml-py"),
-        "cuda": cuda,
-        "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
-        "nccl": nccl,
-    }
+RUN_JSON_LIBRARIES = ("cropscale", "torch", "lightning", "torchmetrics", "numpy", "jsonargparse", "nvidia-ml-py")
+"""The libraries ``run.json["versions"]`` lists (with python, cuda, cudnn and nccl)."""
 
 
 def _local_device(trainer: Trainer, pl_module: LightningModule) -> dict[str, Any]:
@@ -158,15 +70,6 @@ def _local_device(trainer: Trainer, pl_module: LightningModule) -> dict[str, Any
         info["name"] = platform.processor() or platform.machine()
         info["cpu_threads"] = torch.get_num_threads()
     return info
-
-
-def _topology() -> dict[str, Any]:
-    if shutil.which("nvidia-smi") is None:
-        return {"available": False, "reason": "nvidia-smi not found"}
-    out = _run(["nvidia-smi", "topo", "-m"], timeout=20.0)
-    if out is None:
-        return {"available": False, "reason": "nvidia-smi topo -m failed"}
-    return {"available": True, "nvidia_smi_topo_m": out}
 
 
 def _config(trainer: Trainer, pl_module: LightningModule, log_dir: str | None) -> tuple[Any, str | None]:
@@ -291,7 +194,7 @@ class ProvenanceCallback(ScalingCallback):
             "schema": SCHEMA,
             "evidence": EVIDENCE_RUN,
             "status": "running",
-            "started_utc": _now(),
+            "started_utc": utc_now(),
             "finished_utc": None,
             "run_dir": os.path.abspath(log_dir),
             "command": list(sys.argv),
@@ -299,11 +202,10 @@ class ProvenanceCallback(ScalingCallback):
             "dataset": dataset,
             "config": config,
             "config_source": source,
-            "host": {"hostname": socket.gethostname(), "platform": platform.platform(),
-                     "cpu_count": os.cpu_count()},
-            "versions": _versions(),
+            "host": host_record(),
+            "versions": library_versions(RUN_JSON_LIBRARIES),
             "devices": devices,
-            "topology": _topology() if self.topology else {"available": False, "reason": "topology=False"},
+            "topology": gpu_topology() if self.topology else {"available": False, "reason": "topology=False"},
             "distributed": {
                 "world_size": trainer.world_size,
                 "num_nodes": trainer.num_nodes,
@@ -357,7 +259,7 @@ class ProvenanceCallback(ScalingCallback):
                 summary[cb.summary_key] = {"evidence": cb.evidence, "error": f"{type(err).__name__}: {err}"}
         self.record["summary"] = summary
         self.record["status"] = status
-        self.record["finished_utc"] = _now()
+        self.record["finished_utc"] = utc_now()
         self.record["global_step"] = trainer.global_step
         self.record["epochs_completed"] = trainer.current_epoch
         if exception is not None:

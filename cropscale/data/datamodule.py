@@ -28,8 +28,10 @@ from lightning.pytorch.utilities import rank_zero_info
 from torch.utils.data import DataLoader, get_worker_info
 
 from cropscale.data.collate import collate
-from cropscale.data.dataset import S1_ORBITS, PastisHDDataset
+from cropscale.data.dataset import PastisHDDataset
+from cropscale.data.index import S1_ORBITS
 from cropscale.data.metadata import read_classes, read_metadata
+from cropscale.data.sharding import EvalShardSampler
 from cropscale.data.stats import NormStats, compute_norm_stats
 from cropscale.errors import CropScaleError
 
@@ -269,8 +271,6 @@ class PastisHDDataModule(LightningDataModule):
         world, rank = self._world()
         sampler = None
         if world > 1:
-            from cropscale.data.sharding import EvalShardSampler
-
             sampler = EvalShardSampler(len(dataset), num_replicas=world, rank=rank)
         return DataLoader(dataset, batch_size=self.val_batch_size, shuffle=False, sampler=sampler,
                           **self._loader_kwargs())

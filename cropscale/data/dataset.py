@@ -35,10 +35,7 @@ Sentinel-1 values that are not finite are set to 0 after normalisation, and a da
 
 from __future__ import annotations
 
-import pickle
-import warnings
 from collections import OrderedDict
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -47,178 +44,13 @@ from torch.utils.data import Dataset
 
 from cropscale.batch import HR_SCALE, S2_BANDS
 from cropscale.data.hr import HighGridReader, crop_bounds, high_grid_shape
-from cropscale.data.metadata import PatchGeo, PatchRecord, day_of_year, read_classes, read_metadata
+from cropscale.data.index import S1_ORBITS, PatchFiles, index_patches, open_npy
+from cropscale.data.metadata import PatchRecord, read_classes
 from cropscale.data.stats import NormStats
 from cropscale.data.targets import parcel_targets
 from cropscale.data.temporal import clear_fraction, s1_pixel_validity, s2_pixel_validity, select_dates
 from cropscale.data.transforms import RandomDihedral
 from cropscale.errors import CropScaleError
-
-S1_ORBITS: tuple[str, ...] = ("S1A", "S1D")
-"""Sentinel-1 orbits of the batch contract: ascending (``s1a``), descending (``s1d``)."""
-
-
-@dataclass
-class PatchFiles:
-    """Resolved files, shapes and dates of one patch (built and checked by :func:`index_patches`).
-
-    Attributes:
-        patch_id, fold: from the metadata.
-        hw: ``(H, W)`` in 10 m pixels.
-        s2: ``DATA_S2`` file; ``s2_t`` its number of dates.
-        mask: ``DATA_S2_MASK`` file or None.
-        s1: orbit -> file for the orbits present for this patch.
-        target, instances, hr: files (``instances`` and ``hr`` may be None).
-        doy: modality -> ``[T]`` int64 day of year of each date.
-        geo: the patch polygon (projected CRS) or None.
-    """
-
-    patch_id: int
-    fold: int
-    hw: tuple[int, int]
-    s2: Path
-    s2_t: int
-    mask: Path | None
-    s1: dict[str, Path]
-    target: Path
-    instances: Path | None
-    hr: Path | None
-    doy: dict[str, np.ndarray] = field(default_factory=dict)
-    geo: PatchGeo | None = None
-
-
-def open_npy(path: Path, *, patch_id: int, what: str) -> np.ndarray:
-    """Memory-map ``path`` (``numpy.load(mmap_mode="r")``).
-
-    Raises:
-        CropScaleError: missing, truncated or corrupt file, naming the patch, the role and the path.
-    """
-    if not path.is_file():
-        raise CropScaleError(f"patch {patch_id}: {what} file missing: {path}")
-    try:
-        arr = np.load(path, mmap_mode="r", allow_pickle=False)
-    except (OSError, ValueError, EOFError, pickle.UnpicklingError) as err:
-        raise CropScaleError(f"patch {patch_id}: cannot read {what} file {path} (truncated or corrupt .npy?): {err}") from None
-    if not isinstance(arr, np.ndarray) or arr.dtype.kind not in "biuf":
-        raise CropScaleError(f"patch {patch_id}: {what} file {path} is not a numeric array")
-    return arr
-
-
-def _check(cond: bool, patch_id: int, what: str, path: Path, message: str) -> None:
-    if not cond:
-        raise CropScaleError(f"patch {patch_id}: {what} file {path}: {message}")
-
-
-def index_patches(
-    root: str | Path,
-    folds: list[int] | tuple[int, ...] | None,
-    *,
-    records: list[PatchRecord] | None = None,
-    s1_orbits: tuple[str, ...] | list[str] = S1_ORBITS,
-    hr_dir: str | None = "DATA_SPOT",
-    hr_pattern: str = "SPOT_{patch_id}.tif",
-) -> list[PatchFiles]:
-    """Resolve and check the files of every patch in ``folds`` (None = all folds), metadata order.
-
-    Opens each array's header (memory map, no data read) to check shapes against each other and
-    against the metadata's date counts.
-
-    Raises:
-        CropScaleError: missing root or metadata, no patch in a requested fold, or any construction
-            check of the module docstring (message names patch and file).
-    """
-    root = Path(root)
-    if not root.is_dir():
-        raise CropScaleError(f"dataset root not found: {root}")
-    meta_path = root / "metadata.geojson"
-    records = read_metadata(meta_path) if records is None else records
-    if folds is not None:
-        for fold in folds:
-            if not any(r.fold == fold for r in records):
-                present = sorted({r.fold for r in records})
-                raise CropScaleError(f"fold {fold} has no patches in {meta_path} (folds present: {present})")
-        records = [r for r in records if r.fold in set(folds)]
-    orbits = [o for o in s1_orbits if o in S1_ORBITS and (root / f"DATA_{o}").is_dir()]
-    bad = [o for o in s1_orbits if o not in S1_ORBITS]
-    if bad:
-        raise CropScaleError(f"s1_orbits: unknown orbit(s) {bad}; expected a subset of {list(S1_ORBITS)}")
-    mask_dir = root / "DATA_S2_MASK"
-    inst_dir = root / "INSTANCE_ANNOTATIONS"
-    hr_root = (root / hr_dir) if hr_dir else None
-    has_hr = hr_root is not None and hr_root.is_dir()
-    fallbacks: dict[str, list[int]] = {}
-    out = []
-    for rec in records:
-        pid = rec.patch_id
-        s2_path = root / "DATA_S2" / f"S2_{pid}.npy"
-        s2 = open_npy(s2_path, patch_id=pid, what="S2")
-        _check(s2.ndim == 4, pid, "S2", s2_path, f"expected [T, {len(S2_BANDS)}, H, W], got shape {s2.shape}")
-        _check(s2.shape[1] == len(S2_BANDS), pid, "S2", s2_path,
-               f"expected {len(S2_BANDS)} bands {S2_BANDS} on axis 1, got shape {s2.shape}")
-        t, _, h, w = s2.shape
-        _check(t >= 1 and h >= 1 and w >= 1, pid, "S2", s2_path, f"empty array, shape {s2.shape}")
-        if "S2" not in rec.dates:
-            raise CropScaleError(f"patch {pid}: {meta_path} has no dates-S2 for S2 file {s2_path}")
-        _check(len(rec.dates["S2"]) == t, pid, "S2", s2_path,
-               f"{t} dates in the array but {len(rec.dates['S2'])} in dates-S2 of {meta_path}")
-        doy = {"S2": day_of_year(rec.dates["S2"])}
-        mask_path = None
-        if mask_dir.is_dir():
-            mask_path = mask_dir / f"MASK_{pid}.npy"
-            mask = open_npy(mask_path, patch_id=pid, what="S2 mask")
-            _check(mask.shape == (t, h, w), pid, "S2 mask", mask_path,
-                   f"expected [T, H, W] = {(t, h, w)} to match {s2_path.name}, got {mask.shape}")
-        s1 = {}
-        for orbit in orbits:
-            p = root / f"DATA_{orbit}" / f"{orbit}_{pid}.npy"
-            if not p.exists():
-                fallbacks.setdefault(f"{orbit} file", []).append(pid)
-                continue
-            arr = open_npy(p, patch_id=pid, what=orbit)
-            _check(arr.ndim == 4 and arr.shape[1] >= 2 and arr.shape[2:] == (h, w), pid, orbit, p,
-                   f"expected [T, >=2 (VV, VH, ...), {h}, {w}], got shape {arr.shape}")
-            if orbit not in rec.dates:
-                raise CropScaleError(f"patch {pid}: {meta_path} has no dates-{orbit} for {orbit} file {p}")
-            _check(len(rec.dates[orbit]) == arr.shape[0], pid, orbit, p,
-                   f"{arr.shape[0]} dates in the array but {len(rec.dates[orbit])} in dates-{orbit} of {meta_path}")
-            s1[orbit] = p
-            doy[orbit] = day_of_year(rec.dates[orbit])
-        target_path = root / "ANNOTATIONS" / f"TARGET_{pid}.npy"
-        target = open_npy(target_path, patch_id=pid, what="TARGET")
-        _check(target.ndim in (2, 3) and target.shape[-2:] == (h, w), pid, "TARGET", target_path,
-               f"expected [H, W] or [K, H, W] with H, W = {h}, {w}, got shape {target.shape}")
-        _check(target.dtype.kind in "biu", pid, "TARGET", target_path, f"class ids must be integers, got {target.dtype}")
-        inst_path = None
-        if inst_dir.is_dir():
-            inst_path = inst_dir / f"INSTANCES_{pid}.npy"
-            if inst_path.exists():
-                inst = open_npy(inst_path, patch_id=pid, what="INSTANCES")
-                _check(inst.shape == (h, w) and inst.dtype.kind in "biu", pid, "INSTANCES", inst_path,
-                       f"expected integer [H, W] = {(h, w)}, got {inst.dtype} {inst.shape}")
-            else:
-                fallbacks.setdefault("INSTANCES file", []).append(pid)
-                inst_path = None
-        hr_path = None
-        if has_hr:
-            candidate = hr_root / hr_pattern.format(patch_id=pid)
-            if candidate.exists():
-                if rec.geo is None:
-                    raise CropScaleError(
-                        f"patch {pid}: high-grid image {candidate} exists but {meta_path} has no patch polygon "
-                        "in a projected CRS, so the image cannot be aligned with the 10 m grid"
-                    )
-                hr_path = candidate
-            else:
-                fallbacks.setdefault(f"high-grid image ({hr_root.name})", []).append(pid)
-        out.append(PatchFiles(
-            patch_id=pid, fold=rec.fold, hw=(h, w), s2=s2_path, s2_t=t, mask=mask_path, s1=s1,
-            target=target_path, instances=inst_path, hr=hr_path, doy=doy, geo=rec.geo,
-        ))
-    for what, ids in fallbacks.items():
-        shown = ", ".join(map(str, ids[:10])) + (" ..." if len(ids) > 10 else "")
-        warnings.warn(f"{root}: no {what} for {len(ids)} patch(es) ({shown}); those samples mark it absent",
-                      stacklevel=2)
-    return out
 
 
 class PastisHDDataset(Dataset):

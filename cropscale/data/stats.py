@@ -23,6 +23,8 @@ from pathlib import Path
 import numpy as np
 
 from cropscale.batch import S1_BANDS, S2_BANDS
+from cropscale.data.index import index_patches, open_npy
+from cropscale.data.temporal import s1_pixel_validity, s2_pixel_validity
 from cropscale.errors import CropScaleError
 
 FORMAT = "cropscale-norm-stats/1"
@@ -186,8 +188,6 @@ def compute_norm_stats(
             NaN or Inf in Sentinel-2 reflectance, no clear observation at all, or a band with zero
             variance.
     """
-    from cropscale.data.dataset import index_patches, open_npy
-    from cropscale.data.temporal import s1_pixel_validity, s2_pixel_validity
 
     patches = index_patches(root, list(folds), s1_orbits=s1_orbits, hr_dir=None)
     if max_patches is not None:

@@ -1,41 +1,122 @@
-"""Environment record of a measurement: source hash, invocation, host, device, driver, libraries.
+"""Provenance facts of a measurement: git commit, dataset revision, library versions, host, device,
+GPU topology and the invocation (layer 1: the one definition used by ``run.json``, the benchmark JSON
+and the study record).
 
-Every benchmark JSON carries the record built by :func:`environment_record`, so that a number can be
-traced to the code, the command, the machine and the accelerator settings that produced it
-(DESIGN.md, "Evidence before speedup"). Facts that cannot be read are ``None`` with a
-``*_reason`` entry beside them, never guessed.
-
-NVML facts (driver version, enforced power limit in W, persistence mode, clocks) and the git record
-come from the scaling callbacks' helpers (:mod:`cropscale.env.nvml`, which matches the CUDA
-and NVML devices by UUID, not by index; :func:`cropscale.callbacks.provenance.git_info`), so that a
-benchmark JSON and a run's ``run.json`` describe a machine the same way.
+Facts that cannot be read are ``None`` or ``{"available": False, "reason": ...}``, never guessed.
+NVML facts (driver version, enforced power limit in W, persistence mode, clocks) come from
+:mod:`cropscale.env.nvml`, which matches the CUDA and NVML devices by UUID, not by index.
 """
 
 from __future__ import annotations
 
+import datetime as _dt
 import hashlib
 import importlib.metadata
 import os
 import platform
+import shutil
 import socket
+import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
+import cropscale
+from cropscale.env.nvml import open_device_for
+from cropscale.errors import CropScaleError
+
 __all__ = [
     "current_rss_bytes",
+    "dataset_revision",
     "device_record",
     "environment_record",
-    "git_record",
+    "git_info",
+    "gpu_topology",
     "library_versions",
     "load_average",
     "sha256_file",
+    "utc_now",
 ]
 
-_LIBRARIES = ("torch", "lightning", "torchmetrics", "numpy", "nvidia-ml-py", "tensorboard", "matplotlib",
-              "cropscale")
+PACKAGE_DIR = Path(cropscale.__file__).resolve().parent
+"""The folder of the cropscale package (its git checkout is the code a measurement ran)."""
+
+_LIBRARIES = ("cropscale", "torch", "lightning", "torchmetrics", "numpy", "jsonargparse", "nvidia-ml-py",
+              "tensorboard", "matplotlib")
+
+
+def utc_now() -> str:
+    """The current time in UTC, ISO 8601 to the second (``2026-12-01T11:44:00+00:00``)."""
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def _run(cmd: list[str], cwd: str | None = None, timeout: float = 10.0) -> str | None:
+    """Standard output of ``cmd``, or ``None`` when it cannot run, fails or times out."""
+    try:
+        out = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=timeout, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout if out.returncode == 0 else None
+
+
+def git_info(path: str | os.PathLike | None = None) -> dict[str, Any]:
+    """Commit, dirty flag (tracked files modified) and top folder of the git repository holding
+    ``path`` (default: the working directory, then the cropscale package).
+
+    Returns:
+        ``{"available": True, "repo", "commit", "dirty"}`` or ``{"available": False, "reason"}``.
+    """
+    if shutil.which("git") is None:
+        return {"available": False, "reason": "git is not installed"}
+    candidates = [str(path)] if path else [os.getcwd(), str(PACKAGE_DIR)]
+    for cwd in candidates:
+        top = _run(["git", "rev-parse", "--show-toplevel"], cwd=cwd)
+        if not top:
+            continue
+        commit = (_run(["git", "rev-parse", "HEAD"], cwd=cwd) or "").strip() or None
+        status = _run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=cwd)
+        return {
+            "available": True,
+            "repo": top.strip(),
+            "commit": commit,
+            "dirty": None if status is None else bool(status.strip()),
+        }
+    return {"available": False, "reason": f"not inside a git repository: {candidates}"}
+
+
+def dataset_revision(root: str | os.PathLike, method: Literal["listing", "content"] = "listing") -> dict[str, Any]:
+    """SHA-256 revision of the data folder ``root``.
+
+    ``listing``: hash of the sorted ``relative/path<TAB>size-in-bytes`` lines (fast; catches added,
+    removed and resized files). ``content``: hash of the same lines followed by each file's bytes.
+
+    Returns:
+        ``{"root", "method", "sha256", "files", "bytes"}``.
+
+    Raises:
+        CropScaleError: if ``root`` is not a folder or ``method`` is unknown.
+    """
+    root_path = Path(root)
+    if not root_path.is_dir():
+        raise CropScaleError(f"dataset revision: {str(root_path)!r} is not a folder")
+    if method not in ("listing", "content"):
+        raise CropScaleError(f"dataset revision: method {method!r} is not 'listing' or 'content'")
+    files = sorted(p for p in root_path.rglob("*") if p.is_file())
+    h = hashlib.sha256()
+    total = 0
+    for p in files:
+        size = p.stat().st_size
+        total += size
+        h.update(f"{p.relative_to(root_path).as_posix()}\t{size}\n".encode())
+    if method == "content":
+        for p in files:
+            with open(p, "rb") as f:
+                for chunk in iter(lambda f=f: f.read(1 << 20), b""):
+                    h.update(chunk)
+    return {"root": str(root_path.resolve()), "method": method, "sha256": h.hexdigest(), "files": len(files),
+            "bytes": total}
 
 
 def sha256_file(path: str | Path) -> str:
@@ -43,23 +124,57 @@ def sha256_file(path: str | Path) -> str:
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
-def library_versions() -> dict[str, str | None]:
-    """Installed versions of the libraries that shape a measurement (``None`` = not installed),
-    plus the CUDA runtime and cuDNN versions torch was built with."""
-    versions: dict[str, str | None] = {"python": platform.python_version()}
-    for name in _LIBRARIES:
+def library_versions(names: tuple[str, ...] = _LIBRARIES) -> dict[str, Any]:
+    """Versions of Python, the libraries ``names`` (``None`` = not installed) and the CUDA, cuDNN and
+    NCCL builds torch uses.
+
+    Returns:
+        ``{"python", <name>: str | None ..., "cuda": str | None, "cudnn": int | None (e.g. 90100),
+        "nccl": "2.21.5" | None}``; ``cropscale`` is ``"<version> (source tree, not installed)"`` when
+        the package runs from a checkout that pip does not know.
+    """
+    versions: dict[str, Any] = {"python": platform.python_version()}
+    for name in names:
         try:
             versions[name] = importlib.metadata.version(name)
         except importlib.metadata.PackageNotFoundError:
             versions[name] = None
-    if versions["cropscale"] is None:  # running from a source tree that is not pip-installed
-        import cropscale
-
+    if "lightning" in names and versions["lightning"] is None:
+        try:
+            versions["lightning"] = importlib.metadata.version("pytorch-lightning")
+        except importlib.metadata.PackageNotFoundError:
+            pass
+    if "cropscale" in names and versions["cropscale"] is None:
         versions["cropscale"] = f"{cropscale.__version__} (source tree, not installed)"
-    versions["torch_cuda"] = torch.version.cuda
-    cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
-    versions["cudnn"] = str(cudnn) if cudnn is not None else None
+    versions["cuda"] = torch.version.cuda
+    versions["cudnn"] = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
+    nccl = None
+    if torch.cuda.is_available():
+        try:
+            nccl = ".".join(str(x) for x in torch.cuda.nccl.version())
+        except Exception:  # no NCCL in this build
+            nccl = None
+    versions["nccl"] = nccl
     return versions
+
+
+def gpu_topology() -> dict[str, Any]:
+    """``nvidia-smi topo -m`` (the GPU interconnect matrix).
+
+    Returns:
+        ``{"available": True, "nvidia_smi_topo_m": text}`` or ``{"available": False, "reason"}``.
+    """
+    if shutil.which("nvidia-smi") is None:
+        return {"available": False, "reason": "nvidia-smi not found"}
+    out = _run(["nvidia-smi", "topo", "-m"], timeout=20.0)
+    if out is None:
+        return {"available": False, "reason": "nvidia-smi topo -m failed"}
+    return {"available": True, "nvidia_smi_topo_m": out}
+
+
+def host_record() -> dict[str, Any]:
+    """``{"hostname", "platform", "cpu_count"}`` of this process's machine."""
+    return {"hostname": socket.gethostname(), "platform": platform.platform(), "cpu_count": os.cpu_count()}
 
 
 def current_rss_bytes() -> int | None:
@@ -96,11 +211,6 @@ def _nvml_facts(device: torch.device) -> dict[str, Any]:
     of the CUDA ``device`` via the scaling callbacks' NVML helpers (:mod:`cropscale.env.nvml`,
     device matched by UUID); ``None`` fields and ``nvml_reason`` when NVML cannot say."""
     facts: dict[str, Any] = {"driver": None, "power_limit_w": None, "persistence_mode": None}
-    try:
-        from cropscale.env.nvml import open_device_for
-    except ImportError as err:
-        facts["nvml_reason"] = f"cropscale.env.nvml cannot be imported: {err}"
-        return facts
     nv, reason = open_device_for(device)
     if nv is None:
         facts["nvml_reason"] = reason
@@ -111,16 +221,6 @@ def _nvml_facts(device: torch.device) -> dict[str, Any]:
         if facts.get(key) is None:
             facts[f"{key}_reason"] = f"NVML could not read {key} on this device"
     return facts
-
-
-def git_record() -> dict[str, Any]:
-    """Commit and dirty flag of the source tree (:func:`cropscale.callbacks.provenance.git_info`),
-    or ``{"available": False, "reason"}``."""
-    try:
-        from cropscale.callbacks.provenance import git_info
-    except ImportError as err:
-        return {"available": False, "reason": f"cropscale.callbacks.provenance cannot be imported: {err}"}
-    return git_info(Path(__file__).resolve().parent)
 
 
 def device_record(device: torch.device) -> dict[str, Any]:
@@ -165,7 +265,7 @@ def environment_record(source: str | Path, argv: list[str] | None, device: torch
 
     Returns:
         ``{"source", "source_sha256", "invocation": {"executable", "sys_argv", "argv", "cwd"},
-        "git": git_record(), "host": {"hostname", "platform", "machine", "load_average_1_5_15_min"} (at the
+        "git": git_info(PACKAGE_DIR), "host": {"hostname", "platform", "machine", "load_average_1_5_15_min"} (at the
         start), "device": device_record(device),
         "libraries": library_versions()}``.
     """
@@ -178,7 +278,7 @@ def environment_record(source: str | Path, argv: list[str] | None, device: torch
             "argv": list(sys.argv[1:] if argv is None else argv),
             "cwd": os.getcwd(),
         },
-        "git": git_record(),
+        "git": git_info(PACKAGE_DIR),
         "host": {"hostname": socket.gethostname(), "platform": platform.platform(), "machine": platform.machine(),
                  "load_average_1_5_15_min": load_average()},
         "device": device_record(device),

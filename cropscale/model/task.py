@@ -25,9 +25,11 @@ from torch.optim.lr_scheduler import LambdaLR
 from cropscale.batch import model_inputs
 from cropscale.errors import CropScaleError
 from cropscale.metrics import HighGridMetrics, ParcelMetrics, SegmentationMetrics, confusion_matrix_figure
+from cropscale.model.flops import flops_per_sample
 from cropscale.model.losses import MultiTaskLoss
 from cropscale.model.network import CropMappingNet
 from cropscale.model.optim import LRScaling, global_batch_size, scale_learning_rate, warmup_factor
+from cropscale.model.synthetic import synthetic_batch
 from cropscale.tiling import sliding_window_inference
 
 # The validation scores are computed from confusion matrices already summed across ranks
@@ -124,13 +126,9 @@ class CropMappingTask(LightningModule):
                 f" {self.net.stride} (usually the training crop size, data.crop_size={crop})"
             )
         if self.example_input_array is None:
-            from cropscale.model.synthetic import synthetic_batch
-
             sample = synthetic_batch(1, t2=t2, t1=t1, height=crop, width=crop, num_classes=self.hparams.num_classes)
             self.example_input_array = model_inputs(sample)
         if stage == "fit" and self.flops_per_sample is None:
-            from cropscale.model.flops import flops_per_sample
-
             fresh = CropMappingNet(num_classes=self.hparams.num_classes, **self._net_kwargs())
             self.flops_per_sample = float(flops_per_sample(fresh, t2=t2, t1=t1, height=crop, width=crop)["total"])
 

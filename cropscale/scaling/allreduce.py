@@ -259,12 +259,13 @@ def gradient_payload(module, grad_dtype=None) -> GradientPayload:
             (e.g. ``torch.float16`` with DDP's FP16-compression communication hook). Under AMP the
             parameters and hence the gradients DDP reduces stay FP32.
 
+    Duck-typed (``module.parameters()``, ``p.numel()``, ``p.element_size()``, ``dtype.itemsize``), so
+    this package needs no torch import.
+
     Raises:
         CropScaleError: ``module`` is not an ``nn.Module`` or has no trainable parameter.
     """
-    import torch
-
-    if not isinstance(module, torch.nn.Module):
+    if not callable(getattr(module, "parameters", None)):
         raise CropScaleError(f"gradient_payload needs a torch.nn.Module, got {type(module).__name__}")
     params = [p for p in module.parameters() if p.requires_grad]
     if not params:
@@ -272,7 +273,7 @@ def gradient_payload(module, grad_dtype=None) -> GradientPayload:
     sizes, dts = [], []
     for p in reversed(params):
         dt = grad_dtype if grad_dtype is not None else p.dtype
-        elem = torch.empty((), dtype=dt).element_size()
+        elem = grad_dtype.itemsize if grad_dtype is not None else p.element_size()
         sizes.append(p.numel() * elem)
         dts.append(str(dt).removeprefix("torch."))
     num = sum(p.numel() for p in params)

@@ -18,6 +18,7 @@ from dataclasses import asdict
 
 from cropscale.errors import CropScaleError
 from cropscale.evidence import LABELS as EVIDENCE_LABELS
+from cropscale.model.network import CropMappingNet
 from cropscale.scaling.allreduce import (
     DDP_BUCKET_CAP_MB,
     DDP_FIRST_BUCKET_MB,
@@ -76,8 +77,6 @@ def main(argv: list[str] | None = None) -> int:
     amdahl_rows = amdahl_table(args.devices, args.serial_fractions)
     payload = None
     if args.from_model:
-        from cropscale.model.network import CropMappingNet
-
         payload = gradient_payload(CropMappingNet())
         source = (f"{payload.source}: P = {payload.num_params:,} trainable parameters, gradients "
                   f"{'/'.join(payload.grad_dtypes)} ({payload.bytes_per_element:g} B/element), exact DDP buckets")

@@ -35,6 +35,7 @@ from dataclasses import asdict, dataclass
 
 from cropscale.errors import CropScaleError
 from cropscale.model.optim import LRScaling, global_batch_size, scale_learning_rate
+from cropscale.scaling.amdahl import amdahl_speedup
 from cropscale.scaling.amdahl import efficiency as _efficiency
 
 EQUAL_GLOBAL = "equal-global"
@@ -240,7 +241,6 @@ def karp_flatt_time_ratio(world_size: int, serial_fraction: float) -> float:
         CropScaleError: ``world_size < 1``, a non-finite ``e``, or an ``e < 0`` so negative that
             the predicted time is not positive.
     """
-    from cropscale.scaling.amdahl import amdahl_speedup
 
     n = _positive_int(world_size, "world size")
     e = serial_fraction

@@ -48,7 +48,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from cropscale.env.host import PACKAGE_DIR, environment_record, git_info, gpu_topology, sha256_file
 from cropscale.errors import CropScaleError
+from cropscale.model.network import CropMappingNet
+from cropscale.report import cli as report
+from cropscale.report.cli import Column, figure, load_run, load_scalars
+from cropscale.scaling import allreduce as ar
+from cropscale.scaling.amdahl import karp_flatt
 from cropscale.study import protocol as P
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -564,7 +570,6 @@ def metrics_from_run(run_dir: str | Path, warmup_epochs: int) -> RunMetrics:
     - optimizer updates per epoch: ``global_step / trainer.max_epochs``;
     - macro IoU: last value (final) and maximum (best) of ``val/mIoU``.
     """
-    from cropscale.report.cli import load_run, load_scalars
 
     run_dir = Path(run_dir)
     m = RunMetrics()
@@ -721,7 +726,6 @@ def comm_time_per_update(spec: StudySpec, num_params: int, world_size: int, buck
     DDP: one ring all-reduce per bucket (:func:`cropscale.scaling.allreduce.ddp_allreduce_time`);
     FSDP (FULL_SHARD): two all-gathers and one reduce-scatter of the whole payload.
     """
-    from cropscale.scaling import allreduce as ar
 
     alpha = spec.allreduce["alpha_us"] * 1e-6
     bw = spec.allreduce["bandwidth_gb_s"] * 1e9
@@ -735,7 +739,6 @@ def comm_time_per_update(spec: StudySpec, num_params: int, world_size: int, buck
 
 def gradient_buckets(spec: StudySpec) -> tuple[int, list[float], str]:
     """(P, DDP bucket sizes in bytes, source) of the study's network."""
-    from cropscale.scaling import allreduce as ar
 
     if spec.num_params is not None:
         m = ar.payload_bytes(int(spec.num_params), spec.allreduce["bytes_per_element"])
@@ -743,7 +746,6 @@ def gradient_buckets(spec: StudySpec) -> tuple[int, list[float], str]:
         first, cap = ar.DDP_FIRST_BUCKET_MB * ar.MIB, ar.DDP_BUCKET_CAP_MB * ar.MIB
         sizes = [min(m, first)] + [min(cap, m - first - i * cap) for i in range(k - 1)]
         return int(spec.num_params), sizes, "num_params of the spec"
-    from cropscale.model.network import CropMappingNet
 
     net = CropMappingNet(num_classes=spec.num_classes, **spec.net_kwargs)
     payload = ar.gradient_payload(net)
@@ -754,7 +756,6 @@ def gradient_buckets(spec: StudySpec) -> tuple[int, list[float], str]:
 def add_speedups(rows: list[dict[str, Any]]) -> None:
     """S_N = T_1 / T_N, E_N = S_N / N and the Karp-Flatt fraction for measured rows, in place,
     against the measured 1-rank row of the same protocol and precision (T = median training epoch)."""
-    from cropscale.scaling.amdahl import karp_flatt
 
     t1 = {(r["protocol"], r["precision"]): r["train_epoch_s"] for r in rows
           if r["evidence"] == MEASURED and r["world_size"] == 1}
@@ -831,27 +832,9 @@ def analytical_rows(
 
 
 # ------------------------------------------------------------------------------------------ study
-def _git_record() -> dict[str, Any]:
-    def git(*args: str) -> str | None:
-        try:
-            res = subprocess.run(["git", *args], cwd=REPO_ROOT, capture_output=True, text=True, timeout=10)
-        except (OSError, subprocess.TimeoutExpired):
-            return None
-        return res.stdout.strip() if res.returncode == 0 else None
-
-    status = git("status", "--porcelain", "--untracked-files=no")
-    return {"commit": git("rev-parse", "HEAD"), "dirty": None if status is None else bool(status)}
-
-
 def _topology(accelerator: str) -> str | None:
     """``nvidia-smi topo -m`` (the GPU interconnect matrix), recorded with GPU studies."""
-    if accelerator != "gpu" or shutil.which("nvidia-smi") is None:
-        return None
-    try:
-        res = subprocess.run(["nvidia-smi", "topo", "-m"], capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return res.stdout if res.returncode == 0 else None
+    return gpu_topology().get("nvidia_smi_topo_m") if accelerator == "gpu" else None
 
 
 def _data_record(data_root: str | None) -> dict[str, Any]:
@@ -859,7 +842,6 @@ def _data_record(data_root: str | None) -> dict[str, Any]:
     if data_root is None:
         return {"root": None}
     meta = Path(data_root) / "metadata.geojson"
-    from cropscale.env.host import sha256_file
 
     return {"root": data_root, "metadata_sha256": sha256_file(meta) if meta.is_file() else None}
 
@@ -915,7 +897,7 @@ def run_study(
     doc: dict[str, Any] = {
         "study": spec.name, "spec": {k: v for k, v in asdict(spec).items()}, "accelerator": accelerator,
         "available_devices": available, "available_reason": why, "data": _data_record(root),
-        "git": _git_record(), "topology": _topology(accelerator), "runs": [], "rows": [],
+        "git": git_info(PACKAGE_DIR), "topology": _topology(accelerator), "runs": [], "rows": [],
     }
     echo(f"study {spec.name}: {len(configs)} configurations x {len(spec.seeds)} seed(s); {available} rank(s)"
          f" available ({why}); folder {out}")
@@ -934,8 +916,6 @@ def run_study(
     out.mkdir(parents=True, exist_ok=True)
     try:
         import torch
-
-        from cropscale.env.host import environment_record
 
         doc["environment"] = environment_record(
             __file__, None, torch.device("cuda" if accelerator == "gpu" and torch.cuda.is_available() else "cpu"))
@@ -1021,8 +1001,6 @@ def _previous_runs(out: Path) -> dict[tuple[str, int], dict[str, Any]]:
 
 # ------------------------------------------------------------------------------------ table, figures
 def _columns():
-    from cropscale.report.cli import Column
-
     return (
         Column("protocol", "Protocol", figure=False),
         Column("precision", "Precision", figure=False),
@@ -1059,7 +1037,6 @@ _PREDICTED = ("train_epoch_s", "samples_per_s", "speedup", "efficiency", "serial
 def _table_row(row: dict[str, Any]) -> dict[str, Any]:
     """A study row as a report row: every figure a ``report.figure`` with its evidence, the reason
     when n/a, and the row's notes attached to the training-epoch time."""
-    from cropscale.report.cli import figure
 
     out = {k: v for k, v in row.items() if k not in ("notes", "why", "figure_notes")}
     figures = {}
@@ -1091,7 +1068,6 @@ def write_outputs(rows: Sequence[dict[str, Any]], out: Path, spec: StudySpec,
     (all rows, one ``evidence`` column and per-figure evidence), ``figures/scaling.png`` and, from
     the run records of :func:`cropscale.report.cli.load_run`, ``figures/iou_by_epoch.png`` and
     ``figures/step_decomposition.png``; tables through :func:`cropscale.report.cli.write_table`."""
-    from cropscale.report import cli as report
 
     out = Path(out)
     table_rows = [_table_row(r) for r in rows]
