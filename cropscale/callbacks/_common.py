@@ -15,10 +15,11 @@ import torch
 from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.callbacks import Callback
 
-EVIDENCE_RUN = "measured-run"
-"""Evidence label of every figure a callback measures during a training run."""
-EVIDENCE_MICROBENCHMARK = "measured-microbenchmark"
-"""Evidence label of figures from a dedicated microbenchmark (``callback-bench``)."""
+from cropscale.evidence import MEASURED_MICROBENCHMARK as EVIDENCE_MICROBENCHMARK
+from cropscale.evidence import MEASURED_RUN as EVIDENCE_RUN
+from cropscale.numbers import finite_or_none, median_p95, percentile
+
+__all__ = ["EVIDENCE_MICROBENCHMARK", "EVIDENCE_RUN", "finite_or_none", "median_p95", "percentile"]
 
 GIB = float(1 << 30)
 
@@ -140,41 +141,6 @@ def deferred_logging(trainer: Trainer) -> Iterator[None]:
 # --------------------------------------------------------------------------------------------------
 # statistics
 # --------------------------------------------------------------------------------------------------
-def percentile(values: Sequence[float], q: float) -> float | None:
-    """The ``q``-th percentile (0..100) of ``values`` with linear interpolation, ``None`` when empty.
-
-    Same definition as ``numpy.percentile(values, q)`` (method "linear").
-    """
-    if not values:
-        return None
-    xs = sorted(values)
-    if len(xs) == 1:
-        return float(xs[0])
-    pos = (len(xs) - 1) * q / 100.0
-    lo = math.floor(pos)
-    hi = min(lo + 1, len(xs) - 1)
-    return float(xs[lo] + (xs[hi] - xs[lo]) * (pos - lo))
-
-
-def median_p95(values: Sequence[float], scale: float = 1.0) -> dict[str, float | None]:
-    """``{"median": ..., "p95": ..., "n": ...}`` of ``values`` multiplied by ``scale``."""
-    med = percentile(values, 50.0)
-    p95 = percentile(values, 95.0)
-    return {
-        "median": None if med is None else med * scale,
-        "p95": None if p95 is None else p95 * scale,
-        "n": len(values),
-    }
-
-
-def finite_or_none(x: float | None) -> float | None:
-    """``x`` as a float, or ``None`` for ``None`` / NaN / inf (JSON has no NaN)."""
-    if x is None:
-        return None
-    x = float(x)
-    return x if math.isfinite(x) else None
-
-
 # --------------------------------------------------------------------------------------------------
 # ranks
 # --------------------------------------------------------------------------------------------------

@@ -18,7 +18,7 @@ import yaml
 from cropscale import CropScaleError
 from cropscale.report import cli as rp
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 FIGURES = ("iou_by_epoch.png", "throughput.png", "peak_memory.png", "step_decomposition.png")
 
 
@@ -144,7 +144,7 @@ def test_load_benchmark_rows_and_oom(fake_inputs):
 
 def test_pairs_only_differ_in_precision(fake_inputs):
     _, a, b, c, bench = fake_inputs
-    records = rp.load_inputs([a.parents[1], bench])
+    records = rp.load_inputs([a.parents[2], bench])
     pairs = rp.precision_pairs(records)
     by_other = {p["other"]: p for p in pairs}
     assert set(by_other) == {"amp/version_0", "bench.json: AMP FP16 b4"}  # fp32_b8 differs in batch: no pair

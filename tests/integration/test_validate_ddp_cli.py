@@ -5,7 +5,8 @@ divide the number of patches, where Lightning's padding DistributedSampler would
 """
 
 import pytest
-from test_cli import run_cli, scalar_tags
+
+from tests.integration.test_cli import run_cli, scalar_tags
 
 VALIDATE = [
     "validate", "--seed_everything=0", "--data.train_folds=[2]", "--data.val_folds=[1]",

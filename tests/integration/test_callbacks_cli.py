@@ -24,7 +24,7 @@ from cropscale.callbacks import (
 )
 from cropscale.testing.toy import ToyTask
 
-PRESETS = Path(__file__).resolve().parents[1] / "callbacks"
+PRESETS = Path(__file__).resolve().parents[2] / "callbacks"
 SINGLE = {
     "step_timing.yaml": StepTimingCallback,
     "throughput.yaml": ThroughputCallback,

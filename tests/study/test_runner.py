@@ -13,7 +13,7 @@ import pytest
 from cropscale import CropScaleError
 from cropscale.study import runner as S
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 BASE = {
     "name": "t",

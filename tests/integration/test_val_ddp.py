@@ -28,7 +28,7 @@ import numpy as np
 import pytest
 import torch
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 NUM_CLASSES, VOID = 20, 19  # PASTIS nomenclature: 0 background, 1..18 crops, 19 void (ignored)
 HR = 2  # high-grid ratio of the stand-in model (small to keep the test fast)
 

@@ -25,9 +25,9 @@ from cropscale.callbacks import (
     ThroughputCallback,
     _common,
 )
-from cropscale.env.host import dataset_revision
 from cropscale.callbacks.step_timing import ALL_FIGURES
 from cropscale.env import nvml, peaks
+from cropscale.env.host import dataset_revision
 
 
 # ----------------------------------------------------------------------------------------- batches

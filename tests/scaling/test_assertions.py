@@ -150,7 +150,7 @@ def test_check_scaling_needs_y_or_a_series():
 
 def test_plugin_marker_and_fixture_end_to_end(pytester):
     """A test written as a statement about scaling, run in a pytest session of its own."""
-    pytester.makeconftest('pytest_plugins = ["scaling_plugin"]')
+    pytester.makeconftest('pytest_plugins = ["tests.scaling_plugin"]')
     pytester.makepyfile(
         """
         import pytest
@@ -179,7 +179,7 @@ def test_plugin_fixture_with_explicit_expectation_records_the_verdict(scaling, r
 
 
 def test_plugin_fails_the_test_with_the_message():
-    import scaling_plugin
+    from tests import scaling_plugin
 
     node = SimpleNamespace(get_closest_marker=lambda name: SimpleNamespace(args=("O(1)",), kwargs={}),
                            user_properties=[], nodeid="x")

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 # One small epoch on the real sample: 2 training patches x 2 crops, both validation patches tiled.
 TINY = [
     "--trainer.max_epochs=1",

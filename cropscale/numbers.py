@@ -1,0 +1,64 @@
+"""Statistics helpers shared by the callbacks, benchmarks, the run reader, the report and the study
+(layer 0: stdlib only). One definition of each: percentiles follow ``numpy.percentile(method="linear")``;
+``None``, NaN and inf are "no value" and are dropped (JSON has no NaN).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Iterable, Sequence
+
+
+def finite_or_none(x: float | None) -> float | None:
+    """``x`` as a float, or ``None`` for ``None`` / NaN / inf (JSON has no NaN)."""
+    if x is None:
+        return None
+    x = float(x)
+    return x if math.isfinite(x) else None
+
+
+def finite(values: Iterable[float | None]) -> list[float]:
+    """The finite values of ``values`` as floats (``None``, NaN and inf dropped), in order."""
+    return [float(v) for v in values if v is not None and math.isfinite(float(v))]
+
+
+def percentile(values: Sequence[float], q: float) -> float | None:
+    """The ``q``-th percentile (0..100) of ``values`` with linear interpolation, ``None`` when empty.
+
+    Same definition as ``numpy.percentile(values, q)`` (method "linear").
+    """
+    if not values:
+        return None
+    xs = sorted(values)
+    if len(xs) == 1:
+        return float(xs[0])
+    pos = (len(xs) - 1) * q / 100.0
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(xs) - 1)
+    return float(xs[lo] + (xs[hi] - xs[lo]) * (pos - lo))
+
+
+def median(values: Iterable[float | None]) -> float | None:
+    """Median of the finite values, ``None`` when there is none."""
+    vals = finite(values)
+    return statistics.median(vals) if vals else None
+
+
+def median_p95(values: Sequence[float], scale: float = 1.0) -> dict[str, float | None]:
+    """``{"median": ..., "p95": ..., "n": ...}`` of ``values`` multiplied by ``scale``."""
+    med = percentile(values, 50.0)
+    p95 = percentile(values, 95.0)
+    return {
+        "median": None if med is None else med * scale,
+        "p95": None if p95 is None else p95 * scale,
+        "n": len(values),
+    }
+
+
+def mean_sd(values: Iterable[float | None]) -> tuple[float | None, float | None]:
+    """Mean and sample standard deviation (n - 1) of the finite values; sd is ``None`` below 2 values."""
+    vals = finite(values)
+    if not vals:
+        return None, None
+    return statistics.fmean(vals), (statistics.stdev(vals) if len(vals) > 1 else None)
