@@ -1,4 +1,4 @@
-"""The quality-and-speed report (issue 7): parsing of run folders (run.json + TensorBoard events +
+"""The quality-and-speed report: parsing of run folders (run.json + TensorBoard events +
 config.yaml) and benchmark JSONs, exact figures, precision pairs, evidence labels, n/a reasons, PNG
 figures; end to end on two tiny fits of the bundled sample (slow)."""
 
@@ -17,6 +17,11 @@ import yaml
 
 from cropscale import CropScaleError
 from cropscale.report import cli as rp
+from cropscale.report.columns import COLUMNS
+from cropscale.report.pairs import precision_pairs
+from cropscale.runs.record import load_benchmark, load_inputs, load_run
+from cropscale.runs.rules import Figure
+from cropscale.runs.tables import Column, TableRow, write_table
 
 REPO = Path(__file__).resolve().parents[2]
 FIGURES = ("iou_by_epoch.png", "throughput.png", "peak_memory.png", "step_decomposition.png")
@@ -32,7 +37,7 @@ def _config(precision: str, batch_size: int = 4, name: str = "default") -> dict:
     }
 
 
-def _fake_run(folder: Path, precision: str, mious: list[float], *, samples_per_s: float, step_ms: float,
+def _fake_run(folder: Path, precision: str, mious: list[float], *, samples: int, step_ms: float,
               train_s: list[float], val_s: list[float], energy_j: float | None = None, batch_size: int = 4,
               name: str = "default", gpu_peak: float | None = None) -> Path:
     """A run folder as ``fit --config callbacks/scaling.yaml`` writes it (run.json, events, config.yaml)."""
@@ -51,8 +56,8 @@ def _fake_run(folder: Path, precision: str, mious: list[float], *, samples_per_s
             writer.add_scalar(f"perf/step/{w}_ms", v * (epoch + 1), step)
     writer.close()
     (folder / "config.yaml").write_text(yaml.safe_dump(_config(precision, batch_size, name)))
-    epochs = [{"epoch": i, "train_s": t, "val_s": v, "wall_s": t + v, "step_latency_ms": {"median": None}}
-              for i, (t, v) in enumerate(zip(train_s, val_s, strict=True))]
+    epochs = [{"epoch": i, "samples": samples, "train_s": t, "val_s": v, "wall_s": t + v,
+               "step_latency_ms": {"median": None}} for i, (t, v) in enumerate(zip(train_s, val_s, strict=True))]
     windows = {w: {"median": m, "p95": m * 1.1, "n": 20} for w, m in
                (("data_wait", 1.0), ("transfer", 0.5), ("forward", 0.3 * step_ms), ("backward", 0.5 * step_ms),
                 ("optimizer", 0.2 * step_ms - 1.5), ("remainder", 0.0), ("step", step_ms))}
@@ -60,12 +65,13 @@ def _fake_run(folder: Path, precision: str, mious: list[float], *, samples_per_s
         "step_timing": {"evidence": "measured-run", "warmup_steps": 5, "steps_total": 30,
                         "epochs": [{"epoch": 0, "windows_ms": {w: {"median": None, "p95": None, "n": 0} for w in windows}},
                                    {"epoch": 1, "windows_ms": windows}]},
-        "throughput": {"evidence": "measured-run", "warmup_steps": 5, "samples_per_s": samples_per_s, "epochs": epochs},
+        "throughput": {"evidence": "measured-run", "warmup_steps": 5, "epochs": epochs},
         "loss_scale": ({"scaler_in_use": True, "skipped_steps": 2} if precision == "16-mixed"
                        else {"scaler_in_use": False, "reason": "no GradScaler"}),
         "nonfinite": {"per_rank": [{"nonfinite_batches": 1, "skipped_steps": 0}]},
         "energy": ({"available": True, "method": "counter", "total_energy_j": energy_j,
-                    "j_per_sample": energy_j / 120} if energy_j is not None
+                    "epochs": [{"epoch": i, "energy_j": energy_j / len(train_s), "samples": samples}
+                               for i in range(len(train_s))]} if energy_j is not None
                    else {"available": False, "reason": "the model runs on 'cpu'"}),
         "memory": {"gpu_available": gpu_peak is not None, "peak_allocated_gib": gpu_peak, "host_peak_rss_gib": 1.5},
     }
@@ -93,13 +99,13 @@ def _fake_bench(path: Path) -> Path:
 
 @pytest.fixture()
 def fake_inputs(tmp_path):
-    a = _fake_run(tmp_path / "runs" / "fp32" / "version_0", "32-true", [0.20, 0.35, 0.30], samples_per_s=10.0,
+    a = _fake_run(tmp_path / "runs" / "fp32" / "version_0", "32-true", [0.20, 0.35, 0.30], samples=210,
                   step_ms=100.0, train_s=[30.0, 20.0, 22.0], val_s=[5.0, 4.0, 6.0], energy_j=3600.0,
                   name="fp32", gpu_peak=3.0)
-    b = _fake_run(tmp_path / "runs" / "amp" / "version_0", "16-mixed", [0.25, 0.30, 0.33], samples_per_s=14.0,
+    b = _fake_run(tmp_path / "runs" / "amp" / "version_0", "16-mixed", [0.25, 0.30, 0.33], samples=203,
                   step_ms=70.0, train_s=[25.0, 15.0, 14.0], val_s=[5.0, 4.0, 4.0], energy_j=2400.0,
                   name="amp", gpu_peak=2.4)
-    c = _fake_run(tmp_path / "runs" / "fp32_b8" / "version_0", "32-true", [0.1], samples_per_s=12.0,
+    c = _fake_run(tmp_path / "runs" / "fp32_b8" / "version_0", "32-true", [0.1], samples=480,
                   step_ms=180.0, train_s=[40.0], val_s=[5.0], batch_size=8, name="fp32_b8")
     bench = _fake_bench(tmp_path / "bench.json")
     return tmp_path, a, b, c, bench
@@ -107,57 +113,58 @@ def fake_inputs(tmp_path):
 
 def test_load_run_exact_figures(fake_inputs):
     _, a, b, c, _ = fake_inputs
-    ra = rp.load_run(a)
-    f = {k: v["value"] for k, v in ra["figures"].items()}
-    assert (ra["precision"], ra["strategy"], ra["devices"], ra["global_batch"]) == ("32-true", "SingleDeviceStrategy", 1, 4)
+    ra = load_run(a)
+    f = {k: v.value for k, v in ra.figures.items()}
+    assert (ra.precision, ra.strategy, ra.devices, ra.global_batch) == ("32-true", "SingleDeviceStrategy", 1, 4)
     assert f["best_miou"] == pytest.approx(0.35, abs=1e-7) and f["best_epoch"] == 1  # float32 in TensorBoard
     assert f["final_train_loss"] == 1.0
     assert f["median_step_ms"] == 100.0 and f["p95_step_ms"] == pytest.approx(110.0)  # epoch 1: measured steps
-    assert f["samples_per_s"] == 10.0
+    assert f["samples_per_s"] == pytest.approx(420 / 42)  # measured epochs 1, 2: 2 x 210 samples in 20 + 22 s
     assert f["train_epoch_s"] == 21.0 and f["val_epoch_s"] == 5.0 and f["epoch_s"] == 26.0  # median after epoch 0
-    assert f["energy_j"] == 3600.0 and f["energy_j_per_sample"] == 30.0
-    assert f["peak_memory_gib"] == 3.0 and "GPU" in ra["figures"]["peak_memory_gib"]["note"]
+    # energy over the measured epochs 1 and 2: 2 x 1200 J for 2 x 210 samples
+    assert f["energy_j"] == 2400.0 and f["energy_j_per_sample"] == pytest.approx(2400.0 / 420)
+    assert f["peak_memory_gib"] == 3.0 and "GPU" in ra.figures["peak_memory_gib"].note
     assert f["nonfinite"] == 1 and f["skipped_steps"] == 0
-    assert all(v["evidence"] == "measured-run" for v in ra["figures"].values())
-    assert [e for e, _ in ra["iou_by_epoch"]] == [0, 1, 2]
-    assert [round(v, 6) for _, v in ra["iou_by_epoch"]] == [0.2, 0.35, 0.35]  # best available so far
-    assert ra["step_windows_ms"]["backward"] == 50.0 and "StepTiming" in ra["step_windows_source"]
+    assert all(v.evidence == "measured-run" for v in ra.figures.values())
+    assert [e for e, _ in ra.iou_by_epoch] == [0, 1, 2]
+    assert [round(v, 6) for _, v in ra.iou_by_epoch] == [0.2, 0.35, 0.35]  # best available so far
+    assert ra.step_windows_ms["backward"] == 50.0 and "StepTiming" in ra.step_windows_source
 
-    rb = rp.load_run(b)
-    assert rb["figures"]["skipped_steps"]["value"] == 2  # GradScaler skips under 16-mixed
-    rc = rp.load_run(c)
-    assert rc["figures"]["energy_j"]["value"] is None and "cpu" in rc["figures"]["energy_j"]["why"]
-    assert rc["figures"]["peak_memory_gib"]["value"] == 1.5 and "RSS" in rc["figures"]["peak_memory_gib"]["note"]
-    assert rc["figures"]["train_epoch_s"]["value"] == 40.0  # a single epoch is its own median
+    rb = load_run(b)
+    assert rb.figures["skipped_steps"].value == 2  # GradScaler skips under 16-mixed
+    rc = load_run(c)
+    assert rc.figures["energy_j"].value is None and "cpu" in rc.figures["energy_j"].why
+    assert rc.figures["peak_memory_gib"].value == 1.5 and "RSS" in rc.figures["peak_memory_gib"].note
+    assert rc.figures["train_epoch_s"].value == 40.0  # a single epoch is its own median
 
 
 def test_load_benchmark_rows_and_oom(fake_inputs):
     *_, bench = fake_inputs
-    rows = rp.load_benchmark(bench)
-    assert [(r["precision"], r["global_batch"], r["status"]) for r in rows] == [
+    rows = load_benchmark(bench)
+    assert [(r.precision, r.global_batch, r.status) for r in rows] == [
         ("32-true", 4, "ok"), ("16-mixed", 4, "ok"), ("16-mixed", 64, "oom")]
-    assert rows[0]["figures"]["samples_per_s"]["value"] == 40.0
-    assert rows[0]["figures"]["samples_per_s"]["evidence"] == "measured-microbenchmark"
-    assert rows[0]["figures"]["best_miou"]["value"] is None and "compute-only" in rows[0]["figures"]["best_miou"]["why"]
-    assert rows[2]["figures"]["median_step_ms"]["value"] is None and "oom" in rows[2]["figures"]["median_step_ms"]["why"]
+    assert rows[0].figures["samples_per_s"].value == 40.0
+    assert rows[0].figures["samples_per_s"].evidence == "measured-microbenchmark"
+    assert rows[0].figures["best_miou"].value is None and "compute-only" in rows[0].figures["best_miou"].why
+    assert rows[2].figures["median_step_ms"].value is None and "oom" in rows[2].figures["median_step_ms"].why
 
 
 def test_pairs_only_differ_in_precision(fake_inputs):
     _, a, b, c, bench = fake_inputs
-    records = rp.load_inputs([a.parents[2], bench])
-    pairs = rp.precision_pairs(records)
-    by_other = {p["other"]: p for p in pairs}
+    records = load_inputs([a.parents[2], bench])
+    pairs = precision_pairs(records)
+    by_other = {p.other: p for p in pairs}
     assert set(by_other) == {"amp/version_0", "bench.json: AMP FP16 b4"}  # fp32_b8 differs in batch: no pair
     run_pair = by_other["amp/version_0"]
-    assert run_pair["base"] == "fp32/version_0"
-    assert run_pair["speedup"]["value"] == 14.0 / 10.0
-    assert run_pair["step_ratio"]["value"] == 70.0 / 100.0
-    assert run_pair["iou_difference"]["value"] == pytest.approx(0.33 - 0.35, abs=1e-7)
-    assert run_pair["memory_ratio"]["value"] == 2.4 / 3.0
-    assert run_pair["evidence"] == "measured-run"
+    assert run_pair.base == "fp32/version_0"
+    assert run_pair.figures["speedup"].value == pytest.approx((406 / 29) / (420 / 42))  # 14 / 10
+    assert run_pair.figures["step_ratio"].value == 70.0 / 100.0
+    assert run_pair.figures["iou_difference"].value == pytest.approx(0.33 - 0.35, abs=1e-7)
+    assert run_pair.figures["memory_ratio"].value == 2.4 / 3.0
+    assert run_pair.evidence == "measured-run"
     bench_pair = by_other["bench.json: AMP FP16 b4"]
-    assert bench_pair["speedup"]["value"] == (4 / 0.08) / (4 / 0.1)
-    assert bench_pair["iou_difference"]["value"] is None and "compute-only" in bench_pair["iou_difference"]["why"]
+    assert bench_pair.figures["speedup"].value == (4 / 0.08) / (4 / 0.1)
+    assert bench_pair.figures["iou_difference"].value is None and "compute-only" in bench_pair.figures["iou_difference"].why
 
 
 def test_main_writes_tables_and_figures(fake_inputs, capsys):
@@ -177,8 +184,8 @@ def test_main_writes_tables_and_figures(fake_inputs, capsys):
         rows = list(csv.DictReader(f))
     assert len(rows) == 6
     first = next(r for r in rows if r["name"] == "fp32/version_0")
-    assert float(first["samples_per_s"]) == 10.0 and first["samples_per_s_evidence"] == "measured-run"
-    assert first["energy_j"] == "3600.0" and first["evidence"] == "measured-run"
+    assert float(first["samples_per_s"]) == pytest.approx(10.0) and first["samples_per_s_evidence"] == "measured-run"
+    assert first["energy_j"] == "2400.0" and first["evidence"] == "measured-run"
     b64 = next(r for r in rows if r["name"] == "bench.json: AMP FP16 b64")
     assert b64["samples_per_s"] == "" and "oom" in b64["samples_per_s_note"]
     with open(out / "report_pairs.csv", newline="") as f:
@@ -191,12 +198,12 @@ def test_main_writes_tables_and_figures(fake_inputs, capsys):
 
 
 def test_write_table_plain_values_and_notes(tmp_path):
-    rows = [{"name": "x", "evidence": "analytical-scenario", "speedup": 1.82, "gpus": 2},
-            {"name": "y", "evidence": "analytical-scenario", "speedup": rp.figure(None, "analytical-scenario", "no fit"),
-             "gpus": 4}]
-    cols = (rp.Column("name", "Name", figure=False), rp.Column("gpus", "GPUs", "d", figure=False),
-            rp.Column("speedup", "Speed-up", ".2f"))
-    md, csv_path = rp.write_table(rows, tmp_path, "t", cols)
+    rows = [TableRow(values={"name": "x", "gpus": 2}, figures={"speedup": 1.82}, evidence="analytical-scenario"),
+            TableRow(values={"name": "y", "gpus": 4}, figures={"speedup": Figure(None, "analytical-scenario", "no fit")},
+                     evidence="analytical-scenario")]
+    cols = (Column("name", "Name", figure=False), Column("gpus", "GPUs", "d", figure=False),
+            Column("speedup", "Speed-up", ".2f"))
+    md, csv_path = write_table(rows, tmp_path, "t", cols)
     lines = md.read_text().splitlines()
     assert lines[0] == "| Name | GPUs | Speed-up | Evidence |"
     assert lines[2] == "| x | 2 | 1.82 | analytical-scenario |"
@@ -210,18 +217,18 @@ def test_write_table_plain_values_and_notes(tmp_path):
 
 def test_bad_inputs_name_the_path(tmp_path):
     with pytest.raises(CropScaleError, match="does not exist"):
-        rp.load_inputs([tmp_path / "nope"])
+        load_inputs([tmp_path / "nope"])
     (tmp_path / "empty").mkdir()
     with pytest.raises(CropScaleError, match="holds no run folder"):
-        rp.load_inputs([tmp_path / "empty"])
+        load_inputs([tmp_path / "empty"])
     other = tmp_path / "other.json"
     other.write_text(json.dumps({"schema": "something/1"}))
     with pytest.raises(CropScaleError, match="other.json is not a cropscale benchmark JSON"):
-        rp.load_inputs([other])
+        load_inputs([other])
     broken = tmp_path / "broken.json"
     broken.write_text("{not json")
     with pytest.raises(CropScaleError, match="broken.json is not valid JSON"):
-        rp.load_inputs([broken])
+        load_inputs([broken])
 
 
 def test_run_without_run_json_reports_reasons(tmp_path):
@@ -233,12 +240,12 @@ def test_run_without_run_json_reports_reasons(tmp_path):
     writer.add_scalar("val/mIoU", 0.4, 5)
     writer.close()
     (folder / "config.yaml").write_text(yaml.safe_dump(_config("bf16-mixed", 2)))
-    r = rp.load_run(folder)
-    assert r["precision"] == "bf16-mixed" and r["global_batch"] == 2 and r["devices"] == 1
-    assert r["precision_verified"] is False and r["training_run"]
-    assert r["figures"]["best_miou"]["value"] == pytest.approx(0.4) and r["figures"]["best_epoch"]["value"] == 0
+    r = load_run(folder)
+    assert r.precision == "bf16-mixed" and r.global_batch == 2 and r.devices == 1
+    assert r.precision_verified is False and r.training_run
+    assert r.figures["best_miou"].value == pytest.approx(0.4) and r.figures["best_epoch"].value == 0
     for key in ("samples_per_s", "median_step_ms", "energy_j", "peak_memory_gib"):
-        assert r["figures"][key]["value"] is None and "no run.json" in r["figures"][key]["why"]
+        assert r.figures[key].value is None and "no run.json" in r.figures[key].why
 
 
 # ------------------------------------------------- plain fits: config.yaml + TensorBoard, no run.json
@@ -298,10 +305,10 @@ def _footnote(md: str, cell: str) -> str:
 ])
 def test_strategy_short_name(tmp_path, strategy, shown):
     folder = _plain_run(tmp_path / "v0", _plain_config(strategy=strategy, devices=2))
-    r = rp.load_run(folder)
-    assert r["strategy"] == shown
-    md, _ = rp.write_table([r], tmp_path / "out", "t")
-    cells = _md_row(md.read_text(), r["name"])
+    r = load_run(folder)
+    assert r.strategy == shown
+    md, _ = write_table([TableRow.of(r, COLUMNS)], tmp_path / "out", "t", COLUMNS)
+    cells = _md_row(md.read_text(), r.name)
     assert cells[3] == shown and "class_path" not in md.read_text()
 
 
@@ -310,10 +317,10 @@ def test_strategy_from_run_json_short_name_and_auto_footnote(tmp_path):
     (folder / "run.json").write_text(json.dumps({"schema": "cropscale.run/1", "status": "finished",
                                                  "precision": "32-true", "summary": {"throughput": {}},
                                                  "distributed": {"world_size": 2, "strategy": "DDPStrategy"}}))
-    r = rp.load_run(folder)
-    assert (r["strategy"], r["devices"]) == ("ddp", 2)
-    auto = rp.load_run(_plain_run(tmp_path / "v1"))  # strategy 'auto', no run.json
-    assert auto["strategy"] == "auto" and "not recorded" in auto["descriptive"]["strategy"]["note"]
+    r = load_run(folder)
+    assert (r.strategy, r.devices) == ("ddp", 2)
+    auto = load_run(_plain_run(tmp_path / "v1"))  # strategy 'auto', no run.json
+    assert auto.strategy == "auto" and "not recorded" in auto.descriptive["strategy"].note
 
 
 @pytest.mark.parametrize(("devices", "num_nodes", "count", "shown", "why"), [
@@ -328,17 +335,17 @@ def test_strategy_from_run_json_short_name_and_auto_footnote(tmp_path):
 ])
 def test_devices_from_config(tmp_path, devices, num_nodes, count, shown, why):
     folder = _plain_run(tmp_path / "v0", _plain_config(devices=devices, num_nodes=num_nodes, batch_size=3))
-    r = rp.load_run(folder)
-    assert r["devices"] == count
-    assert r["global_batch"] == (3 * count if count else None)  # local batch x world size (no optim/global_batch)
+    r = load_run(folder)
+    assert r.devices == count
+    assert r.global_batch == (3 * count if count else None)  # local batch x world size (no optim/global_batch)
     if count is None:
-        assert "world size is unknown" in r["descriptive"]["global_batch"]["why"]
-    desc = r["descriptive"]["devices"]
-    assert desc["value"] == shown
-    text = desc["why"] if shown is None else desc["note"]
+        assert "world size is unknown" in r.descriptive["global_batch"].why
+    desc = r.descriptive["devices"]
+    assert desc.value == shown
+    text = desc.why if shown is None else desc.note
     assert (text is None) if why is None else (why in text)
-    md, csv_path = rp.write_table([r], tmp_path / "out", "t")
-    cell = _md_row(md.read_text(), r["name"])[4]
+    md, csv_path = write_table([TableRow.of(r, COLUMNS)], tmp_path / "out", "t", COLUMNS)
+    cell = _md_row(md.read_text(), r.name)[4]
     if why is None:
         assert cell == str(shown)
     else:  # never a bare n/a: the cell points to its reason
@@ -353,12 +360,12 @@ def test_requested_precision_is_labelled_and_footnoted(tmp_path):
     base = _plain_run(_mk(runs / "fp32" / "version_0"), _plain_config("32-true"), miou=0.30)
     amp = _plain_run(_mk(runs / "amp" / "version_0"), _plain_config("16-mixed"), miou=0.32)  # on CPU: ran bf16
     auto = _plain_run(_mk(runs / "auto" / "version_0"), _plain_config("bf16-mixed", accelerator="auto", batch_size=4))
-    ra, rb, rc = rp.load_run(base), rp.load_run(amp), rp.load_run(auto)
-    assert (rb["precision"], rb["precision_requested"], rb["precision_verified"]) == ("16-mixed", "16-mixed", False)
-    assert "as bf16-mixed" in rb["descriptive"]["precision"]["note"]
-    assert "cannot be verified" in rc["descriptive"]["precision"]["note"]
-    assert ra["descriptive"]["precision"]["value"] == "32-true (requested)"
-    assert rp.precision_label(rb) == "AMP FP16 (requested)"
+    ra, rb, rc = load_run(base), load_run(amp), load_run(auto)
+    assert (rb.precision, rb.precision_requested, rb.precision_verified) == ("16-mixed", "16-mixed", False)
+    assert "as bf16-mixed" in rb.descriptive["precision"].note
+    assert "cannot be verified" in rc.descriptive["precision"].note
+    assert ra.descriptive["precision"].value == "32-true (requested)"
+    assert rb.precision_label == "AMP FP16 (requested)"
 
     out = tmp_path / "rep"
     assert rp.main([str(runs), "--out", str(out)]) == 0
@@ -390,12 +397,12 @@ def test_run_json_precision_is_authoritative(tmp_path):
             "schema": "cropscale.run/1", "status": "finished", "precision": precision, "config": None,
             "distributed": {"world_size": 1, "strategy": "SingleDeviceStrategy"},
             "summary": {"throughput": {"samples_per_s": 5.0, "epochs": []}}}))
-    rb = rp.load_run(amp)
-    assert (rb["precision"], rb["precision_requested"], rb["precision_verified"]) == ("bf16-mixed", "16-mixed", True)
-    assert "requested 16-mixed" in rb["descriptive"]["precision"]["note"]
-    assert rp.load_run(base)["descriptive"]["precision"]["note"] is None
-    pairs = rp.precision_pairs(rp.load_inputs([runs]))
-    assert [p["precision"] for p in pairs] == ["AMP BF16"] and pairs[0]["descriptive"] == {}
+    rb = load_run(amp)
+    assert (rb.precision, rb.precision_requested, rb.precision_verified) == ("bf16-mixed", "16-mixed", True)
+    assert "requested 16-mixed" in rb.descriptive["precision"].note
+    assert load_run(base).descriptive["precision"].note is None
+    pairs = precision_pairs(load_inputs([runs]))
+    assert [p.precision for p in pairs] == ["AMP BF16"] and pairs[0].descriptive == {}
 
 
 def _mk(folder: Path) -> Path:
@@ -407,10 +414,10 @@ def test_validate_folders_are_skipped(tmp_path, capsys):
     runs = tmp_path / "runs"
     fit = _plain_run(_mk(runs / "default" / "version_0"))
     val = _plain_run(_mk(runs / "default" / "version_1"), train=False)
-    assert rp.load_run(val)["training_run"] is False
+    assert load_run(val).training_run is False
     lines: list[str] = []
-    records = rp.load_inputs([runs], on_skip=lines.append)
-    assert [r["name"] for r in records] == ["default/version_0"]
+    records = load_inputs([runs], on_skip=lines.append)
+    assert [r.name for r in records] == ["default/version_0"]
     assert lines == [f"skipped {val}: no training run (validate/test only)"]
 
     out = tmp_path / "rep"
@@ -432,10 +439,10 @@ def test_validate_folders_are_skipped(tmp_path, capsys):
     # run.json with a training summary keeps a folder without train/* scalars (and one without: skipped)
     (val / "run.json").write_text(json.dumps({"schema": "cropscale.run/1", "status": "finished",
                                               "summary": {"throughput": {"samples_per_s": 1.0}}}))
-    assert rp.load_run(val)["training_run"] is True
+    assert load_run(val).training_run is True
     (val / "run.json").write_text(json.dumps({"schema": "cropscale.run/1", "status": "failed", "summary": {}}))
-    r = rp.load_run(val)
-    assert r["training_run"] is False and "status 'failed'" in r["skip_reason"]
+    r = load_run(val)
+    assert r.training_run is False and "status 'failed'" in r.skip_reason
 
 
 # ------------------------------------------------------------------------------ end to end (slow)

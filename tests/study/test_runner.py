@@ -11,7 +11,9 @@ from pathlib import Path
 import pytest
 
 from cropscale import CropScaleError
-from cropscale.study import runner as S
+from cropscale.study import launch, plan, runner
+from cropscale.study import protocol as P
+from cropscale.study import spec as study_spec
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -35,14 +37,14 @@ BASE = {
 def spec_with(**changes):
     data = json.loads(json.dumps(BASE))
     data.update(changes)
-    return S.parse_spec(data, "test.yaml")
+    return study_spec.parse_spec(data, "test.yaml")
 
 
 def test_shipped_specs_parse():
-    cpu = S.load_spec(REPO_ROOT / "configs/study/cpu.yaml")
+    cpu = study_spec.load_spec(REPO_ROOT / "configs/study/cpu.yaml")
     assert cpu.devices == (1, 2, 4, 8) and cpu.seeds == (0, 1) and cpu.accelerator == "cpu"
     assert [p.name for p in cpu.protocols] == ["equal-global", "equal-local"]
-    gpu = S.load_spec(REPO_ROOT / "configs/study/gpu_full.yaml")
+    gpu = study_spec.load_spec(REPO_ROOT / "configs/study/gpu_full.yaml")
     assert gpu.devices == (1, 2, 4, 8) and gpu.seeds == (0, 1, 2)
     assert (gpu.warmup_epochs, gpu.measured_epochs, gpu.max_epochs) == (5, 5, 10)
     assert gpu.precisions == ("fp32", "amp_fp16") and gpu.strategy == "ddp" and gpu.accelerator == "gpu"
@@ -70,7 +72,7 @@ def test_bad_specs_name_the_key(changes, needle):
 
 def test_plan_marks_configurations_beyond_the_machine():
     spec = spec_with()
-    configs = S.plan_study(spec, available=2, why="test")
+    configs = plan.plan_study(spec, available=2, why="test")
     assert [(c.key, c.runnable) for c in configs] == [
         ("equal-global_fp32_n1", True), ("equal-global_fp32_n2", True), ("equal-global_fp32_n4", False),
         ("equal-local_fp32_n1", True), ("equal-local_fp32_n2", True), ("equal-local_fp32_n4", False),
@@ -84,14 +86,14 @@ def test_plan_marks_configurations_beyond_the_machine():
 
 
 def test_available_devices_cpu_default_and_override():
-    assert S.available_devices(spec_with(), "cpu") == (os.cpu_count(), "os.cpu_count()")
-    assert S.available_devices(spec_with(max_cpu_processes=3), "cpu")[0] == 3
+    assert plan.available_devices(spec_with(), "cpu") == (os.cpu_count(), "os.cpu_count()")
+    assert plan.available_devices(spec_with(max_cpu_processes=3), "cpu")[0] == 3
 
 
 def test_fit_command_carries_the_protocol(tmp_path):
     spec = spec_with()
-    configs = {c.key: c for c in S.plan_study(spec, 8)}
-    cmd = S.fit_command(spec, configs["equal-global_fp32_n2"], 1, tmp_path / "runs", "cpu", "/data/x")
+    configs = {c.key: c for c in plan.plan_study(spec, 8)}
+    cmd = launch.fit_command(spec, configs["equal-global_fp32_n2"], 1, tmp_path / "runs", "cpu", "/data/x")
     assert cmd[:4] == [sys.executable, "-m", "cropscale", "fit"]
     for arg in ("--trainer.accelerator=cpu", "--trainer.devices=2", "--trainer.num_nodes=1",
                 "--trainer.max_epochs=3", "--trainer.accumulate_grad_batches=2", "--data.batch_size=1",
@@ -103,7 +105,7 @@ def test_fit_command_carries_the_protocol(tmp_path):
     configs_given = [cmd[i + 1] for i, a in enumerate(cmd) if a == "--config"]
     assert configs_given[-2].endswith("configs/precision/fp32.yaml")
     assert configs_given[-1].endswith("configs/strategy/ddp.yaml")
-    one = S.fit_command(spec, configs["equal-global_fp32_n1"], 0, tmp_path, "cpu", None)
+    one = launch.fit_command(spec, configs["equal-global_fp32_n1"], 0, tmp_path, "cpu", None)
     assert [one[i + 1] for i, a in enumerate(one) if a == "--config"][-1].endswith("configs/strategy/single.yaml")
     assert not any(a.startswith("--data.root") for a in one)
 
@@ -113,25 +115,25 @@ def test_launcher_template_for_several_nodes(tmp_path, monkeypatch):
     spec = spec_with(devices=[1, 2, 4], devices_per_node=2, max_nodes=2,
                      launcher=["torchrun", "--nnodes={nodes}", "--nproc_per_node={devices_per_node}",
                                "--node_rank={node_rank}", "--rdzv_endpoint=$HEAD_NODE:29500", "-m", "cropscale"])
-    configs = {c.key: c for c in S.plan_study(spec, 4)}
-    cmd = S.fit_command(spec, configs["equal-local_fp32_n4"], 0, tmp_path, "gpu", None, node_rank=1)
+    configs = {c.key: c for c in plan.plan_study(spec, 4)}
+    cmd = launch.fit_command(spec, configs["equal-local_fp32_n4"], 0, tmp_path, "gpu", None, node_rank=1)
     assert cmd[:8] == ["torchrun", "--nnodes=2", "--nproc_per_node=2", "--node_rank=1",
                        "--rdzv_endpoint=node0:29500", "-m", "cropscale", "fit"]
     assert "--trainer.devices=2" in cmd and "--trainer.num_nodes=2" in cmd
 
 
 def test_batch_line_check():
-    plan = S.P.batch_plan("equal-local", 2, 2, lr_scaling="sqrt")
+    plan = P.batch_plan("equal-local", 2, 2, lr_scaling="sqrt")
     line = ("cropscale: global batch 4 = local 2 x world size 2 x accumulation 1; LR rule 'sqrt' vs reference 2:"
             " lr 0.001 -> 0.00141421")
-    assert S.check_batch_line("x\n" + line + "\n", plan)[0] is True
-    assert S.check_batch_line(line.replace("-> 0.00141421", "-> 0.002"), plan)[0] is False
-    assert S.check_batch_line("nothing", plan)[0] is None
+    assert launch.check_batch_line("x\n" + line + "\n", plan)[0] is True
+    assert launch.check_batch_line(line.replace("-> 0.00141421", "-> 0.002"), plan)[0] is False
+    assert launch.check_batch_line("nothing", plan)[0] is None
 
 
 def test_dry_run_launches_nothing(tmp_path):
     calls = []
-    S.run_study(spec_with(), tmp_path / "study", launcher=lambda *a: calls.append(a), available=2, dry_run=True,
+    runner.run_study(spec_with(), tmp_path / "study", launcher=lambda *a: calls.append(a), available=2, dry_run=True,
                 echo=lambda s: None)
     assert calls == [] and not (tmp_path / "study").exists()
 
@@ -173,13 +175,13 @@ class FakeLauncher:
         (run_dir / "run.json").write_text(json.dumps(doc))
         log_path.parent.mkdir(parents=True, exist_ok=True)
         log_path.write_text("fake\n")
-        return S.LaunchResult(0, 1.0, str(log_path))
+        return launch.LaunchResult(0, 1.0, str(log_path))
 
 
 def test_configuration_beyond_the_machine_is_not_launched(tmp_path):
     spec = spec_with()
     fake = FakeLauncher()
-    doc = S.run_study(spec, tmp_path / "study", launcher=fake, available=2, echo=lambda s: None)
+    doc = runner.run_study(spec, tmp_path / "study", launcher=fake, available=2, echo=lambda s: None)
     # 2 protocols x (N = 1, 2) x 2 seeds launched; never a 4-rank run
     assert sorted(fake.calls) == [1] * 4 + [2] * 4
     assert 4 not in fake.calls
@@ -252,7 +254,7 @@ def test_cpu_study_end_to_end(tmp_path, flanders_root):
             assert row["evidence"] == "measured-run"
             assert row["train_epoch_s"] > 0 and row["samples_per_s"] > 0 and row["step_median_ms"] > 0
             assert 0 <= row["miou_final"] <= 1
-            assert row["updates_per_epoch"] == S.P.optimizer_updates_per_epoch(32, row["local_batch"], n,
+            assert row["updates_per_epoch"] == P.optimizer_updates_per_epoch(32, row["local_batch"], n,
                                                                                 row["accumulation"])
             assert not any("optimizer updates/epoch, planned" in note for note in row["notes"]), row["notes"]
         assert rows[(proto, 2)]["speedup"] == pytest.approx(rows[(proto, 1)]["train_epoch_s"]
@@ -268,8 +270,8 @@ def test_cpu_study_end_to_end(tmp_path, flanders_root):
 def test_resume_keeps_finished_runs(tmp_path):
     spec = spec_with(devices=[1, 2])
     first, second = FakeLauncher(), FakeLauncher()
-    S.run_study(spec, tmp_path / "s", launcher=first, available=2, echo=lambda s: None)
-    doc = S.run_study(spec, tmp_path / "s", launcher=second, available=2, resume=True, echo=lambda s: None)
+    runner.run_study(spec, tmp_path / "s", launcher=first, available=2, echo=lambda s: None)
+    doc = runner.run_study(spec, tmp_path / "s", launcher=second, available=2, resume=True, echo=lambda s: None)
     assert len(first.calls) == 8 and second.calls == []
     assert all(r.get("resumed") for r in doc["runs"])
     assert [r["evidence"] for r in doc["rows"]] == ["measured-run"] * 4
@@ -279,9 +281,9 @@ def test_missing_data_root_fails_before_any_launch(tmp_path):
     calls = []
     spec = spec_with(base_configs=["configs/pastis_hd.yaml"])  # data.root: null
     with pytest.raises(CropScaleError, match="no data root.*--data-root"):
-        S.run_study(spec, tmp_path / "s", launcher=lambda *a: calls.append(a), available=2, echo=lambda s: None)
+        runner.run_study(spec, tmp_path / "s", launcher=lambda *a: calls.append(a), available=2, echo=lambda s: None)
     with pytest.raises(CropScaleError, match="data root not found: /nonexistent/pastis"):
-        S.run_study(spec, tmp_path / "s", data_root="/nonexistent/pastis", launcher=lambda *a: calls.append(a),
+        runner.run_study(spec, tmp_path / "s", data_root="/nonexistent/pastis", launcher=lambda *a: calls.append(a),
                     available=2, echo=lambda s: None)
     assert calls == []
 
@@ -292,10 +294,10 @@ def test_failed_run_is_reported_not_hidden(tmp_path):
             if _arg(cmd, "trainer.devices") == "2" and _arg(cmd, "seed_everything") == "1":
                 log_path.parent.mkdir(parents=True, exist_ok=True)
                 log_path.write_text("boom\n")
-                return S.LaunchResult(1, 0.5, str(log_path))
+                return launch.LaunchResult(1, 0.5, str(log_path))
             return super().__call__(cmd, env, log_path, timeout_s)
 
-    doc = S.run_study(spec_with(devices=[1, 2]), tmp_path / "s", launcher=FailOne(), available=2, echo=lambda s: None)
+    doc = runner.run_study(spec_with(devices=[1, 2]), tmp_path / "s", launcher=FailOne(), available=2, echo=lambda s: None)
     assert doc["failed_runs"] == 2  # one per protocol
     row = next(r for r in doc["rows"] if r["protocol"] == "equal-global" and r["world_size"] == 2)
     assert row["seeds"] == 1 and "1 of 2 runs failed (see logs/): left out" in row["notes"]

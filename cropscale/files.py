@@ -1,0 +1,83 @@
+"""Atomic file writes (layer 0): a reader, or a process killed mid-write, sees the previous complete
+file or the new complete file, never a truncated one.
+
+The new content goes to a temporary file in the same folder (same file system), is flushed and
+``fsync``-ed, then renamed over the target with :func:`os.replace` (atomic on POSIX and Windows).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import IO, Any
+
+from cropscale.errors import CropScaleError
+
+
+def atomic_write(path: str | os.PathLike, write: Callable[[IO[Any]], None], *, binary: bool = False) -> Path:
+    """Write ``path`` atomically: ``write(f)`` fills a temporary file that then replaces ``path``.
+
+    Args:
+        path: the target file; its folder is created if needed.
+        write: called once with the open temporary file.
+        binary: open the temporary file in binary mode (else text, UTF-8).
+
+    Returns:
+        ``path`` as a :class:`~pathlib.Path`.
+
+    Raises:
+        CropScaleError: the folder cannot be created or written, or ``path`` is a folder (the
+            message names the path); the previous file is left as it was.
+    """
+    target = Path(path)
+    if target.is_dir():
+        raise CropScaleError(f"cannot write {target}: it is a folder")
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    except OSError as err:
+        raise CropScaleError(f"cannot write {target}: {err.strerror or err}") from None
+    try:
+        with os.fdopen(fd, "wb" if binary else "w", **({} if binary else {"encoding": "utf-8"})) as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, target)
+    except OSError as err:
+        _remove(tmp)
+        raise CropScaleError(f"cannot write {target}: {err.strerror or err}") from None
+    except BaseException:
+        _remove(tmp)
+        raise
+    return target
+
+
+def _remove(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
+    """Write ``text`` (UTF-8) to ``path`` atomically (see :func:`atomic_write`)."""
+    return atomic_write(path, lambda f: f.write(text))
+
+
+def atomic_write_json(path: str | os.PathLike, obj: Any, *, indent: int | None = 2, default: Any = None,
+                      allow_nan: bool = False) -> Path:
+    """Write ``obj`` as JSON atomically (see :func:`atomic_write`); ``default`` as in :func:`json.dump`.
+
+    Raises:
+        CropScaleError: as :func:`atomic_write`.
+        ValueError: NaN or inf in ``obj`` while ``allow_nan`` is False (JSON has no NaN); the previous
+            file is left as it was.
+    """
+    def write(f: IO[str]) -> None:
+        json.dump(obj, f, indent=indent, default=default, allow_nan=allow_nan)
+        f.write("\n")
+
+    return atomic_write(path, write)

@@ -1,0 +1,92 @@
+"""Precision pairs: records that differ only in precision, an FP32 base against each other precision.
+
+``speedup = other samples/s / base samples/s``, ``step_ratio = other median step / base median step``,
+``iou_difference = other best mIoU - base best mIoU`` (IoU units, 0..1), ``memory_ratio = other
+peak / base peak``. A ratio whose inputs are missing is n/a with the reason.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from cropscale.precision import label as precision_label
+from cropscale.runs.record import RunRecord
+from cropscale.runs.rules import Figure
+
+
+@dataclass
+class PrecisionPair:
+    """One pair: the base and other run's names, the pair's precision label, and the figures."""
+
+    base: str
+    other: str
+    precision: str
+    precision_verified: bool
+    global_batch: int | None
+    evidence: str
+    figures: dict[str, Figure] = field(default_factory=dict)
+    descriptive: dict[str, Figure] = field(default_factory=dict)
+
+
+def _ratio(key: str, other: RunRecord, base: RunRecord, evidence: str, diff: bool = False) -> Figure:
+    a, b = other.value(key), base.value(key)
+    if a is None or b is None or (not diff and not b):
+        whys = {n: (rec.figures[key].why if key in rec.figures else None) or "not recorded"
+                for n, rec in (("mixed", other), ("FP32", base)) if rec.value(key) is None}
+        why = ("; ".join(f"{n}: {w}" for n, w in whys.items()) if len(set(whys.values())) > 1
+               else next(iter(whys.values()), "FP32 value is zero"))
+        return Figure(None, evidence, why)
+    return Figure(a - b if diff else a / b, evidence)
+
+
+def _requested_note(base: RunRecord, other: RunRecord) -> str | None:
+    """Why the pair's precision is the *requested* one, when a run has no ``run.json``."""
+    requested = [rec for rec in (base, other) if not rec.precision_verified]
+    if not requested:
+        return None
+    why = ("precision as requested in config.yaml, not verified (no run.json) for "
+           + " and ".join(rec.name for rec in requested)
+           + "; the pair is by requested precision, not by the precision the runs ran with")
+    note = other.descriptive.get("precision")
+    if not other.precision_verified and other.precision == "16-mixed" and note and "on CPU as bf16" in (note.note or ""):
+        why += f"; {other.name} ran on accelerator 'cpu', where Lightning runs 16-mixed as bf16-mixed"
+    return why
+
+
+def _bases(records: Sequence[RunRecord]) -> dict[str, RunRecord]:
+    bases: dict[str, RunRecord] = {}
+    for r in records:
+        if r.precision == "32-true" and r.status in (None, "ok", "finished"):
+            bases.setdefault(r.pair_key, r)
+    return bases
+
+
+def precision_pairs(records: Sequence[RunRecord]) -> list[PrecisionPair]:
+    """Every pair of an FP32 (``32-true``) base and a record of another precision with the same
+    ``pair_key`` (failed benchmark rows left out)."""
+    pairs = []
+    bases = _bases(records)
+    for r in records:
+        base = bases.get(r.pair_key)
+        if base is None or r is base or r.precision in (None, "32-true") or r.status in ("oom", "error", "unsupported"):
+            continue
+        evidence = base.evidence if base.evidence == r.evidence else f"{base.evidence} + {r.evidence}"
+        note = _requested_note(base, r)
+        label = precision_label(r.precision) + (" (requested)" if note else "")
+        pairs.append(PrecisionPair(
+            base=base.name, other=r.name, precision=label, precision_verified=note is None,
+            global_batch=r.global_batch, evidence=evidence,
+            descriptive={"precision": Figure(label, None, note=note)} if note else {},
+            figures={
+                "base_samples_per_s": base.figures["samples_per_s"],
+                "other_samples_per_s": r.figures["samples_per_s"],
+                "speedup": _ratio("samples_per_s", r, base, evidence),
+                "step_ratio": _ratio("median_step_ms", r, base, evidence),
+                "base_best_miou": base.figures["best_miou"],
+                "other_best_miou": r.figures["best_miou"],
+                "iou_difference": _ratio("best_miou", r, base, evidence, diff=True),
+                "memory_ratio": _ratio("peak_memory_gib", r, base, evidence),
+            },
+        ))
+    return pairs

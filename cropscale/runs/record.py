@@ -1,0 +1,408 @@
+"""The one reader of a run folder: :func:`load_run` -> :class:`RunRecord`, used by the report and the
+study. A benchmark JSON (``python -m cropscale benchmark --output``) reads into records of the same
+type (:func:`load_benchmark`), so the report can set both side by side.
+
+A run folder is the TensorBoard version folder ``runs/<name>/version_<n>/`` of ``python -m cropscale
+fit``: ``run.json`` (:mod:`cropscale.runs.schema`, written by the scaling callbacks), the TensorBoard
+event files and ``config.yaml``. Each figure follows the rule of :mod:`cropscale.runs.rules`, over the
+measured epochs (``warmup_epochs``). A figure that cannot be given is n/a with the reason.
+
+Runs that are no training run (no TensorBoard tag under ``train/`` and no ``run.json`` with a
+training summary, e.g. a ``validate`` / ``test`` folder) load with ``training_run = False`` and a
+``skip_reason``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from cropscale.errors import CropScaleError
+from cropscale.evidence import MEASURED_MICROBENCHMARK, MEASURED_RUN
+from cropscale.precision import label as precision_label_of
+from cropscale.runs import describe, rules
+from cropscale.runs.rules import Figure
+from cropscale.runs.schema import BENCHMARK_SCHEMA, RUN_SCHEMA, RunJson, RunSummary
+from cropscale.runs.tensorboard import Scalars, events_files, load_scalars
+
+STEP_WINDOWS: tuple[str, ...] = ("data_wait", "transfer", "forward", "backward", "optimizer", "remainder")
+"""The disjoint windows of :class:`cropscale.callbacks.StepTimingCallback` that add up to a step."""
+TRAINING_SCALAR_PREFIX = "train/"
+"""TensorBoard tags of a training run (``train/loss_step``, ...): ``validate`` and ``test`` log none."""
+NO_RUN_JSON = "no run.json in the run folder (fit without the scaling callbacks)"
+PAIR_IGNORED_PREFIXES = (
+    "trainer.precision", "model.allow_tf32", "trainer.logger", "trainer.default_root_dir",
+    "trainer.enable_progress_bar", "trainer.enable_model_summary", "ckpt_path", "config",
+)
+"""Configuration keys that may differ between two runs of a precision pair (they change nothing computed)."""
+
+
+@dataclass
+class RunRecord:
+    """One run (or one benchmark configuration) as the report and the study see it.
+
+    Attributes:
+        name, path: display name and folder (or benchmark file).
+        kind: ``run`` or ``microbenchmark``; ``evidence`` its label.
+        status: ``run.json`` status (``running``, ``finished``, ``failed``) or the benchmark row's.
+        precision, precision_requested, precision_verified: see :func:`cropscale.runs.describe.precision`.
+        strategy, devices, global_batch: what the run was.
+        descriptive: descriptive cells with a qualifier or reason (precision, strategy, devices ...).
+        figures: column key -> :class:`~cropscale.runs.rules.Figure`.
+        iou_by_epoch: ``[(epoch, best val/mIoU so far)]``.
+        step_windows_ms, step_windows_source: the step decomposition (ms) and where it comes from.
+        epoch_seconds: the measured epochs' ``train_s`` / ``val_s`` / ``wall_s`` lists.
+        loader_wait_share, exposed_comm_share: fractions of the step (:func:`~cropscale.runs.rules.step_share`).
+        updates_per_epoch: optimizer updates per epoch.
+        warmup_epochs: the epochs left out of every figure.
+        pair_key: equal for two records that may form a precision pair.
+        training_run, skip_reason: False and why for a folder that holds no training run.
+        run_json, config: the parsed ``run.json`` and configuration.
+    """
+
+    name: str
+    kind: str
+    path: str
+    evidence: str
+    status: str | None = None
+    precision: str | None = None
+    precision_requested: str | None = None
+    precision_verified: bool = True
+    strategy: str | None = None
+    devices: int | None = None
+    global_batch: int | None = None
+    descriptive: dict[str, Figure] = field(default_factory=dict)
+    figures: dict[str, Figure] = field(default_factory=dict)
+    iou_by_epoch: list[tuple[int, float]] = field(default_factory=list)
+    step_windows_ms: dict[str, float] = field(default_factory=dict)
+    step_windows_source: str | None = None
+    epoch_seconds: dict[str, list[float]] = field(default_factory=dict)
+    loader_wait_share: float | None = None
+    exposed_comm_share: float | None = None
+    updates_per_epoch: float | None = None
+    warmup_epochs: int = 0
+    pair_key: str = ""
+    training_run: bool = True
+    skip_reason: str | None = None
+    run_json: RunJson | None = field(default=None, repr=False)
+    config: dict[str, Any] | None = field(default=None, repr=False)
+    scalar_tags: list[str] = field(default_factory=list, repr=False)
+
+    def value(self, key: str) -> Any:
+        """The value of figure ``key``, else of the attribute ``key`` (None when neither exists)."""
+        fig = self.figures.get(key)
+        return fig.value if fig is not None else getattr(self, key, None)
+
+    @property
+    def precision_label(self) -> str:
+        """``AMP FP16`` ..., with `` (requested)`` when no ``run.json`` confirms the precision."""
+        return describe.precision_label(self.precision, self.precision_verified)
+
+
+# ------------------------------------------------------------------------------------------ files
+def read_json(path: Path) -> dict[str, Any]:
+    """A JSON object from ``path``.
+
+    Raises:
+        CropScaleError: unreadable file, invalid JSON or not an object (the path is named).
+    """
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as err:
+        raise CropScaleError(f"cannot read {path}: {err}") from None
+    except json.JSONDecodeError as err:
+        raise CropScaleError(f"{path} is not valid JSON: {err}") from None
+    if not isinstance(data, dict):
+        raise CropScaleError(f"{path} does not hold a JSON object")
+    return data
+
+
+def read_run_json(folder: str | Path) -> RunJson | None:
+    """``run.json`` of ``folder`` as a :class:`~cropscale.runs.schema.RunJson`; None when absent.
+
+    Raises:
+        CropScaleError: unreadable, not JSON, or another schema than ``cropscale.run/1``.
+    """
+    path = Path(folder) / "run.json"
+    if not path.is_file():
+        return None
+    data = read_json(path)
+    if data.get("schema") not in (None, RUN_SCHEMA):
+        raise CropScaleError(f"{path} has schema {data.get('schema')!r}, expected {RUN_SCHEMA!r}")
+    return RunJson.from_json(data)
+
+
+def is_run_folder(folder: Path) -> bool:
+    """True when ``folder`` holds ``run.json`` or a TensorBoard event file."""
+    return (folder / "run.json").is_file() or bool(events_files(folder))
+
+
+def find_runs(path: str | Path) -> list[Path]:
+    """Run folders at or under ``path``, sorted; ``[path]`` itself when it is one.
+
+    Raises:
+        CropScaleError: ``path`` does not exist or holds no run folder.
+    """
+    root = Path(path)
+    if not root.exists():
+        raise CropScaleError(f"{root} does not exist")
+    if root.is_file():
+        if root.name == "run.json":
+            return [root.parent]
+        raise CropScaleError(f"{root} is a file but not run.json or a benchmark JSON")
+    if is_run_folder(root):
+        return [root]
+    found = sorted({p.parent for p in root.rglob("run.json")} | {p.parent for p in root.rglob("events.out.tfevents.*")})
+    if not found:
+        raise CropScaleError(f"{root} holds no run folder (no run.json, no TensorBoard event file)")
+    return found
+
+
+def _load_config(folder: Path, run_json: RunJson | None) -> dict[str, Any] | None:
+    if run_json is not None and isinstance(run_json.config, dict) and run_json.config:
+        return run_json.config
+    path = folder / "config.yaml"
+    if not path.is_file():
+        return None
+    import yaml
+
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as err:
+        raise CropScaleError(f"{path} is not valid YAML: {err}") from None
+    return data if isinstance(data, dict) else None
+
+
+def _flatten(obj: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(obj, dict):
+        out: dict[str, Any] = {}
+        for k, v in obj.items():
+            out.update(_flatten(v, f"{prefix}.{k}" if prefix else str(k)))
+        return out
+    if isinstance(obj, list):
+        out = {}
+        for i, v in enumerate(obj):
+            out.update(_flatten(v, f"{prefix}.{i}"))
+        return out if obj else {prefix: []}
+    return {prefix: obj}
+
+
+def pair_key(config: dict[str, Any] | None, fallback: dict[str, Any]) -> str:
+    """What two runs share when they differ only in precision: the flattened configuration without
+    :data:`PAIR_IGNORED_PREFIXES` (else ``fallback``'s fields)."""
+    if config:
+        flat = {k: v for k, v in _flatten(config).items() if not k.startswith(PAIR_IGNORED_PREFIXES)}
+        return "config:" + json.dumps(flat, sort_keys=True, default=str)
+    return "fields:" + json.dumps(fallback, sort_keys=True, default=str)
+
+
+def _run_name(folder: Path) -> str:
+    parts = folder.resolve().parts
+    return "/".join(parts[-2:]) if len(parts) >= 2 else str(folder)
+
+
+# -------------------------------------------------------------------------------------- a run folder
+def _global_batch(scalars: Scalars, config: dict[str, Any] | None, devices: int | None) -> describe.Described:
+    events = scalars.get("optim/global_batch", [])
+    if events:
+        return describe.Described(int(round(events[-1][1])), None)
+    local = describe.config_value(config, "data.batch_size")
+    acc = describe.config_value(config, "trainer.accumulate_grad_batches", 1) or 1
+    if isinstance(local, int) and devices:
+        return describe.Described(int(local) * int(devices) * int(acc), None)
+    why = ("no optim/global_batch in the TensorBoard events and "
+           + ("the world size is unknown" if isinstance(local, int) else "no integer data.batch_size in the configuration"))
+    return describe.Described(None, None, why)
+
+
+
+
+def _figures(summary: RunSummary, scalars: Scalars, warmup: int, no_json: str | None) -> dict[str, Figure]:
+    q = rules.quality(scalars)
+    median_step, p95_step = rules.step_time(summary, warmup, no_json)
+    energy_j, energy_per_sample = rules.energy(summary, warmup, no_json)
+    nonfinite, skipped = rules.nonfinite_and_skipped(summary, no_json)
+    losses = scalars.get("train/loss_epoch", [])
+    return {
+        "best_miou": q.best, "best_epoch": q.best_epoch, "final_miou": q.final,
+        "final_train_loss": (Figure(losses[-1][1]) if losses
+                             else Figure(None, why="no train/loss_epoch in the TensorBoard events")),
+        "median_step_ms": median_step, "p95_step_ms": p95_step,
+        "samples_per_s": rules.samples_per_s(summary, warmup, no_json),
+        "train_epoch_s": rules.epoch_time(summary, "train_s", warmup, no_json),
+        "val_epoch_s": rules.epoch_time(summary, "val_s", warmup, no_json),
+        "epoch_s": rules.epoch_time(summary, "wall_s", warmup, no_json),
+        "energy_j": energy_j, "energy_j_per_sample": energy_per_sample,
+        "peak_memory_gib": rules.peak_memory(summary, no_json),
+        "nonfinite": nonfinite, "skipped_steps": skipped,
+    }
+
+
+def _epochs_recorded(run_json: RunJson | None, scalars: Scalars) -> int:
+    if run_json is not None and run_json.summary.throughput is not None:
+        return len(run_json.summary.throughput.epochs)
+    return len(scalars.get("train/loss_epoch", []))
+
+
+def _training(run_json: RunJson | None, scalars: Scalars) -> tuple[bool, str | None]:
+    summary_present = run_json is not None and (bool(run_json.summary.to_json()) or bool(run_json.global_step))
+    if any(t.startswith(TRAINING_SCALAR_PREFIX) for t in scalars) or summary_present:
+        return True, None
+    if run_json is None:
+        return False, "no training run (validate/test only)"
+    return False, f"no training run: no training scalars and run.json holds no training summary (status {run_json.status!r})"
+
+
+def load_run(path: str | Path, warmup_epochs: int | None = None) -> RunRecord:
+    """Read one run folder into a :class:`RunRecord`; every figure ``measured-run`` or n/a with the reason.
+
+    Args:
+        path: the run folder (or its ``run.json``).
+        warmup_epochs: epochs left out of every figure; None = :func:`~cropscale.runs.rules.default_warmup_epochs`.
+
+    Raises:
+        CropScaleError: the folder holds neither ``run.json`` nor an event file, or a file in it is
+            unreadable (named in the message).
+    """
+    folder = Path(path)
+    if folder.is_file() and folder.name == "run.json":
+        folder = folder.parent
+    if not folder.is_dir() or not is_run_folder(folder):
+        raise CropScaleError(f"{folder} is not a run folder (no run.json, no TensorBoard event file)")
+    run_json = read_run_json(folder)
+    scalars = load_scalars(folder)
+    config = _load_config(folder, run_json)
+    summary = run_json.summary if run_json is not None else RunSummary()
+    no_json = NO_RUN_JSON if run_json is None else None
+    warmup = rules.default_warmup_epochs(_epochs_recorded(run_json, scalars)) if warmup_epochs is None else warmup_epochs
+    prec = describe.precision(run_json, config)
+    strategy = describe.strategy(run_json, config)
+    devices = describe.devices(run_json, config)
+    batch = _global_batch(scalars, config, devices.value)
+    shown_precision = prec.value if prec.verified or prec.value is None else f"{prec.value} (requested)"
+    descriptive = {
+        "precision": Figure(shown_precision, None, prec.note, prec.note),
+        "strategy": Figure(strategy.shown, None, strategy.note, strategy.note),
+        "devices": Figure(devices.shown, None, devices.note, devices.note),
+    }
+    if batch.value is None:
+        descriptive["global_batch"] = Figure(None, None, batch.note)
+    figures = _figures(summary, scalars, warmup, no_json)
+    windows, source = rules.step_windows(summary, STEP_WINDOWS, warmup, scalars)
+    training, skip_reason = _training(run_json, scalars)
+    return RunRecord(
+        name=_run_name(folder), kind="run", path=str(folder), evidence=MEASURED_RUN,
+        status=run_json.status if run_json is not None else None,
+        precision=prec.value, precision_requested=prec.requested, precision_verified=prec.verified,
+        strategy=strategy.value, devices=devices.value, global_batch=batch.value, descriptive=descriptive,
+        figures=figures, iou_by_epoch=rules.quality(scalars).by_epoch, step_windows_ms=windows,
+        step_windows_source=source, epoch_seconds=rules.epoch_seconds(summary, warmup),
+        loader_wait_share=rules.step_share(summary, "data_wait", warmup),
+        exposed_comm_share=rules.step_share(summary, "comm_exposed", warmup),
+        updates_per_epoch=rules.updates_per_epoch(run_json), warmup_epochs=warmup,
+        pair_key=pair_key(config, {"strategy": strategy.value, "devices": devices.value, "global_batch": batch.value}),
+        training_run=training, skip_reason=skip_reason, run_json=run_json, config=config, scalar_tags=sorted(scalars),
+    )
+
+
+# -------------------------------------------------------------------------------- benchmark files
+_COMPUTE_ONLY = "compute-only microbenchmark: no training on data, no validation"
+
+
+def _benchmark_figures(row: dict[str, Any]) -> dict[str, Figure]:
+    """The figures of one benchmark configuration (quality, epoch and energy figures n/a)."""
+    E = MEASURED_MICROBENCHMARK  # noqa: N806
+    ok = row.get("status") == "ok"
+    failed = f"configuration {row.get('status')}: {row.get('error')}"
+    figures = {key: Figure(None, E, _COMPUTE_ONLY)
+               for key in ("best_miou", "best_epoch", "final_miou", "train_epoch_s", "val_epoch_s", "epoch_s")}
+    figures["final_train_loss"] = Figure(None, E, "synthetic batch: the loss is not a quality figure")
+    figures["energy_j"] = Figure(None, E, "not measured by the benchmark")
+    figures["energy_j_per_sample"] = Figure(None, E, "not measured by the benchmark")
+    steps = f"{row.get('iterations')} measured steps after {row.get('warmup')} warm-up, synchronised"
+    for key, note in (("median_step_ms", steps), ("p95_step_ms", steps), ("samples_per_s", "batch / median step")):
+        figures[key] = Figure(row.get(key) if ok else None, E, failed, note)
+    kind = row.get("peak_memory_kind")
+    memory_note = {"cuda-max-allocated": "peak allocated GPU memory (torch.cuda)",
+                   "host-rss-process": "host RSS of the whole benchmark process (CPU)"}.get(kind, kind)
+    figures["peak_memory_gib"] = Figure(row.get("peak_memory_gib") if ok else None, E, failed, memory_note)
+    figures["nonfinite"] = Figure(row.get("nonfinite_steps") if ok else None, E, failed,
+                                  "measured steps with a non-finite loss or gradient norm")
+    if not ok:
+        figures["skipped_steps"] = Figure(None, E, failed)
+    elif row.get("grad_scaler"):
+        figures["skipped_steps"] = Figure(int(row.get("nonfinite_steps") or 0), E, note="GradScaler skips")
+    else:
+        figures["skipped_steps"] = Figure(0, E, note="no GradScaler: never skipped")
+    return figures
+
+
+def load_benchmark(path: str | Path) -> list[RunRecord]:
+    """Read a ``python -m cropscale benchmark`` JSON into one record per configuration
+    (``measured-microbenchmark``; quality, epoch-time and energy figures n/a: compute-only).
+
+    Raises:
+        CropScaleError: unreadable file, or not a ``cropscale.benchmark/1`` document.
+    """
+    path = Path(path)
+    doc = read_json(path)
+    if doc.get("schema") != BENCHMARK_SCHEMA or not isinstance(doc.get("results"), list):
+        raise CropScaleError(f"{path} is not a cropscale benchmark JSON (schema {doc.get('schema')!r}, "
+                             f"expected {BENCHMARK_SCHEMA!r} with a 'results' list)")
+    device = describe.config_value(doc, "environment.device.name", "?")
+    records = []
+    for row in doc["results"]:
+        precision, batch = row.get("precision"), row.get("batch_size")
+        records.append(RunRecord(
+            name=f"{path.name}: {precision_label_of(precision)} b{batch}", kind="microbenchmark", path=str(path),
+            evidence=MEASURED_MICROBENCHMARK, status=row.get("status"), precision=precision,
+            strategy=f"single device, compute-only ({device})", devices=1, global_batch=batch,
+            figures=_benchmark_figures(row), pair_key=f"bench:{path.resolve()}:{batch}",
+        ))
+    return records
+
+
+def load_inputs(paths: Iterable[str | Path], on_skip: Callable[[str], None] | None = print,
+                warmup_epochs: int | None = None) -> list[RunRecord]:
+    """Records of every input: benchmark JSON files (by their schema) and training-run folders
+    (searched with :func:`find_runs`).
+
+    A run folder that is no training run is skipped, with one line ``skipped RUN: <reason>`` passed
+    to ``on_skip`` (default ``print``; None: silent); a folder named explicitly gets the longer reason.
+
+    Raises:
+        CropScaleError: an input that is neither (named); every input skipped (the reasons listed).
+    """
+    records: list[RunRecord] = []
+    skipped: list[str] = []
+    for p in paths:
+        path = Path(p)
+        if path.is_file() and path.suffix == ".json" and path.name != "run.json":
+            records.extend(load_benchmark(path))
+            continue
+        named = path.parent if path.is_file() else path
+        for folder in find_runs(path):
+            record = load_run(folder, warmup_epochs)
+            if record.training_run:
+                records.append(record)
+                continue
+            line = f"skipped {folder}: {record.skip_reason}"
+            if folder.resolve() == named.resolve():
+                line += (f" (named explicitly, still skipped: its TensorBoard events hold no "
+                         f"{TRAINING_SCALAR_PREFIX}* scalar such as train/loss_step or train/loss_epoch, and "
+                         + ("it has no run.json" if record.status is None else "its run.json has no summary")
+                         + "; `python -m cropscale validate` / `test` write such folders)")
+            skipped.append(f"{folder} ({record.skip_reason})")
+            if on_skip is not None:
+                on_skip(line)
+    if not records and skipped:
+        raise CropScaleError(f"no training run or benchmark among the inputs; skipped {len(skipped)} "
+                             "run folder(s): " + "; ".join(skipped))
+    names = [r.name for r in records]
+    for r in records:  # make names unique: fall back to the full path where two collide
+        if names.count(r.name) > 1 and r.kind == "run":
+            r.name = r.path
+    return records

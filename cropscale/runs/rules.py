@@ -1,0 +1,246 @@
+"""The rule behind each figure read from a run: one function per figure, used by the report and the
+study alike, so that a figure means the same wherever it is printed.
+
+Every rule works on the *measured epochs*: the training epochs with index ``>= warmup_epochs``
+(:func:`measured`). The study passes its spec's ``warmup_epochs``; the report uses
+:func:`default_warmup_epochs` (the first epoch left out when a run has several: it holds worker
+start-up, allocator growth and the callbacks' own warm-up). Inside an epoch each callback already
+leaves out its warm-up steps and the first step of the epoch.
+
+=========================  =========================================================================
+figure                     rule
+=========================  =========================================================================
+median / p95 step (ms)     median over measured epochs of each epoch's median (p95) of the
+                           ``step`` window (StepTimingCallback; one optimizer step, all micro-
+                           batches); else of ThroughputCallback's step latency
+step windows (ms)          per window: median over measured epochs of the epoch medians
+loader wait / exposed      median over measured epochs of ``data_wait`` (``comm_exposed``) median /
+communication share        ``step`` median
+samples/s                  training samples / training seconds, both summed over measured epochs
+                           (ThroughputCallback; seconds of the slowest rank)
+train / val / end-to-end   median over measured epochs of ``train_s`` / ``val_s`` / ``wall_s``
+epoch (s)
+energy (J), J/sample       NVML energy summed over measured epochs (validation included); per
+                           training sample of those epochs
+peak memory (GiB)          peak allocated GPU memory over the run, else the host's peak RSS
+non-finite, skipped        non-finite batches summed over ranks; steps skipped by the policy plus
+                           GradScaler skips
+best / final macro IoU     maximum / last value of TensorBoard ``val/mIoU``; the best epoch is the
+                           first that reached the maximum
+optimizer updates/epoch    ``global_step / trainer.max_epochs``
+=========================  =========================================================================
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from cropscale.evidence import MEASURED_RUN
+from cropscale.numbers import median
+from cropscale.runs.schema import RunJson, RunSummary, StepTimingEpoch, ThroughputEpoch
+from cropscale.runs.tensorboard import Scalars, epoch_series
+
+
+@dataclass
+class Figure:
+    """A reported figure: its ``value`` (``None`` = n/a), ``evidence`` label, ``why`` it is n/a and a
+    ``note`` that qualifies a present value (e.g. "host RSS"). A non-finite value becomes n/a."""
+
+    value: Any = None
+    evidence: str | None = MEASURED_RUN
+    why: str | None = None
+    note: str | None = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.value, float) and not math.isfinite(self.value):
+            self.why = self.why or f"non-finite value {self.value}"
+            self.value = None
+        if self.value is not None:
+            self.why = None
+        elif self.why is None:
+            self.why = "not recorded"
+
+
+class _Epoch(Protocol):
+    epoch: int
+
+
+def default_warmup_epochs(epochs: int) -> int:
+    """Warm-up epochs the report leaves out of a run of ``epochs`` epochs: 1 when there are several."""
+    return 1 if epochs > 1 else 0
+
+
+def measured(epochs: list[Any], warmup_epochs: int) -> list[Any]:
+    """The epoch entries with ``epoch >= warmup_epochs`` (the measured epochs), in order."""
+    return [e for e in epochs if int(e.epoch) >= warmup_epochs]
+
+
+def _why_no_epoch(summary_present: bool, section: str, warmup_epochs: int, no_json: str | None) -> str:
+    if no_json:
+        return no_json
+    if not summary_present:
+        return f"run.json has no {section} summary"
+    return f"no measured epoch (epoch index >= {warmup_epochs}) in the {section} summary"
+
+
+def step_time(summary: RunSummary, warmup_epochs: int, no_json: str | None = None) -> tuple[Figure, Figure]:
+    """Median and p95 step (ms): median over measured epochs of the epoch statistics of the ``step``
+    window (StepTimingCallback), else of the step latency (ThroughputCallback)."""
+    timing = measured(summary.step_timing.epochs, warmup_epochs) if summary.step_timing else []
+    stats = [e.windows_ms["step"] for e in timing if "step" in e.windows_ms and e.windows_ms["step"].median is not None]
+    source = "StepTimingCallback step window"
+    if not stats:
+        through = measured(summary.throughput.epochs, warmup_epochs) if summary.throughput else []
+        stats = [e.step_latency_ms for e in through if e.step_latency_ms.median is not None]
+        source = "ThroughputCallback step latency"
+    if not stats:
+        section = summary.step_timing or summary.throughput
+        why = _why_no_epoch(section is not None, "step_timing or throughput", warmup_epochs, no_json)
+        if section is not None and not no_json and measured(section.epochs, warmup_epochs):
+            steps = getattr(summary.step_timing, "steps_total", None)
+            why = (f"no measured step in the measured epochs (epoch index >= {warmup_epochs}): each callback leaves"
+                   f" out its {section.warmup_steps} warm-up steps and the first step of every epoch"
+                   + (f"; {steps} steps in all" if steps is not None else ""))
+        return Figure(None, why=why), Figure(None, why=why)
+    note = f"{source}: median over {len(stats)} measured epoch(s) of the epoch statistics"
+    p95 = median(s.p95 for s in stats)
+    return Figure(median(s.median for s in stats), note=note), Figure(p95, why="p95 not recorded", note=note)
+
+
+def step_windows(summary: RunSummary, windows: tuple[str, ...], warmup_epochs: int,
+                 scalars: Scalars | None = None) -> tuple[dict[str, float], str | None]:
+    """Per window (ms): median over measured epochs of the epoch medians (StepTimingCallback); without
+    an epoch summary, the mean of the TensorBoard ``perf/step/<window>_ms`` log intervals (warm-up
+    included, said in the returned source)."""
+    timing = measured(summary.step_timing.epochs, warmup_epochs) if summary.step_timing else []
+    out = {}
+    for w in windows:
+        value = median(e.windows_ms[w].median for e in timing if w in e.windows_ms)
+        if value is not None:
+            out[w] = value
+    if out:
+        return out, f"StepTimingCallback medians over {len(timing)} measured epoch(s) ({MEASURED_RUN})"
+    means = {w: statistics.fmean(v for _, v, _ in scalars[f"perf/step/{w}_ms"])
+             for w in windows if scalars and scalars.get(f"perf/step/{w}_ms")}
+    if means:
+        return means, f"TensorBoard perf/step/*_ms, mean of logged intervals incl. warm-up ({MEASURED_RUN})"
+    return {}, None
+
+
+def step_share(summary: RunSummary, window: str, warmup_epochs: int) -> float | None:
+    """Median over measured epochs of ``window`` median / ``step`` median (a fraction of the step)."""
+    timing: list[StepTimingEpoch] = measured(summary.step_timing.epochs, warmup_epochs) if summary.step_timing else []
+    shares = []
+    for e in timing:
+        w, step = e.windows_ms.get(window), e.windows_ms.get("step")
+        if w is not None and step is not None and w.median is not None and step.median:
+            shares.append(w.median / step.median)
+    return median(shares)
+
+
+def samples_per_s(summary: RunSummary, warmup_epochs: int, no_json: str | None = None) -> Figure:
+    """Training samples / training seconds, both summed over measured epochs (ThroughputCallback)."""
+    epochs: list[ThroughputEpoch] = measured(summary.throughput.epochs, warmup_epochs) if summary.throughput else []
+    rows = [e for e in epochs if e.train_s and e.samples]
+    if not rows:
+        return Figure(None, why=_why_no_epoch(summary.throughput is not None, "throughput", warmup_epochs, no_json))
+    total = sum(e.samples for e in rows)
+    seconds = sum(e.train_s for e in rows)
+    return Figure(total / seconds, note=f"training samples / training seconds over {len(rows)} measured epoch(s)")
+
+
+def epoch_seconds(summary: RunSummary, warmup_epochs: int) -> dict[str, list[float]]:
+    """The measured epochs' ``train_s``, ``val_s`` and ``wall_s`` (s), each list in epoch order."""
+    epochs: list[ThroughputEpoch] = measured(summary.throughput.epochs, warmup_epochs) if summary.throughput else []
+    return {key: [float(getattr(e, key)) for e in epochs if getattr(e, key) is not None]
+            for key in ("train_s", "val_s", "wall_s")}
+
+
+def epoch_time(summary: RunSummary, key: str, warmup_epochs: int, no_json: str | None = None) -> Figure:
+    """Median over measured epochs of ``key`` (``train_s``, ``val_s`` or ``wall_s``; s)."""
+    values = epoch_seconds(summary, warmup_epochs)[key]
+    if not values:
+        why = _why_no_epoch(summary.throughput is not None, "throughput", warmup_epochs, no_json)
+        return Figure(None, why=why if summary.throughput is None or no_json else f"no {key} in the measured epochs")
+    return Figure(median(values), note=f"median of {len(values)} measured epoch(s)")
+
+
+def energy(summary: RunSummary, warmup_epochs: int, no_json: str | None = None) -> tuple[Figure, Figure]:
+    """GPU energy (J) summed over measured epochs and per training sample of those epochs (NVML)."""
+    section = summary.energy
+    if section is None or not section.available:
+        why = no_json or (section.reason if section is not None else None) or "no energy summary in run.json"
+        return Figure(None, why=f"not measured: {why}"), Figure(None, why=f"not measured: {why}")
+    rows = [e for e in measured(section.epochs or [], warmup_epochs) if e.energy_j is not None]
+    if not rows:
+        why = f"no measured epoch (epoch index >= {warmup_epochs}) with an energy reading"
+        return Figure(None, why=why), Figure(None, why=why)
+    joules = sum(e.energy_j for e in rows)
+    samples = sum(e.samples for e in rows)
+    note = (f"GPU board energy via NVML ({section.method}) over {len(rows)} measured epoch(s), validation"
+            " included; excludes CPU, storage, cooling")
+    return Figure(joules, note=note), Figure(joules / samples if samples else None, why="no samples counted",
+                                             note=note)
+
+
+def peak_memory(summary: RunSummary, no_json: str | None = None) -> Figure:
+    """Peak allocated GPU memory (GiB) over the run, else the host's peak RSS (CPU runs)."""
+    memory = summary.memory
+    if memory is not None and memory.peak_allocated_gib is not None:
+        return Figure(memory.peak_allocated_gib, note="peak allocated GPU memory (torch.cuda)")
+    if memory is not None and memory.host_peak_rss_gib is not None:
+        return Figure(memory.host_peak_rss_gib, note="host RSS of the training process (no GPU)")
+    return Figure(None, why=no_json or "no memory summary in run.json")
+
+
+def nonfinite_and_skipped(summary: RunSummary, no_json: str | None = None) -> tuple[Figure, Figure]:
+    """Non-finite batches summed over ranks, and skipped steps (the policy's + the GradScaler's)."""
+    section = summary.nonfinite
+    if section is None:
+        why = no_json or "no nonfinite summary in run.json"
+        return Figure(None, why=why), Figure(None, why=why)
+    ranks = max(1, len(section.per_rank))
+    scaler = summary.loss_scale
+    scaler_skips = int((scaler.skipped_steps if scaler is not None else 0) or 0)
+    in_use = scaler is not None and scaler.scaler_in_use
+    note = (f"{section.skipped_steps} by the non-finite policy + {scaler_skips} by the GradScaler" if in_use
+            else f"{section.skipped_steps} by the non-finite policy; no GradScaler")
+    return (Figure(section.nonfinite_batches, note=f"summed over {ranks} rank(s)"),
+            Figure(section.skipped_steps + scaler_skips, note=note))
+
+
+@dataclass
+class Quality:
+    """Macro IoU of a run: best value, first epoch reaching it, final value, best-so-far by epoch."""
+
+    best: Figure
+    best_epoch: Figure
+    final: Figure
+    by_epoch: list[tuple[int, float]]
+
+
+def quality(scalars: Scalars) -> Quality:
+    """Best, best epoch and final ``val/mIoU`` (TensorBoard), and the running best by epoch."""
+    series = epoch_series(scalars, "val/mIoU")
+    if not series:
+        why = "no val/mIoU in the TensorBoard events (validation did not run)"
+        return Quality(Figure(None, why=why), Figure(None, why=why), Figure(None, why=why), [])
+    best = max(v for _, v in series)
+    best_epoch = min(ep for ep, v in series if v == best)
+    running, by_epoch = -math.inf, []
+    for epoch, value in sorted(series):
+        running = max(running, value)
+        by_epoch.append((epoch, running))
+    final = scalars["val/mIoU"][-1][1]  # by wall time
+    return Quality(Figure(best), Figure(int(best_epoch)), Figure(final), by_epoch)
+
+
+def updates_per_epoch(run_json: RunJson | None) -> float | None:
+    """Optimizer updates per epoch: ``global_step / trainer.max_epochs`` (None when not recorded)."""
+    if run_json is None or run_json.global_step is None:
+        return None
+    max_epochs = run_json.trainer.get("max_epochs")
+    return run_json.global_step / max_epochs if max_epochs else None

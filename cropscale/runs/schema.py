@@ -1,0 +1,444 @@
+"""The typed records of ``run.json`` (schema ``cropscale.run/1``, documented in ``docs/run_json.md``).
+
+The scaling callbacks build these records and :class:`~cropscale.callbacks.ProvenanceCallback`
+writes them with :meth:`Record.to_json`; the run reader (:mod:`cropscale.runs.record`) reads them
+back with :meth:`Record.from_json`. One class per ``summary`` section and per epoch entry, field
+names equal to the JSON keys, units in the names (``_s``, ``_ms``, ``_j``, ``_w``, ``_gib``).
+
+Reading is lenient in the way a reader of older files must be: a key that is absent takes the
+field's default (``None`` or empty), a key that is not a field is kept in :attr:`Record.other` and
+written back unchanged. Writing omits the fields marked :func:`optional` while they are ``None``
+(``loss_scale.reason`` exists only without a GradScaler, for instance), so a written file has the
+keys the documentation lists for its case and no others.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import types
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, TypeVar, Union
+
+from cropscale.errors import CropScaleError
+from cropscale.evidence import MEASURED_RUN
+
+RUN_SCHEMA = "cropscale.run/1"
+"""Schema id of ``run.json``."""
+BENCHMARK_SCHEMA = "cropscale.benchmark/1"
+"""Schema id of the benchmark JSON (``python -m cropscale benchmark --output``)."""
+
+T = TypeVar("T", bound="Record")
+
+
+def optional(default: Any = None) -> Any:
+    """A field that :meth:`Record.to_json` leaves out while its value is ``None``."""
+    return field(default=default, metadata={"omit_none": True})
+
+
+def _clean(value: Any) -> Any:
+    """JSON-ready copy: records to dicts, tuples to lists, NaN / inf to ``None``."""
+    if isinstance(value, Record):
+        return value.to_json()
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, Mapping):
+        return {str(k): _clean(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_clean(v) for v in value]
+    return value
+
+
+def _convert(hint: Any, value: Any) -> Any:
+    """``value`` (parsed JSON) as the type ``hint``: records, ``list[...]``, ``dict[str, ...]``, unions."""
+    if value is None:
+        return None
+    origin = typing.get_origin(hint)
+    if origin in (Union, types.UnionType):
+        for arg in typing.get_args(hint):
+            if arg is not type(None):
+                return _convert(arg, value)
+        return value
+    if isinstance(hint, type) and issubclass(hint, Record):
+        return hint.from_json(value) if isinstance(value, Mapping) else value
+    if origin is list and isinstance(value, list):
+        (arg,) = typing.get_args(hint) or (Any,)
+        return [_convert(arg, v) for v in value]
+    if origin is dict and isinstance(value, Mapping):
+        args = typing.get_args(hint)
+        arg = args[1] if len(args) == 2 else Any
+        return {k: _convert(arg, v) for k, v in value.items()}
+    return value
+
+
+@dataclass
+class Record:
+    """Base of the typed records: JSON in and out, unknown keys kept in :attr:`other`."""
+
+    other: dict[str, Any] = field(default_factory=dict, repr=False, compare=False, kw_only=True)
+
+    def to_json(self) -> dict[str, Any]:
+        """The record as a JSON-ready dict (field order, then :attr:`other`)."""
+        out: dict[str, Any] = {}
+        for f in dataclasses.fields(self):
+            if f.name == "other":
+                continue
+            value = getattr(self, f.name)
+            if value is None and f.metadata.get("omit_none"):
+                continue
+            out[f.name] = _clean(value)
+        out.update({k: _clean(v) for k, v in self.other.items() if k not in out})
+        return out
+
+    @classmethod
+    def from_json(cls: type[T], data: Mapping[str, Any] | None) -> T:
+        """Build the record from parsed JSON (``None`` or ``{}`` gives the defaults).
+
+        Raises:
+            CropScaleError: ``data`` is not a JSON object.
+        """
+        if data is None:
+            data = {}
+        if not isinstance(data, Mapping):
+            raise CropScaleError(f"{cls.__name__}: expected a JSON object, got {type(data).__name__}")
+        hints = typing.get_type_hints(cls)
+        names = {f.name for f in dataclasses.fields(cls) if f.name != "other"}
+        kwargs = {k: _convert(hints[k], v) for k, v in data.items() if k in names}
+        record = cls(**kwargs)
+        record.other = {k: v for k, v in data.items() if k not in names}
+        return record
+
+
+# ------------------------------------------------------------------------------------- shared parts
+@dataclass
+class WindowStats(Record):
+    """Median and 95th percentile of a step figure over ``n`` steps (ms)."""
+
+    median: float | None = None
+    p95: float | None = None
+    n: int = 0
+
+
+@dataclass
+class RankStats(Record):
+    """A per-rank figure gathered at epoch end: the values by global rank, their maximum and median,
+    and the rank with the largest value (the slowest, for times)."""
+
+    per_rank: list[float | None] = field(default_factory=list)
+    max: float | None = None
+    median: float | None = None
+    slowest_rank: int | None = None
+
+
+# ------------------------------------------------------------------------------------- step timing
+@dataclass
+class StepTimingEpoch(Record):
+    """One training epoch of :class:`~cropscale.callbacks.StepTimingCallback` (ms)."""
+
+    epoch: int = 0
+    steps_measured: int = 0
+    windows_ms: dict[str, WindowStats] = field(default_factory=dict)
+    step_ms_per_rank: RankStats = field(default_factory=RankStats)
+    window_median_ms_per_rank: dict[str, list[float | None]] = field(default_factory=dict)
+    first_batch_wait_ms_per_rank: list[float | None] = field(default_factory=list)
+
+
+@dataclass
+class StepTimingSummary(Record):
+    """``summary.step_timing``: the step-time decomposition of a run."""
+
+    evidence: str = MEASURED_RUN
+    clock: str | None = None
+    warmup_steps: int | None = None
+    sync_cuda: bool | None = None
+    steps_total: int = 0
+    steps_measured: int = 0
+    comm_timing: dict[str, Any] = field(default_factory=dict)
+    trace_path: str | None = None
+    windows: list[str] = field(default_factory=list)
+    epochs: list[StepTimingEpoch] = field(default_factory=list)
+
+
+# -------------------------------------------------------------------------------------- throughput
+@dataclass
+class ThroughputEpoch(Record):
+    """One training epoch of :class:`~cropscale.callbacks.ThroughputCallback`: samples (global),
+    samples/s, step latency (ms), train / validation / end-to-end seconds, TFLOP/s and MFU."""
+
+    epoch: int = 0
+    samples: int = 0
+    samples_per_rank: list[int] = field(default_factory=list)
+    samples_per_s: float | None = None
+    samples_per_s_per_rank: list[float | None] = field(default_factory=list)
+    samples_per_s_steady: float | None = None
+    step_latency_ms: WindowStats = field(default_factory=WindowStats)
+    train_s: float | None = None
+    train_s_per_rank: list[float | None] = field(default_factory=list)
+    val_s: float | None = None
+    wall_s: float | None = None
+    flops_per_sample: float | None = None
+    tflops_per_s_per_gpu: float | None = None
+    peak_tflops: float | None = None
+    mfu: float | None = None
+
+
+@dataclass
+class ThroughputSummary(Record):
+    """``summary.throughput``: samples/s over the whole run and per epoch."""
+
+    evidence: str = MEASURED_RUN
+    device: str | None = None
+    dtype: str | None = None
+    warmup_steps: int | None = None
+    flops_source: str | None = None
+    mfu_reason: str | None = None
+    total_samples: int = 0
+    total_train_s: float = 0.0
+    samples_per_s: float | None = None
+    epochs: list[ThroughputEpoch] = field(default_factory=list)
+
+
+# -------------------------------------------------------------------------------------- loss scale
+@dataclass
+class LossScaleEpoch(Record):
+    """One training epoch of :class:`~cropscale.callbacks.LossScaleCallback` (event counts)."""
+
+    epoch: int = 0
+    steps: int = 0
+    backoff_events: int = 0
+    growth_events: int = 0
+    skipped_steps: int = 0
+    overflow_skips: int = 0
+    nonfinite_loss_skips: int = 0
+    lr_scheduler_steps_on_skipped: int = 0
+    loss_scale_end: float | None = None
+
+
+@dataclass
+class LossScaleSummary(Record):
+    """``summary.loss_scale``: the AMP GradScaler's events (``reason`` only without a scaler)."""
+
+    evidence: str = MEASURED_RUN
+    precision: str | None = None
+    scaler_in_use: bool = False
+    reason: str | None = optional()
+    growth_factor: float | None = optional()
+    backoff_factor: float | None = optional()
+    growth_interval: int | None = optional()
+    initial_scale: float | None = optional()
+    final_scale: float | None = optional()
+    steps: int | None = optional()
+    backoff_events: int | None = optional()
+    growth_events: int | None = optional()
+    skipped_steps: int | None = optional()
+    overflow_skips: int | None = optional()
+    nonfinite_loss_skips: int | None = optional()
+    lr_scheduler_steps_on_skipped: int | None = optional()
+    epochs: list[LossScaleEpoch] | None = optional()
+
+
+# -------------------------------------------------------------------------------------- non-finite
+@dataclass
+class RankCounts(Record):
+    """Non-finite batches and steps skipped on one rank."""
+
+    nonfinite_batches: int = 0
+    skipped_steps: int = 0
+
+
+@dataclass
+class NonFiniteRecord(Record):
+    """One non-finite batch: where (step, epoch, batch, rank), what was not finite and the sample ids."""
+
+    global_step: int = 0
+    epoch: int = 0
+    batch_idx: int = 0
+    rank: int = 0
+    loss_finite: bool | None = None
+    grads_finite: bool | None = None
+    patch_id: list[int] | None = optional()
+    crop_yx: list[list[int]] | None = optional()
+    nonfinite_input_patch_id: list[int] | None = optional()
+    nonfinite_input_crop_yx: list[list[int]] | None = optional()
+
+
+@dataclass
+class NonFiniteSummary(Record):
+    """``summary.nonfinite``: non-finite batches and the steps the policy skipped."""
+
+    evidence: str = MEASURED_RUN
+    policy: str = "log"
+    check_grads: bool = True
+    nonfinite_batches_rank0: int = 0
+    skipped_steps_rank0: int = 0
+    per_rank: list[RankCounts] = field(default_factory=list)
+    records: list[NonFiniteRecord] = field(default_factory=list)
+
+    @property
+    def nonfinite_batches(self) -> int:
+        """Non-finite batches summed over ranks (rank 0's count when no rank list was gathered)."""
+        return sum(r.nonfinite_batches for r in self.per_rank) if self.per_rank else self.nonfinite_batches_rank0
+
+    @property
+    def skipped_steps(self) -> int:
+        """Steps the policy skipped, summed over ranks (rank 0's count when no rank list was gathered)."""
+        return sum(r.skipped_steps for r in self.per_rank) if self.per_rank else self.skipped_steps_rank0
+
+
+# ------------------------------------------------------------------------------------ gradient norm
+@dataclass
+class GradNormEpoch(Record):
+    """One training epoch of :class:`~cropscale.callbacks.GradNormCallback`."""
+
+    epoch: int = 0
+    steps: int = 0
+    grad_norm_median: float | None = None
+    grad_norm_p95: float | None = None
+    grad_norm_max: float | None = None
+    clipped_steps: int | None = None
+    clip_fraction: float | None = None
+    nonfinite_steps: int = 0
+
+
+@dataclass
+class GradNormSummary(Record):
+    """``summary.grad_norm``: the global gradient norm before clipping and how often it was clipped."""
+
+    evidence: str = MEASURED_RUN
+    norm_type: float = 2.0
+    sharded_reduction: bool = False
+    clip_threshold: float | None = None
+    clip_threshold_reason: str | None = None
+    steps: int = 0
+    nonfinite_steps: int = 0
+    clipped_steps: int | None = None
+    clip_fraction: float | None = None
+    epochs: list[GradNormEpoch] = field(default_factory=list)
+
+
+# ------------------------------------------------------------------------------------------ energy
+@dataclass
+class EnergyWindow(Record):
+    """Energy of all GPUs over the whole ``fit`` training window (J) and its per-rank parts."""
+
+    energy_j: float | None = None
+    energy_j_per_rank: list[float | None] = field(default_factory=list)
+    seconds_per_rank: list[float | None] = field(default_factory=list)
+
+
+@dataclass
+class EnergyEpoch(Record):
+    """One training epoch (its validation included) of :class:`~cropscale.callbacks.EnergyCallback`."""
+
+    epoch: int = 0
+    energy_j: float | None = None
+    energy_j_per_rank: list[float | None] = field(default_factory=list)
+    seconds_per_rank: list[float | None] = field(default_factory=list)
+    avg_power_w: float | None = None
+    avg_power_w_per_rank: list[float | None] = field(default_factory=list)
+    samples: int = 0
+    j_per_sample: float | None = None
+    gpu_hours: float | None = None
+    cost: float | None = None
+    throttle_reasons_rank0_end: list[str] | None = None
+
+
+@dataclass
+class EnergySummary(Record):
+    """``summary.energy``: NVML energy (``reason`` and ``devices`` only when unavailable)."""
+
+    evidence: str = MEASURED_RUN
+    available: bool = False
+    reason: str | None = optional()
+    method: str | None = optional()
+    devices: list[Any] = field(default_factory=list)
+    price_per_gpu_hour: float | None = optional()
+    currency: str | None = optional()
+    total_energy_j: float | None = optional()
+    total_gpu_hours: float | None = optional()
+    total_samples: int | None = optional()
+    j_per_sample: float | None = optional()
+    total_cost: float | None = optional()
+    training: EnergyWindow | None = optional()
+    epochs: list[EnergyEpoch] | None = optional()
+
+
+# ------------------------------------------------------------------------------------------ memory
+@dataclass
+class MemoryEpoch(Record):
+    """One training epoch of :class:`~cropscale.callbacks.MemoryCallback` (GiB = 2^30 bytes)."""
+
+    epoch: int = 0
+    peak_allocated_gib: float | None = None
+    peak_reserved_gib: float | None = None
+    host_rss_gib: float | None = None
+    host_peak_rss_gib: float | None = None
+    per_rank: dict[str, list[float | None]] = field(default_factory=dict)
+
+
+@dataclass
+class MemorySummary(Record):
+    """``summary.memory``: GPU allocator peaks and host RSS, maxima over epochs and ranks (GiB)."""
+
+    evidence: str = MEASURED_RUN
+    gpu_available: bool = False
+    gpu_reason: str | None = None
+    peak_allocated_gib: float | None = None
+    peak_reserved_gib: float | None = None
+    host_peak_rss_gib: float | None = None
+    epochs: list[MemoryEpoch] = field(default_factory=list)
+
+
+# -------------------------------------------------------------------------------------- the record
+@dataclass
+class RunSummary(Record):
+    """``run.json["summary"]``: one section per scaling callback present (``None`` when absent)."""
+
+    step_timing: StepTimingSummary | None = optional()
+    throughput: ThroughputSummary | None = optional()
+    loss_scale: LossScaleSummary | None = optional()
+    nonfinite: NonFiniteSummary | None = optional()
+    grad_norm: GradNormSummary | None = optional()
+    energy: EnergySummary | None = optional()
+    memory: MemorySummary | None = optional()
+
+
+SUMMARY_TYPES: dict[str, type[Record]] = {
+    f.name: typing.get_args(typing.get_type_hints(RunSummary)[f.name])[0]
+    for f in dataclasses.fields(RunSummary) if f.name != "other"
+}
+"""``summary`` key -> the record type of that section."""
+
+
+@dataclass
+class RunJson(Record):
+    """The whole ``run.json``: provenance written at fit start, the summary at fit end."""
+
+    schema: str = RUN_SCHEMA
+    evidence: str = MEASURED_RUN
+    status: str | None = None
+    started_utc: str | None = None
+    finished_utc: str | None = None
+    run_dir: str | None = None
+    command: list[str] = field(default_factory=list)
+    git: dict[str, Any] = field(default_factory=dict)
+    dataset: dict[str, Any] = field(default_factory=dict)
+    config: dict[str, Any] | None = None
+    config_source: str | None = None
+    host: dict[str, Any] = field(default_factory=dict)
+    versions: dict[str, Any] = field(default_factory=dict)
+    devices: list[dict[str, Any]] = field(default_factory=list)
+    topology: dict[str, Any] = field(default_factory=dict)
+    distributed: dict[str, Any] = field(default_factory=dict)
+    precision: str | None = None
+    float32_matmul_precision: str | None = None
+    seeds: dict[str, Any] = field(default_factory=dict)
+    trainer: dict[str, Any] = field(default_factory=dict)
+    callbacks: list[str] = field(default_factory=list)
+    extra: dict[str, Any] = field(default_factory=dict)
+    summary: RunSummary = field(default_factory=RunSummary)
+    global_step: int | None = optional()
+    epochs_completed: int | None = optional()
+    error: dict[str, Any] | None = optional()

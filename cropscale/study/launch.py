@@ -1,0 +1,128 @@
+"""Launching the study's fit runs: the exact ``python -m cropscale fit`` command of a configuration
+and seed, a launcher that runs it as one child process (Lightning starts the DDP ranks inside it),
+and the check that the run used the planned batch and learning rate."""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from cropscale.study import protocol as P
+from cropscale.study.plan import Configuration, node_layout
+from cropscale.study.spec import PRECISION_CONFIGS, REPO_ROOT, STRATEGY_CONFIGS, StudySpec, resolve_path
+
+_BATCH_LINE = re.compile(
+    r"global batch (\d+) = local (\d+) x world size (\d+) x accumulation (\d+).*?lr (\S+) -> ([0-9.eE+-]+)"
+)
+
+
+def fit_command(
+    spec: StudySpec, config: Configuration, seed: int, run_root: Path, accelerator: str, data_root: str | None,
+    node_rank: int = 0,
+) -> list[str]:
+    """The ``python -m cropscale fit ...`` command of one configuration and seed.
+
+    Order: base configs, precision config, strategy config, the spec's overrides, then the protocol
+    arguments (which therefore win): accelerator, devices / nodes, epochs, accumulation, local
+    batch, LR and its rule, seed, logger folder ``run_root/<config>/seed<k>``, data root.
+    """
+    nodes, per_node = node_layout(spec, config.world_size, accelerator)
+    values = {"python": sys.executable, "nodes": str(nodes), "devices_per_node": str(per_node),
+              "world_size": str(config.world_size), "node_rank": str(node_rank)}
+    prefix = spec.launcher or ("{python}", "-m", "cropscale")
+    cmd = [os.path.expandvars(tok.format(**values)) for tok in prefix]
+    cmd.append("fit")
+    for cfg in spec.base_configs:
+        cmd += ["--config", str(resolve_path(cfg, f"base config of {spec.source}", "see base_configs"))]
+    cmd += ["--config", str(resolve_path(PRECISION_CONFIGS[config.precision], "precision config"))]
+    strategy = spec.strategy
+    if config.world_size == 1 and spec.single_device_strategy == "single":
+        strategy = "single"
+    cmd += ["--config", str(resolve_path(STRATEGY_CONFIGS[strategy], "strategy config"))]
+    cmd += list(spec.overrides)
+    plan = config.plan
+    cmd += [
+        f"--trainer.accelerator={accelerator}",
+        f"--trainer.devices={per_node}",
+        f"--trainer.num_nodes={nodes}",
+        f"--trainer.max_epochs={spec.max_epochs}",
+        f"--trainer.accumulate_grad_batches={plan.accumulation}",
+        f"--data.batch_size={plan.local_batch}",
+        f"--model.lr={plan.base_lr!r}",
+        f"--model.lr_scaling={plan.lr_scaling}",
+        f"--model.reference_batch_size={plan.reference_batch}",
+        f"--seed_everything={seed}",
+        f"--trainer.logger.init_args.save_dir={run_root}",
+        f"--trainer.logger.init_args.name={config.key}",
+        f"--trainer.logger.init_args.version=seed{seed}",
+    ]
+    if data_root is not None:
+        cmd.append(f"--data.root={data_root}")
+    return cmd
+
+
+# ---------------------------------------------------------------------------------------- launch
+@dataclass
+class LaunchResult:
+    """What a launcher returns for one fit process."""
+
+    returncode: int
+    wall_s: float
+    log_path: str
+
+
+Launcher = Callable[[list[str], dict[str, str], Path, float | None], LaunchResult]
+
+
+def subprocess_launcher(cmd: list[str], env: dict[str, str], log_path: Path, timeout_s: float | None) -> LaunchResult:
+    """Run ``cmd`` as one child process (its DDP ranks are started by Lightning inside it),
+    stdout and stderr to ``log_path``; a timeout kills the child's whole process group."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    start = time.perf_counter()
+    with open(log_path, "w") as log:
+        log.write("$ " + " ".join(cmd) + "\n")
+        log.flush()
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        try:
+            rc = proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            log.write(f"\ncropscale study: killed after the run timeout of {timeout_s} s\n")
+            rc = 124
+    return LaunchResult(rc, time.perf_counter() - start, str(log_path))
+
+
+def child_env(spec: StudySpec, accelerator: str) -> dict[str, str]:
+    """The parent's environment, unbuffered output, ``OMP_NUM_THREADS`` on CPU, and the folder of
+    this very ``cropscale`` package first on ``PYTHONPATH`` (every run executes the same code)."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    package_parent = str(REPO_ROOT)
+    paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p != package_parent]
+    env["PYTHONPATH"] = os.pathsep.join([package_parent, *paths])
+    if accelerator == "cpu" and spec.threads_per_process is not None:
+        env["OMP_NUM_THREADS"] = str(spec.threads_per_process)
+    return env
+
+
+def check_batch_line(log_text: str, plan: P.BatchPlan) -> tuple[bool | None, str]:
+    """Compare the task's printed ``global batch G = local L x world size N x accumulation A ...
+    lr a -> b`` line with the plan. Returns (True/False, detail) or (None, reason) when absent."""
+    m = _BATCH_LINE.search(log_text)
+    if not m:
+        return None, "the fit log has no 'global batch ... lr ... -> ...' line"
+    g, loc, n, a = (int(m.group(i)) for i in range(1, 5))
+    lr = float(m.group(6))
+    ok = (g, loc, n, a) == (plan.global_batch, plan.local_batch, plan.world_size, plan.accumulation) and math.isclose(
+        lr, plan.lr, rel_tol=1e-4
+    )
+    return ok, f"run: G={g} L={loc} N={n} A={a} lr={lr:g}; plan: G={plan.global_batch} L={plan.local_batch}" \
+               f" N={plan.world_size} A={plan.accumulation} lr={plan.lr:g}"

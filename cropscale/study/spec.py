@@ -1,0 +1,299 @@
+"""The study spec: one YAML file under ``configs/study/`` (see ``configs/study/cpu.yaml``), validated
+into a :class:`StudySpec` before anything runs.
+
+Every error names the spec file and the key: unknown keys, missing ``devices`` / ``protocols``, bad
+protocol fields, a device list without 1, a protocol whose batch arithmetic fails for a listed world
+size (:mod:`cropscale.study.protocol`), an override of a key the protocol controls.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from cropscale.errors import CropScaleError
+from cropscale.precision import STUDY_ALIASES, STUDY_CONFIGS
+from cropscale.study import protocol as P
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+"""The checkout holding ``configs/`` (paths in a spec may be relative to it)."""
+
+PRECISION_CONFIGS: dict[str, str] = {name: f"configs/precision/{name}.yaml" for name in STUDY_CONFIGS.values()}
+"""Study precision name -> its ``fit --config`` file."""
+PRECISION_LABELS: dict[str, str] = {"fp32": "FP32", "amp_fp16": "AMP FP16", "bf16": "BF16"}
+"""Study precision name -> table label."""
+STRATEGY_CONFIGS = {"ddp": "configs/strategy/ddp.yaml", "fsdp": "configs/strategy/fsdp.yaml",
+                    "single": "configs/strategy/single.yaml"}
+"""Strategy name -> its ``fit --config`` file."""
+PROTOCOL_KEYS = (
+    "trainer.devices", "trainer.num_nodes", "trainer.accelerator", "trainer.strategy", "trainer.precision",
+    "trainer.max_epochs", "trainer.accumulate_grad_batches", "data.batch_size", "model.lr",
+    "model.lr_scaling", "model.reference_batch_size", "seed_everything", "data.root",
+    "trainer.logger.init_args.save_dir", "trainer.logger.init_args.name", "trainer.logger.init_args.version",
+)
+"""Keys the protocol sets on every fit command; an override of one of them would break the protocol."""
+
+
+# ----------------------------------------------------------------------------------------- the spec
+@dataclass(frozen=True)
+class ProtocolSpec:
+    """One batch protocol of the study.
+
+    Attributes:
+        name: ``equal-global`` or ``equal-local``.
+        local_batch: ``L`` (``--data.batch_size``).
+        global_batch: ``G`` (``equal-global`` only).
+        lr_scaling: ``none | linear | sqrt`` (the task applies it; ``sqrt`` for AdamW).
+        reference_batch: global batch of the base LR; default: the 1-rank global batch.
+    """
+
+    name: str
+    local_batch: int
+    global_batch: int | None = None
+    lr_scaling: str = "none"
+    reference_batch: int | None = None
+
+    def plan(self, world_size: int, base_lr: float) -> P.BatchPlan:
+        """The batch plan of this protocol on ``world_size`` ranks (:func:`cropscale.study.protocol.batch_plan`)."""
+        return P.batch_plan(self.name, world_size, self.local_batch, self.global_batch, base_lr,
+                            self.lr_scaling, self.reference_batch)
+
+
+@dataclass(frozen=True)
+class StudySpec:
+    """A scaling study (one YAML file under ``configs/study/``).
+
+    Attributes:
+        name: study name (default output folder ``runs/study/<name>``).
+        accelerator: ``cpu``, ``gpu`` (= ``cuda``) or ``auto`` (GPU if one is visible).
+        devices: world sizes ``N`` to study, e.g. ``[1, 2, 4, 8]``; must include 1 (``T_1``).
+        precisions: ``fp32``, ``amp_fp16``, ``bf16`` (``configs/precision/<name>.yaml``).
+        protocols: the batch protocols (:class:`ProtocolSpec`).
+        seeds: ``seed_everything`` values, one run each.
+        warmup_epochs, measured_epochs: epochs excluded from / included in the timing statistics;
+            ``trainer.max_epochs = warmup_epochs + measured_epochs``.
+        strategy: ``ddp`` or ``fsdp`` for ``N > 1`` (``configs/strategy/<name>.yaml``).
+        single_device_strategy: strategy of the ``N = 1`` baseline: ``single`` (no wrapper, the
+            honest ``T_1``) or the same as ``strategy``.
+        base_configs: ``fit --config`` files (relative to the working directory or the repository),
+            after ``configs/default.yaml`` which the CLI always reads first.
+        overrides: further dotted ``fit`` arguments (``--data.samples_per_patch=4``); protocol keys
+            (:data:`PROTOCOL_KEYS`) are refused.
+        data_root: ``--data.root`` (None = the base configs' root).
+        lr: base learning rate ``--model.lr`` at the reference batch.
+        train_samples_per_epoch: ``S`` (training patches x ``data.samples_per_patch``), for the
+            planned optimiser updates; None = unknown (taken from the runs when they report it).
+        max_cpu_processes: CPU processes that may run at once (default ``os.cpu_count()``).
+        threads_per_process: ``OMP_NUM_THREADS`` of every rank on CPU (None = Lightning's default).
+        max_nodes: nodes available to the launcher (GPU capacity = GPUs per node x ``max_nodes``).
+        devices_per_node: ranks per node (default: the visible GPUs, or ``N`` on one node).
+        launcher: command tokens replacing ``["{python}", "-m", "cropscale"]``; placeholders
+            ``{python}``, ``{nodes}``, ``{devices_per_node}``, ``{world_size}``, ``{node_rank}``;
+            ``$VARS`` expanded.
+        allreduce: assumptions of the all-reduce model for analytical rows: ``alpha_us`` (per-phase
+            latency, µs), ``bandwidth_gb_s`` (effective per-rank bandwidth, 1e9 bytes/s),
+            ``bytes_per_element`` (gradient element size, 4 for FP32 parameters, also under AMP).
+        num_params: trainable parameters ``P`` for the all-reduce payload (None = counted on the
+            network built from ``num_classes`` and ``net_kwargs``).
+        num_classes, net_kwargs: the network for the parameter count.
+        run_timeout_s: wall-clock limit of one fit process (None = none).
+        source: the YAML file.
+    """
+
+    name: str
+    devices: tuple[int, ...]
+    protocols: tuple[ProtocolSpec, ...]
+    accelerator: str = "cpu"
+    precisions: tuple[str, ...] = ("fp32",)
+    seeds: tuple[int, ...] = (0,)
+    warmup_epochs: int = 1
+    measured_epochs: int = 1
+    strategy: str = "ddp"
+    single_device_strategy: str = "single"
+    base_configs: tuple[str, ...] = ()
+    overrides: tuple[str, ...] = ()
+    data_root: str | None = None
+    lr: float = 1e-3
+    train_samples_per_epoch: int | None = None
+    max_cpu_processes: int | None = None
+    threads_per_process: int | None = None
+    max_nodes: int = 1
+    devices_per_node: int | None = None
+    launcher: tuple[str, ...] | None = None
+    allreduce: dict[str, float] = field(default_factory=lambda: {"alpha_us": 10.0, "bandwidth_gb_s": 10.0,
+                                                                 "bytes_per_element": 4.0})
+    num_params: int | None = None
+    num_classes: int = 10
+    net_kwargs: dict[str, Any] = field(default_factory=dict)
+    run_timeout_s: float | None = None
+    source: str = ""
+
+    @property
+    def max_epochs(self) -> int:
+        """``warmup_epochs + measured_epochs``."""
+        return self.warmup_epochs + self.measured_epochs
+
+
+def _int_list(value: Any, key: str, where: str) -> tuple[int, ...]:
+    items = value if isinstance(value, (list, tuple)) else [value]
+    out = []
+    for v in items:
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise CropScaleError(f"{where}: {key} must be integers, got {v!r}")
+        out.append(v)
+    if not out:
+        raise CropScaleError(f"{where}: {key} must not be empty")
+    return tuple(out)
+
+
+def precision_name(value: str, where: str) -> str:
+    """The study precision name (``fp32``, ``amp_fp16``, ``bf16``) of ``value`` or one of its aliases.
+
+    Raises:
+        CropScaleError: an unknown precision, naming ``where``.
+    """
+    name = STUDY_ALIASES.get(str(value), str(value))
+    if name not in PRECISION_CONFIGS:
+        raise CropScaleError(
+            f"{where}: precision {value!r} is not one of {', '.join(PRECISION_CONFIGS)} (or {', '.join(STUDY_ALIASES)})"
+        )
+    return name
+
+
+def _check_keys(data: Any, source: str) -> None:
+    if not isinstance(data, dict):
+        raise CropScaleError(f"{source}: a study spec must be a YAML mapping")
+    known = {f for f in StudySpec.__dataclass_fields__ if f != "source"}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise CropScaleError(f"{source}: unknown study key(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+    for key in ("name", "devices", "protocols"):
+        if key not in data:
+            raise CropScaleError(f"{source}: the study spec needs '{key}'")
+
+
+def _devices(data: dict, source: str) -> tuple[int, ...]:
+    devices = _int_list(data["devices"], "devices", source)
+    if any(n < 1 for n in devices) or len(set(devices)) != len(devices):
+        raise CropScaleError(f"{source}: devices must be distinct integers >= 1, got {list(devices)}")
+    if 1 not in devices:
+        raise CropScaleError(f"{source}: devices must include 1: S_N = T_1 / T_N needs the 1-device time")
+    return devices
+
+
+def _protocols(data: dict, devices: tuple[int, ...], source: str) -> tuple[ProtocolSpec, ...]:
+    raw_protocols = data["protocols"]
+    if not isinstance(raw_protocols, list) or not raw_protocols:
+        raise CropScaleError(f"{source}: protocols must be a non-empty list of mappings")
+    allowed = set(ProtocolSpec.__dataclass_fields__)
+    protos = []
+    for i, raw in enumerate(raw_protocols):
+        where = f"{source}: protocols[{i}]"
+        if not isinstance(raw, dict) or "name" not in raw or "local_batch" not in raw:
+            raise CropScaleError(f"{where} needs 'name' and 'local_batch'")
+        extra = sorted(set(raw) - allowed)
+        if extra:
+            raise CropScaleError(f"{where}: unknown key(s) {', '.join(extra)}; known: {', '.join(sorted(allowed))}")
+        proto = ProtocolSpec(**raw)
+        for n in devices:
+            try:
+                proto.plan(n, float(data.get("lr", 1e-3)))
+            except CropScaleError as err:
+                raise CropScaleError(f"{where} ({proto.name}) on {n} device(s): {err}") from None
+        protos.append(proto)
+    names = [p.name for p in protos]
+    if len(set(names)) != len(names):
+        raise CropScaleError(f"{source}: each protocol may appear once, got {names}")
+    return tuple(protos)
+
+
+def _fields(data: dict, source: str) -> dict[str, Any]:
+    """The spec's other fields, converted (tuples, precision names, merged all-reduce assumptions)."""
+    kwargs = {k: v for k, v in data.items() if k not in ("devices", "protocols")}
+    kwargs["precisions"] = tuple(precision_name(p, source) for p in data.get("precisions", ["fp32"]))
+    kwargs["seeds"] = _int_list(data.get("seeds", [0]), "seeds", source)
+    for key in ("base_configs", "overrides"):
+        kwargs[key] = tuple(str(v) for v in (data.get(key) or ()))
+    if data.get("launcher") is not None:
+        kwargs["launcher"] = tuple(str(v) for v in data["launcher"])
+    if "allreduce" in data:
+        merged = dict(StudySpec.__dataclass_fields__["allreduce"].default_factory())
+        merged.update({k: float(v) for k, v in (data["allreduce"] or {}).items()})
+        kwargs["allreduce"] = merged
+    return kwargs
+
+
+def _check_values(spec: StudySpec, source: str) -> None:
+    if spec.accelerator not in ("cpu", "gpu", "cuda", "auto"):
+        raise CropScaleError(f"{source}: accelerator must be cpu, gpu (cuda) or auto, got {spec.accelerator!r}")
+    if spec.strategy not in ("ddp", "fsdp"):
+        raise CropScaleError(f"{source}: strategy must be ddp or fsdp, got {spec.strategy!r}")
+    if spec.single_device_strategy not in ("single", "same"):
+        raise CropScaleError(f"{source}: single_device_strategy must be 'single' or 'same'")
+    for key, low in (("warmup_epochs", 0), ("measured_epochs", 1)):
+        value = getattr(spec, key)
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise CropScaleError(f"{source}: {key} must be an integer >= {low}")
+
+
+def _check_overrides(spec: StudySpec, source: str) -> None:
+    for override in spec.overrides:
+        key = override.lstrip("-").split("=", 1)[0]
+        if not override.startswith("--") or "=" not in override:
+            raise CropScaleError(f"{source}: override {override!r} must look like --key.sub=value")
+        if key in PROTOCOL_KEYS or key in ("config", "trainer.logger"):
+            raise CropScaleError(
+                f"{source}: override {override!r} sets '{key}', which the study protocol controls"
+                " (set it through the spec's fields instead)"
+            )
+
+
+def parse_spec(data: dict, source: str = "<spec>") -> StudySpec:
+    """Validate a study spec read from YAML.
+
+    Raises:
+        CropScaleError: unknown keys, missing ``devices`` / ``protocols``, bad protocol fields, a
+            device list without 1, a protocol whose arithmetic fails for a listed world size, or an
+            override of a protocol key. The message names ``source`` and the key.
+    """
+    _check_keys(data, source)
+    devices = _devices(data, source)
+    spec = StudySpec(devices=devices, protocols=_protocols(data, devices, source), source=source,
+                     **_fields(data, source))
+    _check_values(spec, source)
+    _check_overrides(spec, source)
+    return spec
+
+
+def load_spec(path: str | Path) -> StudySpec:
+    """Read and validate a study spec YAML file (see :func:`parse_spec`).
+
+    Raises:
+        CropScaleError: the file is missing or not valid YAML, or :func:`parse_spec` refuses it.
+    """
+    import yaml
+
+    path = Path(path)
+    if not path.is_file():
+        raise CropScaleError(f"study spec not found: {path}")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as err:
+        raise CropScaleError(f"{path}: not valid YAML ({err})") from None
+    return parse_spec(data, str(path))
+
+
+def resolve_path(path: str, what: str, hint: str = "") -> Path:
+    """``path`` as given if absolute, else relative to the working directory, else to the repository.
+
+    Raises:
+        CropScaleError: none of the candidates exists (all are named, with ``hint``).
+    """
+    p = Path(path).expanduser()
+    candidates = [p] if p.is_absolute() else [Path.cwd() / p, REPO_ROOT / p]
+    for c in candidates:
+        if c.exists():
+            return c.resolve()
+    tried = " or ".join(str(c) for c in candidates)
+    raise CropScaleError(f"{what} not found: {path} (tried {tried}){'; ' + hint if hint else ''}")
