@@ -17,7 +17,7 @@ class                          concern                           TensorBoard pre
 =============================  ================================  ===================
 """
 
-from cropscale.callbacks._common import EVIDENCE_MICROBENCHMARK, EVIDENCE_RUN, ScalingCallback
+from cropscale.callbacks.base import ScalingCallback
 from cropscale.callbacks.energy import EnergyCallback
 from cropscale.callbacks.grad_norm import GradNormCallback
 from cropscale.callbacks.group import CallbackGroup
@@ -27,6 +27,8 @@ from cropscale.callbacks.nonfinite import NonFiniteCallback, NonFiniteError
 from cropscale.callbacks.provenance import ProvenanceCallback
 from cropscale.callbacks.step_timing import StepTimingCallback
 from cropscale.callbacks.throughput import ThroughputCallback
+from cropscale.evidence import MEASURED_MICROBENCHMARK as EVIDENCE_MICROBENCHMARK
+from cropscale.evidence import MEASURED_RUN as EVIDENCE_RUN
 
 __all__ = [
     "EVIDENCE_MICROBENCHMARK",

@@ -59,17 +59,14 @@ from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.profilers import Profiler
 from lightning.pytorch.utilities import rank_zero_info
 
+from cropscale.callbacks._batches import batch_size
 from cropscale.callbacks._clock import CudaEventClock, HostClock, clock_for
-from cropscale.callbacks._common import (
-    EVIDENCE_RUN,
-    ScalingCallback,
-    batch_size,
-    gather_vectors,
-    log_metrics,
-    median_p95,
-    rank_stats,
-)
+from cropscale.callbacks._dist import gather_vectors, rank_stats
+from cropscale.callbacks._logging import log_metrics
+from cropscale.callbacks.base import ScalingCallback
 from cropscale.errors import CropScaleError
+from cropscale.evidence import MEASURED_RUN
+from cropscale.numbers import median_p95
 
 COMPONENTS: tuple[str, ...] = ("data_wait", "transfer", "forward", "backward", "optimizer", "remainder")
 """The windows of one optimizer step, in order."""
@@ -534,7 +531,7 @@ class StepTimingCallback(ScalingCallback):
     # ------------------------------------------------------------------ summary
     def summary(self) -> dict[str, Any]:
         return {
-            "evidence": EVIDENCE_RUN,
+            "evidence": MEASURED_RUN,
             "clock": self._clock.kind,
             "warmup_steps": self.warmup_steps,
             "sync_cuda": self.sync_cuda,
