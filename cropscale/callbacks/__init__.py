@@ -15,8 +15,12 @@ class                          concern                           TensorBoard pre
 :class:`MemoryCallback`        GPU peaks, host RSS               ``memory/``
 :class:`ProvenanceCallback`    ``run.json``                      —
 =============================  ================================  ===================
+
+:data:`STEP_WINDOWS` names the disjoint windows of a step that :class:`StepTimingCallback` records
+(``data_wait, transfer, forward, backward, optimizer, remainder``; they add up to ``step``).
 """
 
+from cropscale.callbacks._windows import STEP_WINDOWS
 from cropscale.callbacks.base import ScalingCallback
 from cropscale.callbacks.energy import EnergyCallback
 from cropscale.callbacks.grad_norm import GradNormCallback
@@ -33,6 +37,7 @@ from cropscale.evidence import MEASURED_RUN as EVIDENCE_RUN
 __all__ = [
     "EVIDENCE_MICROBENCHMARK",
     "EVIDENCE_RUN",
+    "STEP_WINDOWS",
     "CallbackGroup",
     "EnergyCallback",
     "GradNormCallback",

@@ -1,5 +1,5 @@
 """Unit tests of the callback building blocks: batch helpers, rank statistics, peak table, NVML UUID
-matching with fake handles, energy-window arithmetic, step-window arithmetic, the callback group."""
+matching with fake handles, energy-window arithmetic, the callback group (step windows: test_windows.py)."""
 
 from __future__ import annotations
 
@@ -27,7 +27,6 @@ from cropscale.callbacks._batches import batch_size, id_tensors, ids_to_lists
 from cropscale.callbacks._dist import rank_stats
 from cropscale.callbacks._grads import total_norms
 from cropscale.callbacks.base import scaling_callbacks
-from cropscale.callbacks.step_timing import ALL_FIGURES
 from cropscale.env import nvml, peaks
 from cropscale.env.host import dataset_revision
 
@@ -220,40 +219,6 @@ def test_integrate_power_trapezoid_with_edge_interpolation():
     assert nvml.integrate_power(samples, 2.0, 4.0) == pytest.approx(400.0)
     assert nvml.integrate_power([], 0.0, 1.0) is None
     assert nvml.integrate_power(samples, 1.0, 1.0) is None
-
-
-# ------------------------------------------------------------------------------------ step windows
-def test_step_windows_from_host_marks():
-    cb = StepTimingCallback()
-    # one micro-batch: fetch 10.0 -> 10.2, batch start 10.25, before backward 10.75, after 11.5, end 11.75;
-    # previous step ended at 9.9
-    micro = [10.0, 10.2, 10.25, 10.75, 11.5, 11.75]
-    row = dict(zip(ALL_FIGURES, cb._durations([micro], [], 9.9, (False, False, False)), strict=True))
-    expect = {"data_wait": 0.2, "transfer": 0.05, "forward": 0.5, "backward": 0.75, "optimizer": 0.25,
-              "remainder": 0.1, "step": 1.85}
-    for k, v in expect.items():
-        assert row[k] == pytest.approx(v), k
-    assert row["comm"] is None and row["comm_exposed"] is None
-    # first step of an epoch: no remainder
-    row = dict(zip(ALL_FIGURES, cb._durations([micro], [], 9.9, (False, True, False)), strict=True))
-    assert row["remainder"] is None and row["step"] == pytest.approx(1.75)
-
-
-def test_step_windows_accumulation_and_comm():
-    cb = StepTimingCallback()
-    m1 = [0.0, 0.1, 0.1, 0.3, 0.5, 0.6]
-    m2 = [0.7, 0.8, 0.8, 1.0, 1.4, 1.6]
-    # buckets (launch, done): [1.1, 1.2], [1.15, 1.3] overlap -> union 0.2; [1.35, 1.45] -> 0.1
-    comm = [[1.1, 1.2], [1.15, 1.3], [1.35, 1.45]]
-    row = dict(zip(ALL_FIGURES, cb._durations([m1, m2], comm, -0.05, (False, False, False)), strict=True))
-    assert row["data_wait"] == pytest.approx(0.2)
-    assert row["forward"] == pytest.approx(0.4)
-    assert row["backward"] == pytest.approx(0.6)
-    assert row["optimizer"] == pytest.approx(0.3)
-    assert row["remainder"] == pytest.approx(0.05 + 0.1)  # before the first fetch + between micro-batches
-    assert row["step"] == pytest.approx(1.65)
-    assert row["comm"] == pytest.approx(0.3)
-    assert row["comm_exposed"] == pytest.approx(1.45 - 1.35)
 
 
 # ----------------------------------------------------------------------------------- the group
