@@ -9,9 +9,11 @@ import torch.nn.functional as F
 
 from cropscale import CropScaleError
 from cropscale.tiling import (
+    Tile,
     TilingStats,
     _pad_index,
     blend_window_1d,
+    plan_tiles,
     sliding_window_inference,
     tile_starts,
 )
@@ -211,6 +213,34 @@ def test_tile_grid_and_hann_window():
     assert float(w.min()) == pytest.approx(math.sin(math.pi * 0.5 / 32) ** 2, rel=1e-6)
     wf = blend_window_1d(32, "hann", floor=0.1)
     assert float(wf.min()) >= 0.1 and float(wf.max()) <= 1.0
+
+
+def test_plan_is_data_decided_before_the_network():
+    # H = 5, window 4, stride 4, reflect: 1 + ceil(1 / 4) = 2 rows of tiles covering 8 pixels, 3 extra
+    # split 1 before / 2 after; W = 12: 1 + ceil(8 / 4) = 3 columns, no padding
+    plan = plan_tiles(2, (5, 12), window=4, stride=4, hr_scale=2, blend="uniform", tile_batch_size=5)
+    assert (plan.starts_y, plan.starts_x, plan.pad, plan.padded_size) == ([0, 4], [0, 4, 8], (1, 2, 0, 0), (8, 12))
+    assert len(plan.tiles) == 2 * 2 * 3 and [len(b) for b in plan.batches] == [5, 5, 2]
+    assert plan.tiles[5] == Tile(0, 4, 8) and plan.tiles[6] == Tile(1, 0, 0)  # patch-major, then row-major
+    # stride == window: every pixel of both grids has exactly one tile, the weights are all 1
+    assert torch.equal(plan.weight_sums[1], torch.ones(8, 12)) and torch.equal(plan.weight_sums[2], torch.ones(16, 24))
+    assert torch.equal(plan.tile_weight(Tile(1, 4, 8), 2), torch.ones(8, 8))
+    assert plan.crop(torch.zeros(3, 16, 24), 2).shape == (3, 10, 24)  # rows 2..12 of the high grid
+    stats = TilingStats()
+    plan.fill_stats(stats, net_calls=3)
+    assert (stats.num_tiles, stats.tiles_per_patch, stats.pad_before, stats.num_net_calls) == (12, 6, (1, 0), 3)
+
+
+def test_plan_weights_normalise_over_overlapping_tiles():
+    # W = H = 8, window 4, stride 2: starts 0, 2, 4; tiles per pixel along an axis: 1, 1, 2, 2, 2, 2, 1, 1
+    plan = plan_tiles(1, (8, 8), window=4, stride=2, hr_scale=1, blend="uniform")
+    per_axis = torch.tensor([1.0, 1, 2, 2, 2, 2, 1, 1])
+    assert torch.equal(plan.weight_sums[1], per_axis[:, None] * per_axis[None, :])
+    assert torch.equal(plan.tile_weight(Tile(0, 2, 2), 1), torch.full((4, 4), 0.25))
+    corner = 1.0 / (per_axis[:4, None] * per_axis[None, :4])  # rows / columns 0..3
+    assert torch.equal(plan.tile_weight(Tile(0, 0, 0), 1), corner)
+    with pytest.raises(CropScaleError, match="covered by no tile"):
+        plan_tiles(1, (8, 8), window=2, stride=3, hr_scale=1)
 
 
 def test_tiling_bench_runs_with_a_stand_in_model(capsys):

@@ -34,9 +34,8 @@ from lightning.pytorch import Trainer, seed_everything
 
 from cropscale.distributed import finish_distributed
 from cropscale.errors import CropScaleError
+from cropscale.evidence import MEASURED_RUN
 from cropscale.testing.probe import ProbeTask, StepTimer, SyntheticSamples
-
-EVIDENCE = "measured-run"
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -97,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
         dist.all_gather_object(per_rank, mine)
     if trainer.global_rank == 0:
         record = {
-            "evidence": EVIDENCE,
+            "evidence": MEASURED_RUN,
             "what": "training step time (forward, loss, backward + all-reduce, clipping, AdamW), strong scaling",
             "world_size": trainer.world_size,
             "accelerator": args.accelerator,

@@ -31,10 +31,10 @@ from cropscale.batch import model_inputs
 from cropscale.data.datamodule import PastisHDDataModule
 from cropscale.env.host import environment_record
 from cropscale.errors import CropScaleError
+from cropscale.evidence import MEASURED_MICROBENCHMARK
 from cropscale.model.losses import MultiTaskLoss
 from cropscale.model.network import CropMappingNet
 
-LABEL = "measured-microbenchmark"
 _REPO = Path(__file__).resolve().parents[2]
 _DEFAULT_ROOTS = (Path("data/worldcereal-flanders"), _REPO.parent / "shared" / "data" / "worldcereal-flanders")
 
@@ -164,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
     n_patches = len(stats.patch_ids)
     spp = -(-needed // n_patches)
     print(f"loader-bench: {root}, folds {args.train_folds} ({n_patches} patches x {spp} crops), batch {args.batch_size}, "
-          f"crop {args.crop_size}, T2 {args.t2}, T1 {args.t1}, torch threads {torch.get_num_threads()}  [{LABEL}]")
+          f"crop {args.crop_size}, T2 {args.t2}, T1 {args.t1}, torch threads {torch.get_num_threads()}  [{MEASURED_MICROBENCHMARK}]")
     print(f"{'workers':>7}  {'first batch s':>13}  {'timed batches':>13}  {'samples/s':>9}  {'median ms/batch':>15}")
     rows, kept = [], None
     for i, workers in enumerate(args.workers):
@@ -177,14 +177,14 @@ def main(argv: list[str] | None = None) -> int:
         rows.append({"workers": workers, **r})
         print(f"{workers:>7}  {r['first_batch_s']:>13.3f}  {args.batches:>13}  {r['samples_per_s']:>9.1f}  "
               f"{r['median_batch_ms']:>15.1f}")
-    result = {"label": LABEL, "root": str(root), "batch_size": args.batch_size, "crop_size": args.crop_size,
+    result = {"label": MEASURED_MICROBENCHMARK, "root": str(root), "batch_size": args.batch_size, "crop_size": args.crop_size,
               "t2": args.t2, "t1": args.t1, "loader": rows, "model": None}
     if args.model:
         steps = args.model_steps or args.batches
         m = measure_model(kept, probe.num_classes, args.ignore_index, args.device, steps)
         result["model"] = {"device": args.device, **m}
         print(f"model training step (forward + loss + backward + clip + AdamW) on {steps} of the same batches, "
-              f"{args.device}: {m['samples_per_s']:.1f} samples/s, median {m['median_step_ms']:.1f} ms/step  [{LABEL}]")
+              f"{args.device}: {m['samples_per_s']:.1f} samples/s, median {m['median_step_ms']:.1f} ms/step  [{MEASURED_MICROBENCHMARK}]")
     if args.json:
         result["environment"] = environment_record(__file__, argv, torch.device(args.device))
         Path(args.json).write_text(json.dumps(result, indent=1, default=str))

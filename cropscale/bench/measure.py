@@ -13,8 +13,8 @@ and export to Extra-P (:mod:`cropscale.scaling.extrap`).
 The real modules (:class:`cropscale.model.network.CropMappingNet`,
 :class:`cropscale.model.losses.MultiTaskLoss`, :func:`cropscale.model.synthetic.synthetic_batch`,
 :func:`cropscale.tiling.sliding_window_inference`,
-:class:`cropscale.data.datamodule.PastisHDDataModule`) are imported lazily, only when a helper
-is called without its stand-in argument (``net``, ``loss``, ``make_batch``, ``make_loader`` ...).
+:class:`cropscale.data.datamodule.PastisHDDataModule`) are used unless a helper is given its
+stand-in argument (``net``, ``loss``, ``make_batch``, ``make_loader`` ...).
 
 Timing protocol: every ``x`` is warmed up first; then repetitions run round-robin over the ``x``
 values (repetition 1 of every ``x``, then repetition 2 ...), so a slow drift of the machine
@@ -117,6 +117,37 @@ def _default_net(seed: int):
     return CropMappingNet()
 
 
+def _synthetic_batches(t2: int, t1: int, crop_size: int, num_classes: int, device: str,
+                       seed: int) -> Callable[..., dict]:
+    """``(B, size=crop_size) -> synthetic_batch(B, t2, t1, size, size)`` on ``device``."""
+
+    def make_batch(b: int, size: int = crop_size) -> dict:
+        return synthetic_batch(b, t2, t1, size, size, num_classes=num_classes, device=device, seed=seed)
+
+    return make_batch
+
+
+def _train_steps(net, loss, batches: Sequence[dict], lr: float, clip_norm: float) -> list[Callable[[], None]]:
+    """One zero-argument training step per batch, all sharing one ``AdamW(lr)`` over the trainable
+    parameters: zero_grad, forward, loss, backward, ``clip_grad_norm_(clip_norm)``, optimizer step."""
+    params = [p for p in net.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=lr)
+
+    def step_for(batch: dict) -> Callable[[], None]:
+        inputs = model_inputs(batch)
+
+        def step() -> None:
+            opt.zero_grad(set_to_none=True)
+            total, _ = loss(net(**inputs), batch)
+            total.backward()
+            torch.nn.utils.clip_grad_norm_(params, clip_norm)
+            opt.step()
+
+        return step
+
+    return [step_for(batch) for batch in batches]
+
+
 def step_time_vs_batch(
     batch_sizes: Sequence[int] = (1, 2, 4, 8, 16),
     *,
@@ -159,32 +190,12 @@ def step_time_vs_batch(
     if loss is None:
         loss = MultiTaskLoss()
     if make_batch is None:
-        num_classes = int(getattr(net, "num_classes", 10))
-
-        def make_batch(b: int) -> dict:
-            return synthetic_batch(b, t2, t1, crop_size, crop_size, num_classes=num_classes, device=device,
-                                   seed=seed)
-
+        make_batch = _synthetic_batches(t2, t1, crop_size, int(getattr(net, "num_classes", 10)), device, seed)
     net = net.to(device).train()
-    params = [p for p in net.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=lr)
     batches = {b: make_batch(b) for b in sizes}
-
-    def step_for(b: int) -> Callable[[], None]:
-        batch = batches[b]
-        inputs = model_inputs(batch)
-
-        def step() -> None:
-            opt.zero_grad(set_to_none=True)
-            total, _ = loss(net(**inputs), batch)
-            total.backward()
-            torch.nn.utils.clip_grad_norm_(params, clip_norm)
-            opt.step()
-
-        return step
-
+    steps = _train_steps(net, loss, [batches[b] for b in sizes], lr, clip_norm)
     with _torch_threads(threads):
-        times = time_round_robin([step_for(b) for b in sizes], repetitions, warmup, device)
+        times = time_round_robin(steps, repetitions, warmup, device)
     return ScalingSeries(
         parameter="batch_size",
         metric="step_time_s",
@@ -199,6 +210,16 @@ def step_time_vs_batch(
 
 
 # --------------------------------------------------------------------------- tiled validation vs area
+
+
+def _inference_run(infer: Callable, net, inputs: dict, kwargs: dict) -> Callable[[], None]:
+    """A zero-argument ``infer(net, inputs, **kwargs)`` under ``torch.no_grad``."""
+
+    def run() -> None:
+        with torch.no_grad():
+            infer(net, inputs, **kwargs)
+
+    return run
 
 
 def tiled_validation_time_vs_area(
@@ -238,28 +259,19 @@ def tiled_validation_time_vs_area(
     if net is None:
         net = _default_net(seed)
     if make_inputs is None:
-        num_classes = int(getattr(net, "num_classes", 10))
+        make_batch = _synthetic_batches(t2, t1, window, int(getattr(net, "num_classes", 10)), device, seed)
 
         def make_inputs(s: int) -> dict:
-            return model_inputs(synthetic_batch(1, t2, t1, s, s, num_classes=num_classes, device=device, seed=seed))
+            return model_inputs(make_batch(1, size=s))
 
-    if infer is None:
-        infer = sliding_window_inference
     hr_scale = int(getattr(net, "hr_scale", 10))
     net = net.to(device).eval()
     patches = {s: make_inputs(s) for s in sizes}
-
-    def run_for(s: int) -> Callable[[], None]:
-        inputs = patches[s]
-
-        def run() -> None:
-            with torch.no_grad():
-                infer(net, inputs, window=window, stride=stride, hr_scale=hr_scale, tile_batch_size=tile_batch_size)
-
-        return run
-
+    infer = infer or sliding_window_inference
+    kwargs = {"window": window, "stride": stride, "hr_scale": hr_scale, "tile_batch_size": tile_batch_size}
+    runs = [_inference_run(infer, net, patches[s], kwargs) for s in sizes]
     with _torch_threads(threads):
-        times = time_round_robin([run_for(s) for s in sizes], repetitions, warmup, device)
+        times = time_round_robin(runs, repetitions, warmup, device)
     return ScalingSeries(
         parameter="area_px",
         metric="tiled_validation_time_s",
@@ -286,6 +298,44 @@ def _default_data_root() -> Path:
         "loader_time_vs_dates: no dataset root given and the bundled sample was not found at "
         "data/worldcereal-flanders or ../shared/data/worldcereal-flanders (pass root=...)"
     )
+
+
+def _datamodule_loaders(data_root: Path, train_folds: Sequence[int], batch_size: int, crop_size: int,
+                        samples_per_patch: int) -> Callable[[int], Iterable]:
+    """``T2 -> the training DataLoader`` of a :class:`PastisHDDataModule` (``num_workers=0``, seed 0);
+    the normalisation statistics of the first data module are reused by the others."""
+    shared_stats = {}
+
+    def make_loader(t: int) -> Iterable:
+        dm = PastisHDDataModule(
+            root=str(data_root), train_folds=list(train_folds), val_folds=list(train_folds),
+            batch_size=batch_size, crop_size=crop_size, t2=t, samples_per_patch=samples_per_patch,
+            num_workers=0, seed=0,
+        )
+        if "stats" in shared_stats:
+            dm.stats = shared_stats["stats"]
+        dm.setup("fit")
+        shared_stats.setdefault("stats", dm.stats)
+        return dm.train_dataloader()
+
+    return make_loader
+
+
+def _loader_pass(loader: Iterable, t: int, batches: int) -> Callable[[], None]:
+    """A zero-argument pass over the first ``batches`` batches of a fresh iterator of ``loader``;
+    raises :class:`CropScaleError` when called on a loader with fewer batches."""
+
+    def run() -> None:
+        it = iter(loader)
+        for k in range(batches):
+            try:
+                next(it)
+            except StopIteration:
+                raise CropScaleError(
+                    f"loader_time_vs_dates: the loader for t2={t} has only {k} batches, {batches} needed"
+                ) from None
+
+    return run
 
 
 def loader_time_vs_dates(
@@ -329,39 +379,11 @@ def loader_time_vs_dates(
     if make_loader is None:
         data_root = Path(root) if root is not None else _default_data_root()
         settings["root"] = str(data_root)
-        shared_stats = {}
-
-        def make_loader(t: int) -> Iterable:
-            dm = PastisHDDataModule(
-                root=str(data_root), train_folds=list(train_folds), val_folds=list(train_folds),
-                batch_size=batch_size, crop_size=crop_size, t2=t, samples_per_patch=batches * batch_size,
-                num_workers=0, seed=0,
-            )
-            if "stats" in shared_stats:
-                dm.stats = shared_stats["stats"]
-            dm.setup("fit")
-            shared_stats.setdefault("stats", dm.stats)
-            return dm.train_dataloader()
-
+        make_loader = _datamodule_loaders(data_root, train_folds, batch_size, crop_size, batches * batch_size)
     loaders = {t: make_loader(t) for t in ts}
-
-    def pass_for(t: int) -> Callable[[], None]:
-        loader = loaders[t]
-
-        def run() -> None:
-            it = iter(loader)
-            for k in range(batches):
-                try:
-                    next(it)
-                except StopIteration:
-                    raise CropScaleError(
-                        f"loader_time_vs_dates: the loader for t2={t} has only {k} batches, {batches} needed"
-                    ) from None
-
-        return run
-
+    passes = [_loader_pass(loaders[t], t, batches) for t in ts]
     with _torch_threads(threads):
-        times = time_round_robin([pass_for(t) for t in ts], repetitions, warmup)
+        times = time_round_robin(passes, repetitions, warmup)
     per_batch = [[v / batches for v in row] for row in times]
     return ScalingSeries(
         parameter="t2",

@@ -3,7 +3,7 @@
 ``python -m cropscale benchmark --precision 32-true 16-mixed bf16-mixed --batch-sizes 1 2 4
 --warmup 10 --iterations 30 --device cuda --output bench.json``
 
-What one step is (the study's protocol, STUDY.md "Compute-only step"): synthetic tensors already on
+What one step is (the study's compute-only step): synthetic tensors already on
 the device (:func:`cropscale.model.synthetic.synthetic_batch`, ``s2 [B, T2, 10, H, W]``, ``s1a`` /
 ``s1d [B, T1, 2, H, W]``, targets incl. ``hr [B, 3, 10H, 10W]``); the full
 :class:`~cropscale.model.network.CropMappingNet` forward under ``torch.autocast`` for the mixed
@@ -13,11 +13,12 @@ precisions; :class:`~cropscale.model.losses.MultiTaskLoss`; backward (through a 
 
 Timing: host ``time.perf_counter`` around each step, with ``torch.cuda.synchronize`` inside the timed
 window after every step on CUDA (on CPU every op is synchronous already). ``--warmup`` steps are run
-and recorded apart; ``--iterations`` steps are measured. Median and p95 (``numpy.percentile``,
-linear interpolation) of the measured steps in ms; samples/s = batch / median step (s). The
-non-finite check of each step (loss and gradient norm, accumulated on the device, read twice per
-configuration) is launched after the timed window; on CUDA its two tiny kernels run at the start of
-the next step's window (microseconds against a step of milliseconds).
+and recorded apart; ``--iterations`` steps are measured. Median and p95
+(:func:`cropscale.numbers.percentile`: numpy's linear interpolation) of the measured steps in ms;
+samples/s = batch / median step (s). The non-finite check of each step (loss and gradient norm,
+accumulated on the device, read twice per configuration) is launched after the timed window; on CUDA
+its two tiny kernels run at the start of the next step's window (microseconds against a step of
+milliseconds).
 
 Each configuration (precision x batch size) starts from a fresh state: same seed, new model,
 optimizer, scaler and batch, ``torch._dynamo.reset()`` under ``--compile``, and on CUDA the peak
@@ -65,22 +66,23 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 from cropscale.batch import model_inputs
 from cropscale.env import peaks
 from cropscale.env.host import current_rss_bytes, environment_record, load_average
 from cropscale.errors import CropScaleError
+from cropscale.evidence import MEASURED_MICROBENCHMARK
 from cropscale.model.flops import flops_per_sample
 from cropscale.model.losses import MultiTaskLoss
 from cropscale.model.network import CropMappingNet
 from cropscale.model.synthetic import synthetic_batch
+from cropscale.numbers import percentile
+from cropscale.precision import LABELS as PRECISION_LABELS
 
 __all__ = [
-    "EVIDENCE",
+    "AUTOCAST_DTYPE",
     "PRECISIONS",
-    "PRECISION_LABELS",
     "SCHEMA",
     "BenchmarkConfig",
     "amp_ratios",
@@ -92,12 +94,11 @@ __all__ = [
     "train_step",
 ]
 
-EVIDENCE = "measured-microbenchmark"
 SCHEMA = "cropscale.benchmark/1"
 PRECISIONS: tuple[str, ...] = ("32-true", "16-mixed", "bf16-mixed")
-PRECISION_LABELS: dict[str, str] = {"32-true": "FP32", "16-mixed": "AMP FP16", "bf16-mixed": "AMP BF16"}
-_AUTOCAST_DTYPE = {"32-true": None, "16-mixed": torch.float16, "bf16-mixed": torch.bfloat16}
-_PEAK_DTYPE = {"32-true": "fp32", "16-mixed": "fp16", "bf16-mixed": "bf16"}
+AUTOCAST_DTYPE: dict[str, torch.dtype | None] = {"32-true": None, "16-mixed": torch.float16,
+                                                 "bf16-mixed": torch.bfloat16}
+"""``torch.autocast`` dtype of each benchmarked precision (``None``: no autocast)."""
 CLIP_NORM = 1.0
 GIB = 2**30
 
@@ -257,10 +258,6 @@ def _free(device: torch.device) -> None:
         torch.cuda.empty_cache()
 
 
-def _percentile(values: Sequence[float], q: float) -> float:
-    return float(np.percentile(np.asarray(values, dtype=np.float64), q))
-
-
 def _empty_row(config: BenchmarkConfig, precision: str, batch_size: int, device: torch.device) -> dict[str, Any]:
     return {
         "precision": precision,
@@ -268,9 +265,9 @@ def _empty_row(config: BenchmarkConfig, precision: str, batch_size: int, device:
         "batch_size": int(batch_size),
         "status": "ok",
         "error": None,
-        "evidence": EVIDENCE,
+        "evidence": MEASURED_MICROBENCHMARK,
         "device": str(device),
-        "autocast_dtype": str(_AUTOCAST_DTYPE[precision]).removeprefix("torch.") if _AUTOCAST_DTYPE[precision] else None,
+        "autocast_dtype": str(AUTOCAST_DTYPE[precision]).removeprefix("torch.") if AUTOCAST_DTYPE[precision] else None,
         "grad_scaler": precision == "16-mixed",
         "tf32": None,
         "channels_last": config.channels_last,
@@ -301,6 +298,134 @@ def _empty_row(config: BenchmarkConfig, precision: str, batch_size: int, device:
     }
 
 
+@dataclass
+class _Setup:
+    """What one configuration measures: a fresh model, loss, optimizer, scaler and synthetic batch."""
+
+    model: torch.nn.Module
+    step_model: Callable[..., Any]
+    loss_fn: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    scaler: torch.amp.GradScaler
+    batch: dict[str, torch.Tensor]
+
+
+def _fresh_state(config: BenchmarkConfig, device: torch.device, row: dict[str, Any]) -> int | None:
+    """Free the previous configuration, switch TF32 off, reset compile caches and the CUDA peak
+    counters; returns the process RSS (bytes) as the starting host peak."""
+    _free(device)
+    row["tf32"] = _tf32_off()
+    if config.compile:
+        torch._dynamo.reset()
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    return current_rss_bytes()
+
+
+def _build(config: BenchmarkConfig, precision: str, batch_size: int, device: torch.device) -> _Setup:
+    """Model (seeded), loss, AdamW, scaler (enabled for ``16-mixed``) and the synthetic batch on ``device``."""
+    torch.manual_seed(config.seed)
+    model = CropMappingNet(num_classes=config.num_classes, **config.net_kwargs).to(device)
+    if config.channels_last:
+        model = model.to(memory_format=torch.channels_last)
+    batch = synthetic_batch(
+        batch_size, t2=config.t2, t1=config.t1, height=config.crop_size, width=config.crop_size,
+        num_classes=config.num_classes, device=device, seed=config.seed,
+    )
+    return _Setup(
+        model=model,
+        step_model=torch.compile(model) if config.compile else model,
+        loss_fn=MultiTaskLoss().to(device),
+        optimizer=torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay),
+        scaler=torch.amp.GradScaler(device.type, enabled=precision == "16-mixed"),
+        batch=batch,
+    )
+
+
+def _run_steps(setup: _Setup, config: BenchmarkConfig, precision: str, device: torch.device,
+               step_fn: Callable[..., tuple[torch.Tensor, torch.Tensor]], row: dict[str, Any],
+               peak_rss: int | None) -> tuple[list[float], torch.Tensor | None, int | None]:
+    """Warm-up and measured steps; returns ``(step times in ms, last loss, host peak RSS in bytes)``.
+
+    Fills ``loss_scale_initial``, ``nonfinite_warmup_steps`` and ``nonfinite_steps`` (a device
+    counter, read once after the warm-up and once at the end).
+    """
+    scaler = setup.scaler
+    if scaler.is_enabled():
+        row["loss_scale_initial"] = float(scaler.get_scale())
+    nonfinite = torch.zeros((), dtype=torch.int64, device=device)
+    times: list[float] = []
+    loss = None
+    for i in range(config.warmup + config.iterations):
+        if i == config.warmup:
+            row["nonfinite_warmup_steps"] = int(nonfinite.item())
+            nonfinite.zero_()
+        start = time.perf_counter()
+        loss, grad_norm = step_fn(setup.step_model, setup.loss_fn, setup.optimizer, scaler, setup.batch,
+                                  device.type, AUTOCAST_DTYPE[precision])
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        times.append((time.perf_counter() - start) * 1e3)
+        nonfinite += (~torch.isfinite(loss) | ~torch.isfinite(grad_norm)).to(torch.int64)
+        if device.type == "cpu":
+            rss = current_rss_bytes()
+            if rss is not None and (peak_rss is None or rss > peak_rss):
+                peak_rss = rss
+    if config.warmup == 0:
+        row["nonfinite_warmup_steps"] = 0
+    row["nonfinite_steps"] = int(nonfinite.item())
+    return times, loss, peak_rss
+
+
+def _record_end_state(row: dict[str, Any], loss: torch.Tensor | None, scaler: torch.amp.GradScaler,
+                      device: torch.device, peak_rss: int | None) -> None:
+    """Final loss, final loss scale and peak memory (GiB) of the configuration."""
+    final = float(loss) if loss is not None else None
+    row["final_loss"] = final if final is not None and math.isfinite(final) else None
+    if scaler.is_enabled():
+        row["loss_scale_final"] = float(scaler.get_scale())
+    if device.type == "cuda":
+        row["peak_memory_gib"] = torch.cuda.max_memory_allocated(device) / GIB
+        row["peak_reserved_gib"] = torch.cuda.max_memory_reserved(device) / GIB
+        row["peak_memory_kind"] = "cuda-max-allocated"
+    else:
+        row["peak_memory_gib"] = peak_rss / GIB if peak_rss is not None else None
+        row["peak_memory_kind"] = "host-rss-process"
+
+
+def _timing_figures(row: dict[str, Any], times: list[float], warmup: int, batch_size: int) -> None:
+    """Raw step times and their median, p95, mean, min, max (ms) and samples/s = batch / median (s)."""
+    measured = times[warmup:]
+    row["warmup_step_times_ms"] = times[:warmup]
+    row["step_times_ms"] = measured
+    median = statistics.median(measured)
+    row.update(
+        median_step_ms=median,
+        p95_step_ms=percentile(measured, 95),
+        mean_step_ms=statistics.fmean(measured),
+        min_step_ms=min(measured),
+        max_step_ms=max(measured),
+        samples_per_s=batch_size / (median / 1e3),
+    )
+
+
+def _mfu_figures(row: dict[str, Any], config: BenchmarkConfig, precision: str, batch_size: int,
+                 device: torch.device, flops_per_sample: float | None) -> None:
+    """Achieved TFLOP/s = FLOPs per sample x batch / median step (s) / 1e12, and MFU = achieved / peak."""
+    if flops_per_sample is None:
+        row["mfu_reason"] = "FLOPs per sample unavailable"
+        return
+    row["flops_per_sample"] = flops_per_sample
+    row["achieved_tflops"] = flops_per_sample * batch_size / (row["median_step_ms"] / 1e3) / 1e12
+    if device.type == "cpu" and config.peak_tflops is None:
+        peak, why = None, "device is a CPU: no dense peak table for CPUs"
+    else:
+        peak, why = peak_tflops(_device_name(device), peaks.precision_dtype(precision), config.peak_tflops)
+    row["peak_tflops"] = peak
+    row["mfu"] = row["achieved_tflops"] / peak if peak else None
+    row["mfu_reason"] = why
+
+
 def run_configuration(
     config: BenchmarkConfig,
     precision: str,
@@ -317,100 +442,25 @@ def run_configuration(
     Row fields: see :func:`run_benchmark`. Times in ms, memory in GiB (2**30 bytes), throughput in
     samples/s, FLOPs in FLOP, TFLOP/s = 1e12 FLOP/s.
     """
-
-    step_fn = step_fn or train_step
     row = _empty_row(config, precision, batch_size, device)
     reason = _unsupported_reason(precision, device)
     if reason is not None:
         row.update(status="unsupported", error=reason)
         return row
-
-    _free(device)
-    row["tf32"] = _tf32_off()
-    if config.compile:
-        torch._dynamo.reset()
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
-    model = optimizer = scaler = batch = loss_fn = None
-    peak_rss = current_rss_bytes()
+    peak_rss = _fresh_state(config, device, row)
+    setup = None
     try:
-        torch.manual_seed(config.seed)
-        model = CropMappingNet(num_classes=config.num_classes, **config.net_kwargs).to(device)
-        if config.channels_last:
-            model = model.to(memory_format=torch.channels_last)
-        loss_fn = MultiTaskLoss().to(device)
-        optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
-        scaler = torch.amp.GradScaler(device.type, enabled=precision == "16-mixed")
-        batch = synthetic_batch(
-            batch_size, t2=config.t2, t1=config.t1, height=config.crop_size, width=config.crop_size,
-            num_classes=config.num_classes, device=device, seed=config.seed,
-        )
-        step_model = torch.compile(model) if config.compile else model
-        if scaler.is_enabled():
-            row["loss_scale_initial"] = float(scaler.get_scale())
-        nonfinite = torch.zeros((), dtype=torch.int64, device=device)
-        times: list[float] = []
-        loss = None
-        for i in range(config.warmup + config.iterations):
-            if i == config.warmup:
-                row["nonfinite_warmup_steps"] = int(nonfinite.item())
-                nonfinite.zero_()
-            start = time.perf_counter()
-            loss, grad_norm = step_fn(step_model, loss_fn, optimizer, scaler, batch, device.type,
-                                      _AUTOCAST_DTYPE[precision])
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            times.append((time.perf_counter() - start) * 1e3)
-            nonfinite += (~torch.isfinite(loss) | ~torch.isfinite(grad_norm)).to(torch.int64)
-            if device.type == "cpu":
-                rss = current_rss_bytes()
-                if rss is not None and (peak_rss is None or rss > peak_rss):
-                    peak_rss = rss
-        if config.warmup == 0:
-            row["nonfinite_warmup_steps"] = 0
-        row["nonfinite_steps"] = int(nonfinite.item())
-        final = float(loss) if loss is not None else None
-        row["final_loss"] = final if final is not None and math.isfinite(final) else None
-        if scaler.is_enabled():
-            row["loss_scale_final"] = float(scaler.get_scale())
-        if device.type == "cuda":
-            row["peak_memory_gib"] = torch.cuda.max_memory_allocated(device) / GIB
-            row["peak_reserved_gib"] = torch.cuda.max_memory_reserved(device) / GIB
-            row["peak_memory_kind"] = "cuda-max-allocated"
-        else:
-            row["peak_memory_gib"] = peak_rss / GIB if peak_rss is not None else None
-            row["peak_memory_kind"] = "host-rss-process"
+        setup = _build(config, precision, batch_size, device)
+        times, loss, peak_rss = _run_steps(setup, config, precision, device, step_fn or train_step, row, peak_rss)
+        _record_end_state(row, loss, setup.scaler, device, peak_rss)
     except torch.OutOfMemoryError as err:
         row.update(status="oom", error=f"out of memory at batch {batch_size}: {' '.join(str(err).split())[:400]}")
         return row
     finally:
-        del model, optimizer, scaler, batch, loss_fn
+        del setup
         _free(device)
-
-    measured = times[config.warmup:]
-    row["warmup_step_times_ms"] = times[: config.warmup]
-    row["step_times_ms"] = measured
-    median = statistics.median(measured)
-    row.update(
-        median_step_ms=median,
-        p95_step_ms=_percentile(measured, 95),
-        mean_step_ms=statistics.fmean(measured),
-        min_step_ms=min(measured),
-        max_step_ms=max(measured),
-        samples_per_s=batch_size / (median / 1e3),
-    )
-    if flops_per_sample is not None:
-        row["flops_per_sample"] = flops_per_sample
-        row["achieved_tflops"] = flops_per_sample * batch_size / (median / 1e3) / 1e12
-        name = _device_name(device)
-        peak, why = (None, "device is a CPU: no dense peak table for CPUs") if (
-            device.type == "cpu" and config.peak_tflops is None) else peak_tflops(
-            name, _PEAK_DTYPE[precision], config.peak_tflops)
-        row["peak_tflops"] = peak
-        row["mfu"] = row["achieved_tflops"] / peak if peak else None
-        row["mfu_reason"] = why
-    else:
-        row["mfu_reason"] = "FLOPs per sample unavailable"
+    _timing_figures(row, times, config.warmup, batch_size)
+    _mfu_figures(row, config, precision, batch_size, device, flops_per_sample)
     return row
 
 
@@ -485,7 +535,7 @@ def run_benchmark(
     )
     return {
         "schema": SCHEMA,
-        "evidence": EVIDENCE,
+        "evidence": MEASURED_MICROBENCHMARK,
         "settings": settings,
         "flops_per_sample": flops,
         "flops_reason": flops_reason,
@@ -520,7 +570,7 @@ def amp_ratios(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
             "throughput_gain_pct": 100.0 * (speedup - 1.0),
             "memory_ratio": mem,
             "memory_saving_pct": 100.0 * (1.0 - mem) if mem is not None else None,
-            "evidence": EVIDENCE,
+            "evidence": MEASURED_MICROBENCHMARK,
         })
     return out
 
@@ -560,7 +610,7 @@ def format_table(doc: dict[str, Any]) -> str:
         load = f", 1-min load average {start[0]} -> {end[0]}" if start and end else ""
         cpu = f" {device.get('torch_threads')} torch thread(s) on {device.get('logical_cores')} logical cores{load};"
     lines.append(
-        f"evidence: {EVIDENCE} — {device.get('name')} ({device['type']}),{cpu} "
+        f"evidence: {MEASURED_MICROBENCHMARK} — {device.get('name')} ({device['type']}),{cpu} "
         f"{doc['settings']['warmup']} warm-up + {doc['settings']['iterations']} measured steps; "
         f"Peak GiB = {'; '.join(kind_text.get(k, k) for k in kinds) or 'n/a'}"
     )
@@ -571,7 +621,7 @@ def format_table(doc: dict[str, Any]) -> str:
         mem = (f", peak memory x{a['memory_ratio']:.2f}" if a["memory_ratio"] is not None else "")
         lines.append(
             f"{PRECISION_LABELS[a['precision']]} vs FP32 at batch {a['batch_size']}: "
-            f"{a['speedup']:.2f}x samples/s ({a['throughput_gain_pct']:+.1f} %){mem} [{EVIDENCE}]"
+            f"{a['speedup']:.2f}x samples/s ({a['throughput_gain_pct']:+.1f} %){mem} [{MEASURED_MICROBENCHMARK}]"
         )
     return "\n".join(lines)
 

@@ -22,13 +22,14 @@ import torch
 
 from cropscale.batch import model_inputs
 from cropscale.errors import CropScaleError
+from cropscale.evidence import MEASURED_MICROBENCHMARK
 from cropscale.model.flops import flops_per_sample
 from cropscale.model.losses import MultiTaskLoss
 from cropscale.model.network import CropMappingNet, count_parameters
 from cropscale.model.synthetic import synthetic_batch
 
 STUDY_PARAMETERS = 1_947_456
-"""Parameter count of the study's model (STUDY.md)."""
+"""Parameter count of the study's model as the study reports it (the reference of the printed difference)."""
 
 
 def _time_step(net: CropMappingNet, batch_size: int, args: argparse.Namespace) -> list[float]:
@@ -73,11 +74,11 @@ def main(argv: list[str] | None = None) -> int:
     n = count_parameters(net)
     print(f"CropMappingNet(num_classes={args.num_classes}), default hyper-parameters")
     print(f"  parameters: {n:,} ({100.0 * (n - STUDY_PARAMETERS) / STUDY_PARAMETERS:+.3f} % vs the study's "
-          f"{STUDY_PARAMETERS:,}) [measured-microbenchmark: exact count of the instantiated model]")
+          f"{STUDY_PARAMETERS:,}) [{MEASURED_MICROBENCHMARK}: exact count of the instantiated model]")
     f = flops_per_sample(net, t2=args.t2, t1=args.t1, height=args.height, width=args.width)
     print(f"  FLOPs per training sample (S2 [{args.t2},10,{args.height},{args.width}], S1A/S1D "
           f"[{args.t1},2,{args.height},{args.width}], hr {net.hr_scale * args.height}x{net.hr_scale * args.width}) "
-          "[measured-microbenchmark: FlopCounterMode, synthetic batch of 1]:")
+          f"[{MEASURED_MICROBENCHMARK}: FlopCounterMode, synthetic batch of 1]:")
     for key in ("forward", "backward", "total"):
         print(f"    {key:<8} {f[key] / 1e9:10.3f} GFLOP")
     for b in args.time:
@@ -87,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
         med = statistics.median(times)
         print(f"  forward+backward, batch {b}, {args.device}, {torch.get_num_threads()} threads: median "
               f"{1e3 * med:.1f} ms, min {1e3 * min(times):.1f} ms over {len(times)} steps, {b / med:.2f} samples/s, "
-              f"{b * f['total'] / med / 1e9:.1f} GFLOP/s [measured-microbenchmark]")
+              f"{b * f['total'] / med / 1e9:.1f} GFLOP/s [{MEASURED_MICROBENCHMARK}]")
     return 0
 
 

@@ -32,14 +32,14 @@ import torch
 import torch.nn.functional as F
 
 from cropscale.batch import HR_SCALE, model_inputs
-from cropscale.bench.step import resolve_device
+from cropscale.bench.step import AUTOCAST_DTYPE, resolve_device
 from cropscale.env.host import environment_record
 from cropscale.errors import CropScaleError
+from cropscale.evidence import MEASURED_MICROBENCHMARK
 from cropscale.model.network import CropMappingNet
 from cropscale.model.synthetic import synthetic_batch
+from cropscale.precision import normalise
 from cropscale.tiling import TilingStats, sliding_window_inference
-
-EVIDENCE = "measured-microbenchmark"
 
 
 class ConvStandIn(torch.nn.Module):
@@ -126,13 +126,8 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Run the benchmark, print the three labelled figures; return 0.
-
-    Raises:
-        CropScaleError: a bad argument (sizes < 1, unknown device, unwritable ``--output``).
-    """
-    args = _parser().parse_args(argv)
+def _check_args(args: argparse.Namespace) -> None:
+    """Raise :class:`CropScaleError` naming the bad option; apply ``--threads``."""
     for name in ("patches", "height", "width", "window", "tile_batch_size", "t2", "t1", "repeats"):
         if getattr(args, name) < 1:
             raise CropScaleError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
@@ -146,16 +141,19 @@ def main(argv: list[str] | None = None) -> int:
         raise CropScaleError(f"--window {args.window} is larger than the patch {args.height}x{args.width} "
                              f"(the one-tile forward needs a whole window inside the patch)")
 
-    device = resolve_device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    torch.manual_seed(0)
-    net, model_desc = _build_model(args.model, args.num_classes)
-    net = net.to(device).eval()
-    inputs = _synthetic(args.patches, args.t2, args.t1, args.height, args.width, args.num_classes, device)
-    window = args.window
-    tile = {k: (v[:1, ..., :window, :window] if v is not None and v.dim() >= 3
-                and tuple(v.shape[-2:]) == (args.height, args.width) else (None if v is None else v[:1]))
+
+def _one_tile(inputs: dict[str, Any], height: int, width: int, window: int) -> dict[str, Any]:
+    """The first patch's top-left ``window x window`` tile of ``inputs`` (non-spatial inputs: row 0)."""
+    return {k: (v[:1, ..., :window, :window] if v is not None and v.dim() >= 3
+                and tuple(v.shape[-2:]) == (height, width) else (None if v is None else v[:1]))
             for k, v in inputs.items()}
-    amp_dtype = {"16-mixed": torch.float16, "bf16-mixed": torch.bfloat16}.get(args.precision)
+
+
+def _measure(args: argparse.Namespace, net: torch.nn.Module, device: torch.device) -> dict[str, Any]:
+    """Time the tiled inference of ``--patches`` patches and the one-tile forward; the figures in s."""
+    inputs = _synthetic(args.patches, args.t2, args.t1, args.height, args.width, args.num_classes, device)
+    tile = _one_tile(inputs, args.height, args.width, args.window)
+    amp_dtype = AUTOCAST_DTYPE.get(normalise(args.precision))
 
     def autocast():
         return torch.autocast(device.type, dtype=amp_dtype) if amp_dtype is not None else nullcontext()
@@ -164,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def tiled() -> None:
         with torch.inference_mode(), autocast():
-            sliding_window_inference(net, inputs, window=window, stride=args.stride,
+            sliding_window_inference(net, inputs, window=args.window, stride=args.stride,
                                      tile_batch_size=args.tile_batch_size, stats=stats)
 
     def one_tile() -> None:
@@ -176,34 +174,61 @@ def main(argv: list[str] | None = None) -> int:
     per_patch = statistics.median(tiled_s) / args.patches
     one = statistics.median(tile_s)
     predicted = stats.tiles_per_patch * one
-    ratio = per_patch / predicted
-    stride = args.stride if args.stride is not None else max(window // 2, 1)
+    return {
+        "stride": args.stride if args.stride is not None else max(args.window // 2, 1),
+        "tiles_per_patch": stats.tiles_per_patch, "net_calls": stats.num_net_calls,
+        "tiled_s": tiled_s, "one_tile_s": tile_s, "tiled_per_patch_s": per_patch, "one_tile_s_median": one,
+        "tiles_x_one_tile_s": predicted, "ratio": per_patch / predicted,
+    }
+
+
+def _print_figures(args: argparse.Namespace, fig: dict[str, Any], model_desc: str, device: torch.device) -> None:
+    window, label = args.window, MEASURED_MICROBENCHMARK
     print(f"model: {model_desc}; device {device}; precision {args.precision}; "
           f"torch threads {torch.get_num_threads()}")
-    print(f"{EVIDENCE}  tiled validation: {per_patch * 1e3:.1f} ms per patch ({args.height}x{args.width} "
-          f"patch, T2={args.t2}, window {window}, stride {stride}, {stats.tiles_per_patch} tiles/patch, "
-          f"tile batch {args.tile_batch_size}, {stats.num_net_calls} net calls for {args.patches} patches; "
+    print(f"{label}  tiled validation: {fig['tiled_per_patch_s'] * 1e3:.1f} ms per patch ({args.height}x{args.width} "
+          f"patch, T2={args.t2}, window {window}, stride {fig['stride']}, {fig['tiles_per_patch']} tiles/patch, "
+          f"tile batch {args.tile_batch_size}, {fig['net_calls']} net calls for {args.patches} patches; "
           f"median of {args.repeats})")
-    print(f"{EVIDENCE}  one-tile forward: {one * 1e3:.2f} ms (batch 1, {window}x{window}; median of "
-          f"{len(tile_s)}); {stats.tiles_per_patch} tiles x one-tile = {predicted * 1e3:.1f} ms per patch")
-    print(f"{EVIDENCE}  ratio tiled / (tiles x one-tile) = {ratio:.3f}")
+    print(f"{label}  one-tile forward: {fig['one_tile_s_median'] * 1e3:.2f} ms (batch 1, {window}x{window}; median of "
+          f"{len(fig['one_tile_s'])}); {fig['tiles_per_patch']} tiles x one-tile = "
+          f"{fig['tiles_x_one_tile_s'] * 1e3:.1f} ms per patch")
+    print(f"{label}  ratio tiled / (tiles x one-tile) = {fig['ratio']:.3f}")
+
+
+def _write_output(args: argparse.Namespace, fig: dict[str, Any], model_desc: str, device: torch.device,
+                  argv: list[str] | None) -> None:
+    doc = {
+        "evidence": MEASURED_MICROBENCHMARK, "model": model_desc, "precision": args.precision,
+        "settings": {k: getattr(args, k) for k in ("patches", "height", "width", "window", "tile_batch_size",
+                                                    "t2", "t1", "num_classes", "warmup", "repeats")},
+        **fig,
+        "environment": environment_record(__file__, list(sys.argv[1:] if argv is None else argv), device),
+    }
+    out = Path(args.output)
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(doc, indent=2) + "\n")
+    except OSError as err:
+        raise CropScaleError(f"--output {out}: cannot write: {err}") from None
+    print(f"wrote {out}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the benchmark, print the three labelled figures; return 0.
+
+    Raises:
+        CropScaleError: a bad argument (sizes < 1, unknown device, unwritable ``--output``).
+    """
+    args = _parser().parse_args(argv)
+    _check_args(args)
+    device = resolve_device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    torch.manual_seed(0)
+    net, model_desc = _build_model(args.model, args.num_classes)
+    fig = _measure(args, net.to(device).eval(), device)
+    _print_figures(args, fig, model_desc, device)
     if args.output:
-        doc = {
-            "evidence": EVIDENCE, "model": model_desc, "precision": args.precision,
-            "settings": {k: getattr(args, k) for k in ("patches", "height", "width", "window", "tile_batch_size",
-                                                        "t2", "t1", "num_classes", "warmup", "repeats")},
-            "stride": stride, "tiles_per_patch": stats.tiles_per_patch, "net_calls": stats.num_net_calls,
-            "tiled_s": tiled_s, "one_tile_s": tile_s, "tiled_per_patch_s": per_patch, "one_tile_s_median": one,
-            "tiles_x_one_tile_s": predicted, "ratio": ratio,
-            "environment": environment_record(__file__, list(sys.argv[1:] if argv is None else argv), device),
-        }
-        out = Path(args.output)
-        try:
-            out.parent.mkdir(parents=True, exist_ok=True)
-            out.write_text(json.dumps(doc, indent=2) + "\n")
-        except OSError as err:
-            raise CropScaleError(f"--output {out}: cannot write: {err}") from None
-        print(f"wrote {out}")
+        _write_output(args, fig, model_desc, device, argv)
     return 0
 
 

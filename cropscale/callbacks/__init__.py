@@ -15,9 +15,13 @@ class                          concern                           TensorBoard pre
 :class:`MemoryCallback`        GPU peaks, host RSS               ``memory/``
 :class:`ProvenanceCallback`    ``run.json``                      —
 =============================  ================================  ===================
+
+:data:`STEP_WINDOWS` names the disjoint windows of a step that :class:`StepTimingCallback` records
+(``data_wait, transfer, forward, backward, optimizer, remainder``; they add up to ``step``).
 """
 
-from cropscale.callbacks._common import EVIDENCE_MICROBENCHMARK, EVIDENCE_RUN, ScalingCallback
+from cropscale.callbacks._windows import STEP_WINDOWS
+from cropscale.callbacks.base import ScalingCallback
 from cropscale.callbacks.energy import EnergyCallback
 from cropscale.callbacks.grad_norm import GradNormCallback
 from cropscale.callbacks.group import CallbackGroup
@@ -27,10 +31,13 @@ from cropscale.callbacks.nonfinite import NonFiniteCallback, NonFiniteError
 from cropscale.callbacks.provenance import ProvenanceCallback
 from cropscale.callbacks.step_timing import StepTimingCallback
 from cropscale.callbacks.throughput import ThroughputCallback
+from cropscale.evidence import MEASURED_MICROBENCHMARK as EVIDENCE_MICROBENCHMARK
+from cropscale.evidence import MEASURED_RUN as EVIDENCE_RUN
 
 __all__ = [
     "EVIDENCE_MICROBENCHMARK",
     "EVIDENCE_RUN",
+    "STEP_WINDOWS",
     "CallbackGroup",
     "EnergyCallback",
     "GradNormCallback",

@@ -27,16 +27,13 @@ import torch
 from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.utilities import rank_zero_info
 
-from cropscale.callbacks._common import (
-    EVIDENCE_RUN,
-    ScalingCallback,
-    batch_size,
-    gather_objects,
-    gather_vectors,
-    log_metrics,
-)
+from cropscale.callbacks._batches import batch_size
+from cropscale.callbacks._dist import gather_objects, gather_vectors
+from cropscale.callbacks._logging import log_metrics
+from cropscale.callbacks.base import ScalingCallback
 from cropscale.env import nvml
 from cropscale.errors import CropScaleError
+from cropscale.evidence import MEASURED_RUN
 
 
 class _PowerSampler:
@@ -276,7 +273,7 @@ class EnergyCallback(ScalingCallback):
 
     # ------------------------------------------------------------------ summary
     def summary(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"evidence": EVIDENCE_RUN, "available": self._dev is not None}
+        out: dict[str, Any] = {"evidence": MEASURED_RUN, "available": self._dev is not None}
         if self._dev is None:
             out["reason"] = self._reason
             out["devices"] = self._device_info

@@ -19,20 +19,20 @@ from typing import Any
 import torch
 from lightning.pytorch import LightningModule, Trainer
 
-from cropscale.callbacks._common import (
-    EVIDENCE_RUN,
-    ScalingCallback,
+from cropscale.callbacks._grads import (
     clear_grad_norm_cache,
     grad_norm_parts,
     grad_scaler,
     is_sharded_strategy,
-    log_metrics,
-    median_p95,
     scale_tensor,
     total_norms,
     trainable_params,
 )
+from cropscale.callbacks._logging import log_metrics
+from cropscale.callbacks.base import ScalingCallback
 from cropscale.errors import CropScaleError
+from cropscale.evidence import MEASURED_RUN
+from cropscale.numbers import median_p95
 
 
 class GradNormCallback(ScalingCallback):
@@ -178,7 +178,7 @@ class GradNormCallback(ScalingCallback):
     def summary(self) -> dict[str, Any]:
         finite_steps = self.steps - self.nonfinite_steps
         return {
-            "evidence": EVIDENCE_RUN,
+            "evidence": MEASURED_RUN,
             "norm_type": self.norm_type,
             "sharded_reduction": self._sharded,
             "clip_threshold": self._threshold,

@@ -13,7 +13,7 @@ from typing import Any
 
 from lightning.pytorch.callbacks import Callback, Checkpoint
 
-from cropscale.callbacks._common import deferred_logging
+from cropscale.callbacks._logging import deferred_logging
 from cropscale.errors import CropScaleError
 
 _HOOKS: tuple[str, ...] = (
@@ -60,7 +60,7 @@ class CallbackGroup(Callback):
     every member. Rank behaviour is the members' own.
 
     Scalars the members log in ``on_train_batch_end`` are written once all of them ran
-    (:func:`~cropscale.callbacks._common.deferred_logging`), so that their device reads do not wait
+    (:func:`~cropscale.callbacks._logging.deferred_logging`), so that their device reads do not wait
     on TensorBoard's writer thread.
 
     After ``on_train_start`` the per-step hooks are forwarded only to members whose
@@ -138,7 +138,7 @@ del _hook
 
 def _on_train_batch_end(self: CallbackGroup, trainer: Any, *args: Any, **kwargs: Any) -> None:
     """Forward ``on_train_batch_end`` to the members that override it; their scalars are written
-    after all of them ran (:func:`~cropscale.callbacks._common.deferred_logging`)."""
+    after all of them ran (:func:`~cropscale.callbacks._logging.deferred_logging`)."""
     with deferred_logging(trainer):
         for fn in self._dispatch["on_train_batch_end"]:
             fn(trainer, *args, **kwargs)

@@ -25,13 +25,10 @@ import torch
 from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.utilities import rank_zero_info
 
-from cropscale.callbacks._common import (
-    EVIDENCE_RUN,
-    ScalingCallback,
-    grad_scaler,
-    log_metrics,
-    scale_tensor,
-)
+from cropscale.callbacks._grads import grad_scaler, scale_tensor
+from cropscale.callbacks._logging import log_metrics
+from cropscale.callbacks.base import ScalingCallback
+from cropscale.evidence import MEASURED_RUN
 
 _COUNTS = ("steps", "backoff_events", "growth_events", "skipped_steps", "overflow_skips", "nonfinite_loss_skips",
            "lr_scheduler_steps_on_skipped")
@@ -184,7 +181,7 @@ class LossScaleCallback(ScalingCallback):
     # ------------------------------------------------------------------ summary
     def summary(self) -> dict[str, Any]:
         out: dict[str, Any] = {
-            "evidence": EVIDENCE_RUN,
+            "evidence": MEASURED_RUN,
             "precision": self._precision,
             "scaler_in_use": self._scaler is not None,
         }

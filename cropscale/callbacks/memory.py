@@ -17,14 +17,13 @@ from typing import Any
 import torch
 from lightning.pytorch import LightningModule, Trainer
 
-from cropscale.callbacks._common import (
-    EVIDENCE_RUN,
-    GIB,
-    ScalingCallback,
-    gather_vectors,
-    log_metrics,
-)
+from cropscale.callbacks._dist import gather_vectors
+from cropscale.callbacks._logging import log_metrics
+from cropscale.callbacks.base import ScalingCallback
+from cropscale.evidence import MEASURED_RUN
 
+GIB = float(1 << 30)
+"""Bytes per GiB."""
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
@@ -132,7 +131,7 @@ class MemoryCallback(ScalingCallback):
         reserved = [e["peak_reserved_gib"] for e in self.epochs if e.get("peak_reserved_gib") is not None]
         host = [e["host_peak_rss_gib"] for e in self.epochs if e.get("host_peak_rss_gib") is not None]
         return {
-            "evidence": EVIDENCE_RUN,
+            "evidence": MEASURED_RUN,
             "gpu_available": self._device is not None,
             "gpu_reason": self._reason,
             "peak_allocated_gib": max(peaks) if peaks else None,

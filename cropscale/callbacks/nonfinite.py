@@ -38,22 +38,20 @@ import torch
 from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.utilities import rank_zero_warn
 
-from cropscale.callbacks._common import (
-    EVIDENCE_RUN,
-    ScalingCallback,
+from cropscale.callbacks._batches import id_tensors, ids_to_lists
+from cropscale.callbacks._dist import dist_ready, gather_objects
+from cropscale.callbacks._grads import (
     clear_grad_norm_cache,
-    dist_ready,
-    gather_objects,
     grad_norm_parts,
     grad_scaler,
-    id_tensors,
-    ids_to_lists,
     is_sharded_strategy,
-    log_metrics,
     total_norms,
     trainable_params,
 )
+from cropscale.callbacks._logging import log_metrics
+from cropscale.callbacks.base import ScalingCallback
 from cropscale.errors import CropScaleError
+from cropscale.evidence import MEASURED_RUN
 
 
 class NonFiniteError(CropScaleError):
@@ -242,7 +240,7 @@ class NonFiniteCallback(ScalingCallback):
     def summary(self) -> dict[str, Any]:
         records = self.all_records if self.all_records is not None else self.records
         return {
-            "evidence": EVIDENCE_RUN,
+            "evidence": MEASURED_RUN,
             "policy": self.policy,
             "check_grads": self.check_grads and self._scaler is None,
             "nonfinite_batches_rank0": self.nonfinite_batches,

@@ -7,7 +7,7 @@ run folder, else the module's and datamodule's hyper-parameters), host name, Pyt
 Lightning / CUDA / cuDNN / NCCL versions, every rank's device (name, UUID) and, from NVML, driver,
 power limit and persistence mode, ``nvidia-smi topo -m`` where available, world size, seeds,
 precision and strategy. At ``on_fit_end`` it adds the ``summary`` section: one entry per scaling
-callback (their :meth:`~cropscale.callbacks._common.ScalingCallback.summary`, each labelled
+callback (their :meth:`~cropscale.callbacks.base.ScalingCallback.summary`, each labelled
 ``measured-run``) and sets ``status: "finished"``; on an exception ``status: "failed"`` with the
 error. The schema is documented in ``docs/run_json.md``.
 
@@ -31,13 +31,8 @@ import torch
 from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.utilities import rank_zero_info
 
-from cropscale.callbacks._common import (
-    EVIDENCE_RUN,
-    ScalingCallback,
-    gather_objects,
-    iter_callbacks,
-    scaling_callbacks,
-)
+from cropscale.callbacks._dist import gather_objects
+from cropscale.callbacks.base import ScalingCallback, iter_callbacks, scaling_callbacks
 from cropscale.env import nvml
 from cropscale.env.host import (
     dataset_revision,
@@ -48,6 +43,7 @@ from cropscale.env.host import (
     utc_now,
 )
 from cropscale.errors import CropScaleError
+from cropscale.evidence import MEASURED_RUN
 
 SCHEMA = "cropscale.run/1"
 _DATA_ATTRS = ("data_root", "root", "data_dir", "root_dir", "dataset_root")
@@ -192,7 +188,7 @@ class ProvenanceCallback(ScalingCallback):
         strategy = trainer.strategy
         self.record = {
             "schema": SCHEMA,
-            "evidence": EVIDENCE_RUN,
+            "evidence": MEASURED_RUN,
             "status": "running",
             "started_utc": utc_now(),
             "finished_utc": None,
@@ -276,4 +272,4 @@ class ProvenanceCallback(ScalingCallback):
         os.replace(tmp, self.path)
 
     def summary(self) -> dict[str, Any]:
-        return {"evidence": EVIDENCE_RUN, "path": self.path}
+        return {"evidence": MEASURED_RUN, "path": self.path}

@@ -46,6 +46,10 @@ sync unless ``sync_cuda=True``. On CPU the boundaries are ``time.perf_counter`` 
 Statistics per epoch (median, p95) leave out warm-up steps, the first step of each epoch (its data
 wait includes worker start-up, reported apart as ``first_batch_wait_ms``) and the first step after a
 validation run. Per-rank medians are gathered at epoch end (max, median, slowest rank).
+
+The callback only records marks in its hooks; the window arithmetic and the statistics live in
+:mod:`cropscale.callbacks._windows` (:class:`~cropscale.callbacks._windows.StepMarks` ->
+:class:`~cropscale.callbacks._windows.StepWindows` -> :class:`~cropscale.callbacks._windows.WindowStats`).
 """
 
 from __future__ import annotations
@@ -59,27 +63,30 @@ from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.profilers import Profiler
 from lightning.pytorch.utilities import rank_zero_info
 
+from cropscale.callbacks._batches import batch_size
 from cropscale.callbacks._clock import CudaEventClock, HostClock, clock_for
-from cropscale.callbacks._common import (
-    EVIDENCE_RUN,
-    ScalingCallback,
-    batch_size,
-    gather_vectors,
-    log_metrics,
-    median_p95,
-    rank_stats,
+from cropscale.callbacks._dist import gather_vectors, rank_stats
+from cropscale.callbacks._logging import log_metrics
+from cropscale.callbacks._windows import (
+    COMM_FIGURES,
+    FIGURES,
+    STEP_WINDOWS,
+    BucketMarks,
+    MicroBatchMarks,
+    StepMarks,
+    StepWindows,
+    WindowStats,
 )
+from cropscale.callbacks.base import ScalingCallback
 from cropscale.errors import CropScaleError
+from cropscale.evidence import MEASURED_RUN
 
-COMPONENTS: tuple[str, ...] = ("data_wait", "transfer", "forward", "backward", "optimizer", "remainder")
-"""The windows of one optimizer step, in order."""
-COMM_COMPONENTS: tuple[str, ...] = ("comm", "comm_exposed")
-ALL_FIGURES: tuple[str, ...] = (*COMPONENTS, "step", *COMM_COMPONENTS)
+COMPONENTS: tuple[str, ...] = STEP_WINDOWS
+"""The windows of one optimizer step, in order (:data:`cropscale.callbacks.STEP_WINDOWS`)."""
+COMM_COMPONENTS: tuple[str, ...] = COMM_FIGURES
+ALL_FIGURES: tuple[str, ...] = FIGURES
 
 _FETCH_ACTION = "train_dataloader_next"
-# indices of the marks of one micro-batch
-_F0, _F1, _S, _B0, _B1, _E = range(6)
-_DATA_WAIT, _REMAINDER = ALL_FIGURES.index("data_wait"), ALL_FIGURES.index("remainder")
 
 
 class _StepTimingProfiler(Profiler):
@@ -182,20 +189,18 @@ class StepTimingCallback(ScalingCallback):
         # run state
         self._clock: HostClock | CudaEventClock = HostClock()
         self._profiler: _StepTimingProfiler | None = None
-        self._cur: list[Any] | None = None
-        self._micros: list[list[Any]] = []
-        self._buckets: list[list[Any]] = []
-        self._micro_comm: list[list[Any]] = []
+        self._cur: MicroBatchMarks | None = None
+        self._micros: list[MicroBatchMarks] = []
+        self._buckets: list[BucketMarks] = []
+        self._micro_comm: list[BucketMarks] = []
         self._prev_end: Any = None
         self._stepped = False
         self._first_in_epoch = True
         self._after_val = False
         self._steps_this_fit = 0
-        self._pending: list[tuple] = []
-        self._interval: list[list[float | None]] = []
-        self._epoch_rows: list[list[float | None]] = []
+        self._pending: list[StepMarks] = []
+        self._stats = WindowStats()
         self._epoch = 0
-        self._first_batch_wait: float | None = None
         self._comm_status: dict[str, Any] = {"available": False, "reason": "not a multi-process DDP run"}
         self._trace: Any = None
         self._trace_file: str | None = None
@@ -229,7 +234,7 @@ class StepTimingCallback(ScalingCallback):
         self._rank, self._world = trainer.global_rank, trainer.world_size
         self._steps_this_fit = 0
         self._pending.clear()
-        self._interval.clear()
+        self._stats = WindowStats()
         self._start_log_schedule(trainer)
         self._register_comm_hook(trainer)
         if self.trace_path:
@@ -267,12 +272,12 @@ class StepTimingCallback(ScalingCallback):
     def _comm_hook(self, state, bucket):  # no annotations: DDP checks the hook signature
         from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
-        rec = [self._clock.mark(), None]
+        rec = BucketMarks(self._clock.mark())
         self._buckets.append(rec)
         fut = default_hooks.allreduce_hook(state, bucket)
 
         def _done(f):
-            rec[1] = self._clock.mark()
+            rec.done = self._clock.mark()
             return f.value()
 
         return fut.then(_done)
@@ -281,20 +286,19 @@ class StepTimingCallback(ScalingCallback):
     def _on_fetch_start(self) -> None:
         cur = self._cur
         if cur is not None:  # an orphan record (prefetch outside a step, or the epoch's last fetch)
-            self._clock.release(cur)
-        self._cur = [self._clock.mark(), None, None, None, None, None]
+            self._clock.release(cur.marks())
+        self._cur = MicroBatchMarks(fetch_start=self._clock.mark())
 
     def _on_fetch_end(self) -> None:
         cur = self._cur
         if cur is not None:
-            cur[_F1] = self._clock.mark()
+            cur.fetch_end = self._clock.mark()
 
     def on_train_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._epoch = trainer.current_epoch
         self._first_in_epoch = True
         self._after_val = False
-        self._epoch_rows = []
-        self._first_batch_wait = None
+        self._stats.start_epoch()
         self._micros = []
         self._micro_comm = []
         if self._prev_end is not None:
@@ -304,21 +308,21 @@ class StepTimingCallback(ScalingCallback):
     def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
         cur = self._cur
         if cur is None:  # no fetch seen (dataloader_iter-style training_step)
-            cur = self._cur = [None, None, None, None, None, None]
-        cur[_S] = self._clock.mark()
+            cur = self._cur = MicroBatchMarks()
+        cur.batch_start = self._clock.mark()
         self._stepped = False
 
     def on_before_backward(self, trainer: Trainer, pl_module: LightningModule, loss: torch.Tensor) -> None:
         cur = self._cur
-        if cur is not None and cur[_B0] is None:
-            cur[_B0] = self._clock.mark()
+        if cur is not None and cur.backward_start is None:
+            cur.backward_start = self._clock.mark()
 
     def on_after_backward(self, trainer: Trainer, pl_module: LightningModule) -> None:
         cur = self._cur
         if cur is not None:
-            if cur[_B1] is not None:
-                self._clock.release([cur[_B1]])
-            cur[_B1] = self._clock.mark()
+            if cur.backward_end is not None:
+                self._clock.release([cur.backward_end])
+            cur.backward_end = self._clock.mark()
         if self._buckets:
             self._micro_comm.extend(self._buckets)
             self._buckets = []
@@ -334,7 +338,7 @@ class StepTimingCallback(ScalingCallback):
         cur = self._cur
         if cur is None:
             return
-        cur[_E] = self._clock.mark()
+        cur.batch_end = self._clock.mark()
         self._cur = None
         self._micros.append(cur)
         if not self._stepped:  # accumulating: the optimizer step spans more micro-batches
@@ -342,16 +346,12 @@ class StepTimingCallback(ScalingCallback):
         self.steps_total += 1
         self._steps_this_fit += 1
         log_now = self._count_step()
-        flags = (
-            self._steps_this_fit <= self.warmup_steps,
-            self._first_in_epoch,
-            self._after_val,
-        )
-        self._pending.append(
-            (self._micros, self._micro_comm, self._prev_end, flags, self._gstep, self._epoch,
-             batch_size(batch) if self._trace is not None else None)
-        )
-        self._prev_end = cur[_E]
+        self._pending.append(StepMarks(
+            self._micros, self._micro_comm, self._prev_end, warmup=self._steps_this_fit <= self.warmup_steps,
+            first_in_epoch=self._first_in_epoch, after_validation=self._after_val, step=self._gstep,
+            epoch=self._epoch, samples=batch_size(batch) if self._trace is not None else None,
+        ))
+        self._prev_end = cur.batch_end
         self._micros = []
         self._micro_comm = []
         self._first_in_epoch = False
@@ -366,104 +366,50 @@ class StepTimingCallback(ScalingCallback):
 
     # ------------------------------------------------------------------ resolution
     def _resolve(self, block: bool, limit: int | None = None) -> None:
-        """Turn pending steps into durations, oldest first; stop at the first unfinished one unless
+        """Turn pending steps into windows, oldest first; stop at the first unfinished one unless
         ``block``."""
-        clock = self._clock
         done = 0
         while self._pending and (limit is None or done < limit):
-            micros, comm, prev_end, flags, step, epoch, nsamples = self._pending[0]
-            last = micros[-1][_E]
-            if comm:
-                last_comm = comm[-1][1]
-                if last_comm is not None and not clock.ready(last_comm):
-                    if not block:
-                        break
-                    clock.wait(last_comm)
-            if not clock.ready(last):
-                if not block:
-                    break
-                clock.wait(last)
-            try:
-                row = self._durations(micros, comm, prev_end, flags)
-            except RuntimeError:  # an earlier CUDA event of the step is still pending
-                if not block:
-                    break
-                clock.wait_all()
-                row = self._durations(micros, comm, prev_end, flags)
+            marks = self._pending[0]
+            windows = self._windows_when_ready(marks, block)
+            if windows is None:
+                break
             self._pending.pop(0)
             done += 1
-            self._interval.append(row)
-            warm, first, after_val = flags
-            if first and self._first_batch_wait is None:
-                self._first_batch_wait = row[_DATA_WAIT]
-            if not (warm or first or after_val) and row[_REMAINDER] is not None:
-                self._epoch_rows.append(row)
+            if self._stats.update(marks, windows):
                 self.steps_measured += 1
             if self._trace is not None:
-                self._write_trace(row, step, epoch, warm, nsamples)
-            if clock.device_timeline:  # recycle every event except this step's end (the next prev_end)
-                for m in micros[:-1]:
-                    clock.release(m)
-                clock.release(micros[-1][:_E])
-                if prev_end is not None:
-                    clock.release([prev_end])
-                for rec in comm:
-                    clock.release(rec)
+                self._write_trace(windows, marks)
+            if self._clock.device_timeline:  # recycle every event except this step's end (the next prev_end)
+                self._clock.release(marks.spent_marks())
 
-    def _durations(self, micros: list[list[Any]], comm: list[list[Any]], prev_end: Any, flags: tuple) -> list[float | None]:
-        """The figures of one step in :data:`ALL_FIGURES` order (seconds; ``None`` where unmeasured)."""
-        sec = self._clock.seconds
-        dw = tr = fw = bw = op = None
-        for f0, f1, s, b0, b1, e in micros:
-            if f0 is not None and f1 is not None:
-                dw = sec(f0, f1) + (dw or 0.0)
-            if f1 is not None and s is not None:
-                tr = sec(f1, s) + (tr or 0.0)
-            if s is not None and b0 is not None:
-                fw = sec(s, b0) + (fw or 0.0)
-            if b0 is not None and b1 is not None:
-                bw = sec(b0, b1) + (bw or 0.0)
-            if b1 is not None and e is not None:
-                op = sec(b1, e) + (op or 0.0)
-        # remainder: the gap before the first fetch (unless first of epoch / after validation) and the
-        # gaps between micro-batches
-        rem = None
-        first_start = micros[0][_F0] if micros[0][_F0] is not None else micros[0][_S]
-        if prev_end is not None and not flags[1] and not flags[2] and first_start is not None:
-            rem = sec(prev_end, first_start)
-            for a, b in zip(micros[:-1], micros[1:], strict=False):
-                b_start = b[_F0] if b[_F0] is not None else b[_S]
-                if a[_E] is not None and b_start is not None:
-                    rem += sec(a[_E], b_start)
-        parts = [v for v in (dw, tr, fw, bw, op, rem) if v is not None]
-        comm_busy = comm_exposed = None
-        if comm:
-            done = [(r[0], r[1]) for r in comm if r[0] is not None and r[1] is not None]
-            if done:
-                base = done[0][0]
-                iv = sorted((sec(base, a), sec(base, b)) for a, b in done)
-                busy, cur_a, cur_b = 0.0, iv[0][0], iv[0][1]
-                for a, b in iv[1:]:
-                    if a > cur_b:
-                        busy += cur_b - cur_a
-                        cur_a, cur_b = a, b
-                    else:
-                        cur_b = max(cur_b, b)
-                busy += cur_b - cur_a
-                comm_busy = busy
-                comm_exposed = max(0.0, max(b for _, b in iv) - max(a for a, _ in iv))
-        return [dw, tr, fw, bw, op, rem, sum(parts) if parts else None, comm_busy, comm_exposed]
+    def _windows_when_ready(self, marks: StepMarks, block: bool) -> StepWindows | None:
+        """The step's windows once its last marks completed; ``None`` if not yet and not ``block``."""
+        clock = self._clock
+        for mark in marks.completion_marks():
+            if not clock.ready(mark):
+                if not block:
+                    return None
+                clock.wait(mark)
+        try:
+            return marks.windows(clock.seconds)
+        except RuntimeError:  # an earlier CUDA event of the step is still pending
+            if not block:
+                return None
+            clock.wait_all()
+            return marks.windows(clock.seconds)
 
-    def _write_trace(self, row: list[float | None], step: int, epoch: int, warm: bool, nsamples: int | None) -> None:
+    def _write_trace(self, windows: StepWindows, marks: StepMarks) -> None:
         params = {"world_size": self._world, **self.trace_params}
         lines = []
-        for name, value in zip(ALL_FIGURES, row, strict=True):
+        for name, value in zip(ALL_FIGURES, windows.figures(), strict=True):
             if value is None:
                 continue
             callpath = "train_step" if name == "step" else f"train_step->{name}"
             lines.append(json.dumps({
                 "params": params, "callpath": callpath, "metric": "time", "value": value,
-                "rank": self._rank, "step": step, "epoch": epoch, "warmup": warm, "samples": nsamples,
+                "rank": self._rank, "step": marks.step, "epoch": marks.epoch, "warmup": marks.warmup,
+                "samples": marks.samples,
             }))
         if lines:
             self._trace.write("\n".join(lines) + "\n")
@@ -475,32 +421,24 @@ class StepTimingCallback(ScalingCallback):
 
     # ------------------------------------------------------------------ logging
     def _log_interval(self, trainer: Trainer) -> None:
-        rows, self._interval = self._interval, []
-        if not rows:
-            return
-        metrics: dict[str, float | None] = {}
-        for i, name in enumerate(ALL_FIGURES):
-            vals = [r[i] for r in rows if r[i] is not None]
-            if vals:
-                metrics[f"perf/step/{name}_ms"] = 1e3 * sum(vals) / len(vals)
-        log_metrics(trainer, metrics)
+        means = self._stats.interval_means_ms()
+        if means:
+            log_metrics(trainer, {f"perf/step/{name}_ms": value for name, value in means.items()})
 
     def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        if self._cur is not None and self._cur[_S] is None:  # the fetch that ended the epoch
-            self._clock.release(self._cur)
+        if self._cur is not None and self._cur.batch_start is None:  # the fetch that ended the epoch
+            self._clock.release(self._cur.marks())
             self._cur = None
         self._resolve(block=True)
-        rows = self._epoch_rows
-        stats = {name: median_p95([r[i] for r in rows if r[i] is not None], scale=1e3)
-                 for i, name in enumerate(ALL_FIGURES)}
+        stats = self._stats.epoch_stats_ms()
         medians = [stats[name]["median"] for name in ALL_FIGURES]
-        per_rank = gather_vectors(trainer, pl_module, [*medians, self._first_batch_wait])
+        per_rank = gather_vectors(trainer, pl_module, [*medians, self._stats.first_batch_wait])
         step_idx = ALL_FIGURES.index("step")
         step_ranks = rank_stats([row[step_idx] for row in per_rank])
         first_wait = [None if row[-1] is None else row[-1] * 1e3 for row in per_rank]
         record = {
             "epoch": trainer.current_epoch,
-            "steps_measured": len(rows),
+            "steps_measured": self._stats.epoch_steps,
             "windows_ms": stats,
             "step_ms_per_rank": step_ranks,
             "window_median_ms_per_rank": {
@@ -518,7 +456,6 @@ class StepTimingCallback(ScalingCallback):
         metrics["perf/epoch/slowest_rank"] = step_ranks["slowest_rank"]
         metrics["perf/epoch/first_batch_wait_ms"] = max((w for w in first_wait if w is not None), default=None)
         log_metrics(trainer, metrics)
-        self._epoch_rows = []
 
     def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._resolve(block=True)
@@ -534,7 +471,7 @@ class StepTimingCallback(ScalingCallback):
     # ------------------------------------------------------------------ summary
     def summary(self) -> dict[str, Any]:
         return {
-            "evidence": EVIDENCE_RUN,
+            "evidence": MEASURED_RUN,
             "clock": self._clock.kind,
             "warmup_steps": self.warmup_steps,
             "sync_cuda": self.sync_cuda,

@@ -26,16 +26,14 @@ from typing import Any
 import torch
 from lightning.pytorch import LightningModule, Trainer
 
-from cropscale.callbacks._common import (
-    EVIDENCE_RUN,
-    ScalingCallback,
-    batch_size,
-    gather_vectors,
-    log_metrics,
-    median_p95,
-)
+from cropscale.callbacks._batches import batch_size
+from cropscale.callbacks._dist import gather_vectors
+from cropscale.callbacks._logging import log_metrics
+from cropscale.callbacks.base import ScalingCallback
 from cropscale.env import peaks
 from cropscale.errors import CropScaleError
+from cropscale.evidence import MEASURED_RUN
+from cropscale.numbers import median_p95
 
 
 class ThroughputCallback(ScalingCallback):
@@ -236,7 +234,7 @@ class ThroughputCallback(ScalingCallback):
 
     def summary(self) -> dict[str, Any]:
         return {
-            "evidence": EVIDENCE_RUN,
+            "evidence": MEASURED_RUN,
             "device": self._device_name,
             "dtype": self._dtype,
             "warmup_steps": self.warmup_steps,

@@ -88,40 +88,16 @@ def synthetic_batch(
             raise CropScaleError(f"synthetic_batch: {name} must be >= 1, got {v}")
     g = torch.Generator().manual_seed(seed)
     b, h, w = batch_size, height, width
-
-    # Parcels: blocks of `cell` pixels with random classes (background included).
-    cell = 8 if min(h, w) >= 16 else 4
-    gh, gw = -(-h // cell), -(-w // cell)
-    cls_grid = torch.randint(0, num_classes, (b, gh, gw), generator=g)
-    semantic = cls_grid.repeat_interleave(cell, 1).repeat_interleave(cell, 2)[:, :h, :w].contiguous()
-    ids = torch.arange(gh * gw).reshape(gh, gw).repeat_interleave(cell, 0).repeat_interleave(cell, 1)[:h, :w]
-    parcel = torch.from_numpy(np.stack([_parcel_targets(ids.numpy(), s.numpy()) for s in semantic]))
-
-    # Sentinel-2: noise + class-dependent seasonal curve (so a model can learn something).
-    s2_doy = _sorted_doy(g, b, t2)
-    phase = torch.rand(num_classes, 10, generator=g) * 2 * torch.pi
-    season = torch.sin(2 * torch.pi * s2_doy[:, :, None, None, None].float() / 366.0
-                       + phase[semantic][:, None].permute(0, 1, 4, 2, 3))       # [B, T2, 10, H, W]
-    s2 = 0.7 * season + 0.5 * torch.randn(b, t2, 10, h, w, generator=g)
-    clouds = torch.rand(b, t2, max(1, h // 8), max(1, w // 8), generator=g) < 0.2
-    s2_mask = ~torch.nn.functional.interpolate(clouds.float(), size=(h, w), mode="nearest").bool()
-
-    def orbit(present: bool) -> tuple[Tensor, Tensor, Tensor]:
-        doy = _sorted_doy(g, b, t1)
-        x = torch.randn(b, t1, 2, h, w, generator=g)
-        if present:
-            return x, doy, torch.ones(b, t1, dtype=torch.bool)
-        return torch.zeros_like(x), doy, torch.zeros(b, t1, dtype=torch.bool)
-
-    s1a_x, s1a_doy, s1a_mask = orbit(s1a)
-    s1d_x, s1d_doy, s1d_mask = orbit(s1d)
-
+    # the draws from `g` happen in this order: parcels, Sentinel-2, S1 ascending, S1 descending, hr
+    semantic, parcel = _parcels(g, b, h, w, num_classes)
+    s2, s2_doy, s2_mask = _sentinel2(g, semantic, t2, num_classes)
+    s1a_x, s1a_doy, s1a_mask = _orbit(g, b, t1, h, w, s1a)
+    s1d_x, s1d_doy, s1d_mask = _orbit(g, b, t1, h, w, s1d)
     low = torch.rand(b, 3, max(1, h // 4), max(1, w // 4), generator=g)
     hr = torch.nn.functional.interpolate(low, size=(hr_scale * h, hr_scale * w), mode="bilinear",
                                          align_corners=False).clamp(0.0, 1.0)
-
     batch = {
-        "s2": s2.float(), "s2_doy": s2_doy, "s2_mask": s2_mask,
+        "s2": s2, "s2_doy": s2_doy, "s2_mask": s2_mask,
         "s1a": s1a_x, "s1a_doy": s1a_doy, "s1a_mask": s1a_mask,
         "s1d": s1d_x, "s1d_doy": s1d_doy, "s1d_mask": s1d_mask,
         "semantic": semantic.to(torch.int64), "parcel": parcel.float(),
@@ -131,3 +107,39 @@ def synthetic_batch(
         "crop_yx": torch.zeros(b, 2, dtype=torch.int64),
     }
     return {k: v.to(device) for k, v in batch.items()}
+
+
+def _parcels(g: torch.Generator, b: int, h: int, w: int, num_classes: int) -> tuple[Tensor, Tensor]:
+    """``semantic [B, H, W]``: square parcels of ``cell`` pixels (8, or 4 below 16 pixels) with random
+    classes (background included); ``parcel [B, 3, H, W]``: their extent, boundary and distance."""
+    cell = 8 if min(h, w) >= 16 else 4
+    gh, gw = -(-h // cell), -(-w // cell)
+    cls_grid = torch.randint(0, num_classes, (b, gh, gw), generator=g)
+    semantic = cls_grid.repeat_interleave(cell, 1).repeat_interleave(cell, 2)[:, :h, :w].contiguous()
+    ids = torch.arange(gh * gw).reshape(gh, gw).repeat_interleave(cell, 0).repeat_interleave(cell, 1)[:h, :w]
+    parcel = torch.from_numpy(np.stack([_parcel_targets(ids.numpy(), s.numpy()) for s in semantic]))
+    return semantic, parcel
+
+
+def _sentinel2(g: torch.Generator, semantic: Tensor, t2: int, num_classes: int) -> tuple[Tensor, Tensor, Tensor]:
+    """``s2 [B, T2, 10, H, W]`` float32 (noise + a class-dependent seasonal curve, so a model can learn
+    something), ``s2_doy [B, T2]`` and ``s2_mask [B, T2, H, W]`` (about 20 % cloud blobs)."""
+    b, h, w = semantic.shape
+    s2_doy = _sorted_doy(g, b, t2)
+    phase = torch.rand(num_classes, 10, generator=g) * 2 * torch.pi
+    season = torch.sin(2 * torch.pi * s2_doy[:, :, None, None, None].float() / 366.0
+                       + phase[semantic][:, None].permute(0, 1, 4, 2, 3))       # [B, T2, 10, H, W]
+    s2 = 0.7 * season + 0.5 * torch.randn(b, t2, 10, h, w, generator=g)
+    clouds = torch.rand(b, t2, max(1, h // 8), max(1, w // 8), generator=g) < 0.2
+    s2_mask = ~torch.nn.functional.interpolate(clouds.float(), size=(h, w), mode="nearest").bool()
+    return s2.float(), s2_doy, s2_mask
+
+
+def _orbit(g: torch.Generator, b: int, t1: int, h: int, w: int, present: bool) -> tuple[Tensor, Tensor, Tensor]:
+    """One Sentinel-1 orbit: ``[B, T1, 2, H, W]`` values, ``[B, T1]`` days of year, ``[B, T1]`` mask
+    (zeros with an all-False mask when the orbit is absent; the draws are made either way)."""
+    doy = _sorted_doy(g, b, t1)
+    x = torch.randn(b, t1, 2, h, w, generator=g)
+    if present:
+        return x, doy, torch.ones(b, t1, dtype=torch.bool)
+    return torch.zeros_like(x), doy, torch.zeros(b, t1, dtype=torch.bool)

@@ -31,6 +31,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from cropscale.errors import CropScaleError
+from cropscale.evidence import ANALYTICAL_SCENARIO
 
 MIB = 1024 * 1024
 """Bytes per MiB."""
@@ -38,7 +39,6 @@ DDP_BUCKET_CAP_MB = 25
 """PyTorch DDP's default ``bucket_cap_mb`` (MiB)."""
 DDP_FIRST_BUCKET_MB = 1
 """PyTorch DDP's default first-bucket cap (MiB), ``torch.distributed._DEFAULT_FIRST_BUCKET_BYTES``."""
-ANALYTICAL = "analytical-scenario"
 
 
 def _check_world_size(world_size: int) -> int:
@@ -309,7 +309,7 @@ class AllReduceRow:
     bandwidth_gb_s: float
     ring_time_ms: float
     ddp_time_ms: float
-    evidence: str = ANALYTICAL
+    evidence: str = ANALYTICAL_SCENARIO
 
 
 def allreduce_table(

@@ -22,8 +22,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from cropscale.errors import CropScaleError
-
-ANALYTICAL = "analytical-scenario"
+from cropscale.evidence import ANALYTICAL_SCENARIO
 
 
 def _check_devices(n: float, name: str = "n", minimum: float = 1) -> float:
@@ -114,7 +113,7 @@ class AmdahlRow:
     speedup: float
     efficiency: float
     gustafson_speedup: float
-    evidence: str = ANALYTICAL
+    evidence: str = ANALYTICAL_SCENARIO
 
 
 def amdahl_table(
@@ -144,7 +143,7 @@ def _percent_label(fraction: float) -> str:
 
 
 def format_amdahl_table(rows: Sequence[AmdahlRow], evidence_column: bool = False) -> str:
-    """Markdown table as in STUDY.md: one line per device count, cells ``"1.82x / 90.9 %"``.
+    """Markdown table as the study prints it: one line per device count, cells ``"1.82x / 90.9 %"``.
 
     Args:
         rows: output of :func:`amdahl_table` (any order; cells are placed by ``n`` and fraction).

@@ -273,6 +273,178 @@ def _adjusted_r2(rss: float, y: np.ndarray, n_terms: int) -> float:
     return 1.0 - (1.0 - r2) * (n - 1) / dof
 
 
+@dataclass(frozen=True)
+class Hypothesis:
+    """A scored hypothesis ``f(x) = c0 + c1 * term(x)``.
+
+    Attributes:
+        term: the hypothesis' term (``CONSTANT`` for the constant model).
+        c0, c1: least-squares coefficients on all points (``c1 = 0`` for the constant model).
+        smape: its score in percent: leave-one-out SMAPE, or in-sample SMAPE for the constant model.
+    """
+
+    term: Term
+    c0: float
+    c1: float
+    smape: float
+
+    def beats(self, other: Hypothesis) -> bool:
+        """Strictly lower SMAPE: on a tie the earlier (simpler) hypothesis stays selected."""
+        return self.smape < other.smape
+
+
+@dataclass(frozen=True)
+class DesignMatrix:
+    """Term values of every hypothesis at the points, each row scaled to max ``|.| = 1``.
+
+    Attributes:
+        t: scaled term values ``[H, n]`` (``H`` hypotheses, ``n`` points): ``term_h(x_k) / scale[h]``.
+        scale: ``[H]`` the row maxima of ``|term_h(x)|`` (1 where that is 0 or not finite).
+        ok: ``[H]`` whether the row scale was finite and positive.
+    """
+
+    t: np.ndarray
+    scale: np.ndarray
+    ok: np.ndarray
+
+
+@dataclass(frozen=True)
+class LooFits:
+    """Full and leave-one-out least-squares fits of ``y = a + b t_h`` for every hypothesis ``h``.
+
+    Attributes:
+        slope: ``[H]`` slope ``b`` of the full fit, per unit of scaled term (0 where undefined).
+        loo_smape: ``[H]`` SMAPE (%) of the leave-one-out predictions.
+        valid: ``[H]`` every leave-one-out fit is defined and finite.
+    """
+
+    slope: np.ndarray
+    loo_smape: np.ndarray
+    valid: np.ndarray
+
+
+def design_matrix(terms: Sequence[Term], xs: np.ndarray) -> DesignMatrix:
+    """The scaled term values of ``terms`` at ``xs`` (``[n]``, > 0); scaling is for conditioning only."""
+    raw = np.stack([t(xs) for t in terms])  # [H, n]
+    scale = np.max(np.abs(raw), axis=1)
+    ok = np.isfinite(scale) & (scale > 0)
+    scale = np.where(ok, scale, 1.0)
+    return DesignMatrix(t=raw / scale[:, None], scale=scale, ok=ok)
+
+
+def loo_fits(t: np.ndarray, ys: np.ndarray) -> LooFits:
+    """Closed-form leave-one-out of the one-term least-squares fit, all hypotheses at once.
+
+    With ``u = t - mean(t)`` and ``v = y - mean(y)`` (the slope is shift invariant), the sums without
+    point ``k`` follow from the full sums: ``sum_u = -u_k``, ``sum_v = -v_k``,
+    ``S_uu = S_uu - u_k^2 - u_k^2 / (n - 1)``, ``S_uv = S_uv - u_k v_k - u_k v_k / (n - 1)``, so every
+    refit costs O(1) instead of a least-squares solve (Extra-P refits in a loop). A refit whose
+    ``S_uu`` is below ``1e-12`` of the full one (the term is constant without point ``k``) is invalid.
+
+    Args:
+        t: ``[H, n]`` scaled term values (:func:`design_matrix`).
+        ys: ``[n]`` the medians.
+    """
+    n = ys.size
+    u = t - t.mean(axis=1, keepdims=True)
+    v = ys - ys.mean()
+    suu = np.sum(u * u, axis=1)
+    suv = u @ v
+    with np.errstate(divide="ignore", invalid="ignore"):
+        slope = np.where(suu > 0, suv / suu, 0.0)  # per unit of scaled term
+    m = n - 1
+    su_k = -u  # sum over the other points of u (sum u = 0)
+    sv_k = -v[None, :]
+    suu_k = suu[:, None] - u * u - su_k * su_k / m
+    suv_k = suv[:, None] - u * v[None, :] - su_k * sv_k / m
+    tiny = 1e-12 * np.maximum(suu[:, None], 1e-300)
+    valid_k = suu_k > tiny
+    with np.errstate(divide="ignore", invalid="ignore"):
+        slope_k = np.where(valid_k, suv_k / np.where(valid_k, suu_k, 1.0), 0.0)
+    pred_k = ys.mean() + sv_k / m + slope_k * (u - su_k / m)
+    valid = np.all(valid_k, axis=1) & np.all(np.isfinite(pred_k), axis=1) & (suu > 0)
+    return LooFits(slope=slope, loo_smape=_smape(pred_k, ys[None, :], axis=1), valid=valid)
+
+
+def term_contributes(slope: np.ndarray, t: np.ndarray, ys: np.ndarray, minimum: float) -> np.ndarray:
+    """``[H]``: the fitted term reaches ``minimum`` of ``|y|`` at one point at least (and is not zero)."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        contrib = np.abs(slope[:, None] * t) / np.where(ys != 0, np.abs(ys), np.inf)[None, :]
+    return (np.max(contrib, axis=1) >= minimum) & (slope != 0)
+
+
+def constant_hypothesis(ys: np.ndarray) -> Hypothesis:
+    """The constant model ``c0 = mean(y)``, scored by its in-sample SMAPE (as Extra-P does): a
+    one-term hypothesis must beat it in leave-one-out, a margin against the alternatives fitting noise."""
+    ymean = ys.mean()
+    return Hypothesis(CONSTANT, float(ymean), 0.0, float(_smape(np.full_like(ys, ymean), ys)))
+
+
+def select_hypothesis(
+    xs: np.ndarray, ys: np.ndarray, terms: Sequence[Term], min_term_contribution: float
+) -> tuple[Hypothesis, list[tuple[Term, float]]]:
+    """Score the constant model and every term of ``terms`` (in order); keep the first strictly best.
+
+    A term is scored only when its leave-one-out fits are valid and it contributes
+    ``min_term_contribution`` (:func:`term_contributes`). Without variation in ``ys`` (residual sum of
+    squares of the constant model below ``1e-24 n max|y|^2``) only the constant model is scored.
+
+    Returns:
+        ``(selected, scored)``: the selected :class:`Hypothesis` and every scored ``(term, SMAPE %)``,
+        the constant model first.
+    """
+    best = constant_hypothesis(ys)
+    scored: list[tuple[Term, float]] = [(CONSTANT, best.smape)]
+    const_rss = float(np.sum((ys - ys.mean()) ** 2))
+    yspan = float(np.max(np.abs(ys)))
+    if not (const_rss > 1e-24 * max(yspan, 1e-300) ** 2 * ys.size and terms):
+        return best, scored
+    design = design_matrix(terms, xs)
+    fits = loo_fits(design.t, ys)
+    eligible = design.ok & fits.valid & term_contributes(fits.slope, design.t, ys, min_term_contribution)
+    for h, term in enumerate(terms):
+        if not eligible[h]:
+            continue
+        candidate = Hypothesis(term, c0=float(ys.mean() - fits.slope[h] * design.t[h].mean()),
+                               c1=float(fits.slope[h] / design.scale[h]), smape=float(fits.loo_smape[h]))
+        scored.append((term, candidate.smape))
+        if candidate.beats(best):
+            best = candidate
+    return best, scored
+
+
+def _check_points(xs: np.ndarray, variable: str, min_term_contribution: float, log_terms: bool | None) -> bool:
+    """Raise or warn on unusable points (see :func:`fit_pmnf`); return whether log terms are searched."""
+    if np.any(xs <= 0):
+        raise CropScaleError(f"x ({variable}) must be > 0 for PMNF terms x^i log2(x)^j, got min {xs.min():g}")
+    n = xs.size
+    if n < MIN_POINTS_HARD:
+        raise CropScaleError(
+            f"a PMNF fit needs at least {MIN_POINTS_HARD} distinct {variable} values "
+            f"(leave-one-out cross-validation), got {n}"
+        )
+    if n < MIN_POINTS:
+        warnings.warn(
+            f"PMNF fit on {n} distinct {variable} values: at least {MIN_POINTS} are needed for a "
+            "reliable model (Extra-P's minimum)",
+            PMNFWarning,
+            stacklevel=3,
+        )
+    if min_term_contribution < 0:
+        raise CropScaleError(f"min_term_contribution must be >= 0, got {min_term_contribution!r}")
+    if log_terms is None:
+        log_terms = bool(xs.min() >= 1.0)
+        if not log_terms:
+            warnings.warn(
+                f"{variable} has values below 1: logarithmic PMNF terms are not searched",
+                PMNFWarning,
+                stacklevel=3,
+            )
+    elif log_terms and xs.min() < 1.0:
+        raise CropScaleError(f"log terms need every {variable} >= 1, got min {xs.min():g}")
+    return log_terms
+
+
 def fit_pmnf(
     x,
     y,
@@ -283,6 +455,10 @@ def fit_pmnf(
     log_terms: bool | None = None,
 ) -> PMNFModel:
     """Fit a single-parameter PMNF model to measurements (see the module docstring).
+
+    Steps: :func:`aggregate` (medians), :func:`hypotheses` (generation), :func:`select_hypothesis`
+    (:func:`design_matrix`, closed-form :func:`loo_fits`, :func:`term_contributes`, selection), then
+    the final model's figures on all points.
 
     Args:
         x: parameter values (> 0), one per measurement or one per row of repetitions.
@@ -306,94 +482,20 @@ def fit_pmnf(
         PMNFWarning: fewer than 5 distinct ``x`` values; log terms dropped because ``x < 1``.
     """
     xs, ys, reps = aggregate(x, y)
-    if np.any(xs <= 0):
-        raise CropScaleError(f"x ({variable}) must be > 0 for PMNF terms x^i log2(x)^j, got min {xs.min():g}")
-    n = xs.size
-    if n < MIN_POINTS_HARD:
-        raise CropScaleError(
-            f"a PMNF fit needs at least {MIN_POINTS_HARD} distinct {variable} values "
-            f"(leave-one-out cross-validation), got {n}"
-        )
-    if n < MIN_POINTS:
-        warnings.warn(
-            f"PMNF fit on {n} distinct {variable} values: at least {MIN_POINTS} are needed for a "
-            "reliable model (Extra-P's minimum)",
-            PMNFWarning,
-            stacklevel=2,
-        )
-    if min_term_contribution < 0:
-        raise CropScaleError(f"min_term_contribution must be >= 0, got {min_term_contribution!r}")
-    if log_terms is None:
-        log_terms = bool(xs.min() >= 1.0)
-        if not log_terms:
-            warnings.warn(
-                f"{variable} has values below 1: logarithmic PMNF terms are not searched",
-                PMNFWarning,
-                stacklevel=2,
-            )
-    elif log_terms and xs.min() < 1.0:
-        raise CropScaleError(f"log terms need every {variable} >= 1, got min {xs.min():g}")
-
-    # Constant model: the mean of the medians. As in Extra-P, its SMAPE is the in-sample one: a
-    # one-term hypothesis must beat it in leave-one-out, a margin against the 59 alternatives
-    # fitting noise.
-    ymean = ys.mean()
-    const_smape = float(_smape(np.full_like(ys, ymean), ys))
-    const_rss = float(np.sum((ys - ymean) ** 2))
+    log_terms = _check_points(xs, variable, min_term_contribution, log_terms)
     terms = hypotheses(negative_exponents=negative_exponents, log_terms=log_terms)
-    best = (CONSTANT, float(ymean), 0.0, const_smape)
-    scored: list[tuple[Term, float]] = [(CONSTANT, const_smape)]
+    best, scored = select_hypothesis(xs, ys, terms, min_term_contribution)
+    return _model(best, scored, xs, ys, reps, variable)
 
-    yspan = float(np.max(np.abs(ys)))
-    if const_rss > 1e-24 * max(yspan, 1e-300) ** 2 * n and terms:
-        # Term values, each row scaled to max |.| = 1 for conditioning: t = T / scale.
-        raw = np.stack([t(xs) for t in terms])  # [H, n]
-        scale = np.max(np.abs(raw), axis=1)
-        ok_scale = np.isfinite(scale) & (scale > 0)
-        scale = np.where(ok_scale, scale, 1.0)
-        t = raw / scale[:, None]
-        # Centre on the full means: u = t - mean(t), v = y - mean(y) (slope is shift invariant).
-        u = t - t.mean(axis=1, keepdims=True)
-        v = ys - ymean
-        suu = np.sum(u * u, axis=1)
-        suv = u @ v
-        # Full fit.
-        with np.errstate(divide="ignore", invalid="ignore"):
-            slope = np.where(suu > 0, suv / suu, 0.0)  # per unit of scaled term
-        # Leave-one-out: sums without point k, in closed form.  [H, n]
-        m = n - 1
-        su_k = -u  # sum over the other points of u (sum u = 0)
-        sv_k = -v[None, :]
-        suu_k = suu[:, None] - u * u - su_k * su_k / m
-        suv_k = suv[:, None] - u * v[None, :] - su_k * sv_k / m
-        tiny = 1e-12 * np.maximum(suu[:, None], 1e-300)
-        valid_k = suu_k > tiny
-        with np.errstate(divide="ignore", invalid="ignore"):
-            slope_k = np.where(valid_k, suv_k / np.where(valid_k, suu_k, 1.0), 0.0)
-        pred_k = ymean + sv_k / m + slope_k * (u - su_k / m)
-        loo_smape = _smape(pred_k, ys[None, :], axis=1)
-        valid = ok_scale & np.all(valid_k, axis=1) & np.all(np.isfinite(pred_k), axis=1) & (suu > 0)
-        # Minimum term contribution on the full fit.
-        with np.errstate(divide="ignore", invalid="ignore"):
-            contrib = np.abs(slope[:, None] * t) / np.where(ys != 0, np.abs(ys), np.inf)[None, :]
-        contributes = np.max(contrib, axis=1) >= min_term_contribution
-        contributes &= slope != 0
-        for h, term in enumerate(terms):
-            if not (valid[h] and contributes[h]):
-                continue
-            s = float(loo_smape[h])
-            scored.append((term, s))
-            if s < best[3]:
-                c1 = float(slope[h] / scale[h])
-                c0 = float(ymean - slope[h] * t[h].mean())
-                best = (term, c0, c1, s)
 
-    term, c0, c1, smape = best
-    if c1 != 0 and abs(c0) <= 1e-9 * yspan:
+def _model(best: Hypothesis, scored: list[tuple[Term, float]], xs: np.ndarray, ys: np.ndarray,
+           reps: np.ndarray, variable: str) -> PMNFModel:
+    """The :class:`PMNFModel` of the selected hypothesis, with its in-sample figures on all points."""
+    term, c0, c1, smape = best.term, best.c0, best.c1, best.smape
+    if c1 != 0 and abs(c0) <= 1e-9 * float(np.max(np.abs(ys))):
         c0 = 0.0  # round-off of a model without constant
     model_y = np.full_like(ys, c0) if c1 == 0 else c0 + c1 * term(xs)
     rss = float(np.sum((ys - model_y) ** 2))
-    ranking = tuple(sorted(scored, key=lambda ts: ts[1])[:5])
     return PMNFModel(
         c0=c0,
         c1=c1,
@@ -406,5 +508,5 @@ def fit_pmnf(
         y=ys,
         repetitions=reps,
         variable=variable,
-        ranking=ranking,
+        ranking=tuple(sorted(scored, key=lambda ts: ts[1])[:5]),
     )

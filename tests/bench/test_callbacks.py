@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 
 from cropscale.bench import callbacks as callback_overhead
-from cropscale.callbacks._common import deferred_logging, log_metrics
+from cropscale.callbacks._logging import deferred_logging, log_metrics
 
 
 class _Logger:

@@ -1,5 +1,5 @@
-"""Unit tests of the callback building blocks: batch helpers, statistics, peak table, NVML UUID
-matching with fake handles, energy-window arithmetic, step-window arithmetic, the callback group."""
+"""Unit tests of the callback building blocks: batch helpers, rank statistics, peak table, NVML UUID
+matching with fake handles, energy-window arithmetic, the callback group (step windows: test_windows.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,6 @@ import hashlib
 import math
 from types import SimpleNamespace
 
-import numpy as np
 import pytest
 import torch
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
@@ -23,9 +22,11 @@ from cropscale.callbacks import (
     ProvenanceCallback,
     StepTimingCallback,
     ThroughputCallback,
-    _common,
 )
-from cropscale.callbacks.step_timing import ALL_FIGURES
+from cropscale.callbacks._batches import batch_size, id_tensors, ids_to_lists
+from cropscale.callbacks._dist import rank_stats
+from cropscale.callbacks._grads import total_norms
+from cropscale.callbacks.base import scaling_callbacks
 from cropscale.env import nvml, peaks
 from cropscale.env.host import dataset_revision
 
@@ -33,39 +34,32 @@ from cropscale.env.host import dataset_revision
 # ----------------------------------------------------------------------------------------- batches
 def test_batch_size_cropscale_and_generic_batches():
     s2 = torch.zeros(5, 16, 10, 32, 32)
-    assert _common.batch_size({"patch_id": torch.zeros(7), "s2": s2}) == 5  # s2 wins over dict order
-    assert _common.batch_size({"x": torch.zeros(()), "y": torch.zeros(3, 2)}) == 3  # first tensor with a dim
-    assert _common.batch_size((torch.zeros(4, 2), torch.zeros(4))) == 4
-    assert _common.batch_size([{"a": torch.zeros(6, 1)}]) == 6
-    assert _common.batch_size({"a": "text"}) is None
-    assert _common.batch_size(torch.zeros(9, 3)) == 9
+    assert batch_size({"patch_id": torch.zeros(7), "s2": s2}) == 5  # s2 wins over dict order
+    assert batch_size({"x": torch.zeros(()), "y": torch.zeros(3, 2)}) == 3  # first tensor with a dim
+    assert batch_size((torch.zeros(4, 2), torch.zeros(4))) == 4
+    assert batch_size([{"a": torch.zeros(6, 1)}]) == 6
+    assert batch_size({"a": "text"}) is None
+    assert batch_size(torch.zeros(9, 3)) == 9
 
 
 def test_sample_ids_to_lists():
     batch = {"patch_id": torch.tensor([10, 11]), "crop_yx": torch.tensor([[0, 8], [16, 24]])}
-    pid, yx = _common.id_tensors(batch)
+    pid, yx = id_tensors(batch)
     assert pid is batch["patch_id"] and yx is batch["crop_yx"]
-    assert _common.ids_to_lists(pid, yx) == {"patch_id": [10, 11], "crop_yx": [[0, 8], [16, 24]]}
-    assert _common.id_tensors((torch.zeros(1),)) == (None, None)
-
-
-@pytest.mark.parametrize("q", [0, 10, 50, 95, 100])
-def test_percentile_matches_numpy(q):
-    vals = [3.0, 1.0, 4.0, 1.5, 9.0, 2.6, 5.0]
-    assert _common.percentile(vals, q) == pytest.approx(float(np.percentile(vals, q)))
-    assert _common.percentile([], q) is None
+    assert ids_to_lists(pid, yx) == {"patch_id": [10, 11], "crop_yx": [[0, 8], [16, 24]]}
+    assert id_tensors((torch.zeros(1),)) == (None, None)
 
 
 def test_rank_stats_names_the_slowest_rank():
-    st = _common.rank_stats([10.0, 14.0, None, 12.0])
+    st = rank_stats([10.0, 14.0, None, 12.0])
     assert st == {"per_rank": [10.0, 14.0, None, 12.0], "max": 14.0, "median": 12.0, "slowest_rank": 1}
 
 
 def test_total_norms_combine_parts_exactly():
     steps = [[torch.tensor(3.0), torch.tensor(4.0)], [torch.tensor(1.0)], [torch.tensor(float("nan")), torch.tensor(1.0)]]
-    out = _common.total_norms(steps, 2.0)
+    out = total_norms(steps, 2.0)
     assert out[0] == pytest.approx(5.0) and out[1] == pytest.approx(1.0) and math.isnan(out[2])
-    assert _common.total_norms([[torch.tensor(3.0), torch.tensor(4.0)]], float("inf")) == [4.0]
+    assert total_norms([[torch.tensor(3.0), torch.tensor(4.0)]], float("inf")) == [4.0]
 
 
 # ------------------------------------------------------------------------------------------- peaks
@@ -227,40 +221,6 @@ def test_integrate_power_trapezoid_with_edge_interpolation():
     assert nvml.integrate_power(samples, 1.0, 1.0) is None
 
 
-# ------------------------------------------------------------------------------------ step windows
-def test_step_windows_from_host_marks():
-    cb = StepTimingCallback()
-    # one micro-batch: fetch 10.0 -> 10.2, batch start 10.25, before backward 10.75, after 11.5, end 11.75;
-    # previous step ended at 9.9
-    micro = [10.0, 10.2, 10.25, 10.75, 11.5, 11.75]
-    row = dict(zip(ALL_FIGURES, cb._durations([micro], [], 9.9, (False, False, False)), strict=True))
-    expect = {"data_wait": 0.2, "transfer": 0.05, "forward": 0.5, "backward": 0.75, "optimizer": 0.25,
-              "remainder": 0.1, "step": 1.85}
-    for k, v in expect.items():
-        assert row[k] == pytest.approx(v), k
-    assert row["comm"] is None and row["comm_exposed"] is None
-    # first step of an epoch: no remainder
-    row = dict(zip(ALL_FIGURES, cb._durations([micro], [], 9.9, (False, True, False)), strict=True))
-    assert row["remainder"] is None and row["step"] == pytest.approx(1.75)
-
-
-def test_step_windows_accumulation_and_comm():
-    cb = StepTimingCallback()
-    m1 = [0.0, 0.1, 0.1, 0.3, 0.5, 0.6]
-    m2 = [0.7, 0.8, 0.8, 1.0, 1.4, 1.6]
-    # buckets (launch, done): [1.1, 1.2], [1.15, 1.3] overlap -> union 0.2; [1.35, 1.45] -> 0.1
-    comm = [[1.1, 1.2], [1.15, 1.3], [1.35, 1.45]]
-    row = dict(zip(ALL_FIGURES, cb._durations([m1, m2], comm, -0.05, (False, False, False)), strict=True))
-    assert row["data_wait"] == pytest.approx(0.2)
-    assert row["forward"] == pytest.approx(0.4)
-    assert row["backward"] == pytest.approx(0.6)
-    assert row["optimizer"] == pytest.approx(0.3)
-    assert row["remainder"] == pytest.approx(0.05 + 0.1)  # before the first fetch + between micro-batches
-    assert row["step"] == pytest.approx(1.65)
-    assert row["comm"] == pytest.approx(0.3)
-    assert row["comm_exposed"] == pytest.approx(1.45 - 1.35)
-
-
 # ----------------------------------------------------------------------------------- the group
 class _A(Callback):
     def __init__(self, log):
@@ -320,7 +280,7 @@ def test_group_rejects_bad_members():
 def test_iter_callbacks_expands_groups():
     mem, gn = MemoryCallback(), GradNormCallback()
     trainer = SimpleNamespace(callbacks=[ModelCheckpoint(), CallbackGroup([mem, gn])])
-    assert _common.scaling_callbacks(trainer) == [mem, gn]
+    assert scaling_callbacks(trainer) == [mem, gn]
 
 
 # ------------------------------------------------------------------------------- argument errors

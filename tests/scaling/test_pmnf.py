@@ -35,12 +35,16 @@ from cropscale.scaling.pmnf import (
     CONSTANT,
     LOG_EXPONENTS,
     POLY_EXPONENTS,
+    Hypothesis,
     PMNFWarning,
     Term,
     _smape,
     aggregate,
+    design_matrix,
     fit_pmnf,
     hypotheses,
+    loo_fits,
+    term_contributes,
 )
 
 X = 2.0 ** np.arange(1, 9)
@@ -113,6 +117,36 @@ def test_loo_smape_equals_brute_force_refits():
     a = np.stack([np.ones(X.size), m.term(X)], axis=1)
     coef, *_ = np.linalg.lstsq(a, y, rcond=None)
     assert (m.c0, m.c1) == pytest.approx(tuple(coef), rel=1e-9)
+
+
+def test_closed_form_loo_of_every_hypothesis_equals_brute_force():
+    rng = np.random.default_rng(11)
+    y = (20 + 3 * X**0.5) * (1 + 0.05 * rng.standard_normal(X.size))
+    terms = hypotheses(negative_exponents=True)
+    design = design_matrix(terms, X)
+    assert np.allclose(np.max(np.abs(design.t), axis=1), 1.0) and design.ok.all()
+    fits = loo_fits(design.t, y)
+    assert fits.valid.all()
+    for h, term in enumerate(terms):
+        preds = []
+        for k in range(X.size):
+            keep = np.arange(X.size) != k
+            a = np.stack([np.ones(keep.sum()), term(X[keep])], axis=1)
+            coef, *_ = np.linalg.lstsq(a, y[keep], rcond=None)
+            preds.append(coef[0] + coef[1] * term(X[k : k + 1])[0])
+        assert fits.loo_smape[h] == pytest.approx(float(_smape(np.array(preds), y)), rel=1e-8), term
+        full, *_ = np.linalg.lstsq(np.stack([np.ones(X.size), term(X)], axis=1), y, rcond=None)
+        assert fits.slope[h] / design.scale[h] == pytest.approx(full[1], rel=1e-8), term
+
+
+def test_term_contribution_and_tie_breaking_by_hand():
+    # slope 2 on t = [0.5, 1]: contributions |2 * t| / |y| = [1 / 100, 2 / 1000] -> max 1 %
+    t = np.array([[0.5, 1.0], [0.5, 1.0]])
+    out = term_contributes(np.array([2.0, 0.0]), t, np.array([100.0, 1000.0]), minimum=0.01)
+    assert out.tolist() == [True, False]  # a zero slope never contributes
+    assert not term_contributes(np.array([2.0]), t[:1], np.array([100.0, 1000.0]), minimum=0.011)[0]
+    simple, other = Hypothesis(Term(1), 1.0, 1.0, 5.0), Hypothesis(Term(2), 1.0, 1.0, 5.0)
+    assert not other.beats(simple) and Hypothesis(Term(2), 1.0, 1.0, 4.9).beats(simple)
 
 
 def _sample(f, noise, trial, case):

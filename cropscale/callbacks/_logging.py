@@ -1,0 +1,70 @@
+"""Scalar logging for the callbacks: which steps log, writing through the trainer's loggers, and
+deferring the writes of one hook to its end.
+
+Loggers write on global rank 0 only (Lightning's ``rank_zero_only`` loggers); nothing here is a
+collective.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+
+from lightning.pytorch import Trainer
+
+_DEFERRED: list[dict[int, dict[str, float]]] = []  # open deferred_logging() blocks, innermost last
+
+
+def is_log_step(trainer: Trainer) -> bool:
+    """True at the steps where Lightning writes step metrics (``trainer.log_every_n_steps``).
+
+    Evaluated in ``on_train_batch_end`` (after the optimizer step, so ``global_step`` already counts
+    it). Also true on the last step before the trainer stops.
+    """
+    n = trainer.log_every_n_steps
+    if n <= 0:
+        return False
+    return trainer.global_step % n == 0 or bool(trainer.should_stop)
+
+
+def log_metrics(trainer: Trainer, metrics: Mapping[str, float | int | None], step: int | None = None) -> None:
+    """Write scalars through every logger of ``trainer`` (loggers write on global rank 0 only).
+
+    ``None`` and non-finite values are dropped. ``step`` defaults to ``trainer.global_step``.
+    Inside :func:`deferred_logging` the scalars are collected and written when the block ends.
+    """
+    if not trainer.loggers:
+        return
+    clean = {k: float(v) for k, v in metrics.items() if v is not None and math.isfinite(float(v))}
+    if not clean:
+        return
+    step = trainer.global_step if step is None else step
+    if _DEFERRED:
+        _DEFERRED[-1].setdefault(step, {}).update(clean)
+        return
+    for logger in trainer.loggers:
+        logger.log_metrics(clean, step=step)
+
+
+@contextmanager
+def deferred_logging(trainer: Trainer) -> Iterator[None]:
+    """Collect the :func:`log_metrics` calls made inside the block and write them at its end, one
+    ``logger.log_metrics`` call per step.
+
+    Why: TensorBoard's writer is a background thread that wakes on every event. Torch ops release the
+    GIL, and each one that runs while the writer is busy waits to get it back, so a callback that
+    reads device values after another one has logged pays for it: about 1.1 ms per log step for the
+    non-finite check's reads in callback-bench's tiny-model run, against 0.35 ms when they come
+    first. :class:`~cropscale.callbacks.CallbackGroup` wraps ``on_train_batch_end`` in this block,
+    so its members do their reads first and the writes come last. Scalars are still written if the
+    block raises.
+    """
+    _DEFERRED.append({})
+    try:
+        yield
+    finally:
+        collected = _DEFERRED.pop()
+        for step, clean in collected.items():
+            for logger in trainer.loggers:
+                logger.log_metrics(clean, step=step)

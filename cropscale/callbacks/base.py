@@ -1,0 +1,76 @@
+"""The base class of the scaling callbacks and the lookup of a trainer's scaling callbacks.
+
+:class:`ScalingCallback` adds to a Lightning ``Callback`` the three things every cropscale callback
+shares: a ``run.json`` summary (:meth:`~ScalingCallback.summary`, written by
+:class:`~cropscale.callbacks.ProvenanceCallback`), the per-step hook filter asked by
+:class:`~cropscale.callbacks.CallbackGroup` (:meth:`~ScalingCallback.wants_hook`), and a log-step
+schedule counted on the callback itself, so that no trainer property is read per step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from lightning.pytorch import Trainer
+from lightning.pytorch.callbacks import Callback
+
+from cropscale.evidence import MEASURED_RUN
+
+__all__ = ["ScalingCallback", "iter_callbacks", "scaling_callbacks"]
+
+
+class ScalingCallback(Callback):
+    """Base of the cropscale scaling callbacks.
+
+    Subclasses set :attr:`summary_key` and implement :meth:`summary`, a JSON-ready dict that the
+    :class:`~cropscale.callbacks.ProvenanceCallback` writes under ``run.json["summary"][summary_key]``
+    at the end of ``fit``. Summaries are final after ``on_train_end`` (the per-rank gathers run at
+    epoch ends and in ``on_train_end``, on every rank).
+    """
+
+    summary_key: str = "scaling"
+    evidence: str = MEASURED_RUN
+    _log_every: int = 0
+    _gstep: int = 0
+
+    def summary(self) -> dict[str, Any]:
+        """JSON-ready summary figures of this callback for ``run.json``."""
+        return {"evidence": self.evidence}
+
+    def wants_hook(self, hook: str) -> bool:
+        """Whether this callback needs the per-step ``hook`` for the current run (asked by
+        :class:`~cropscale.callbacks.CallbackGroup` after ``on_train_start``)."""
+        return True
+
+    def _start_log_schedule(self, trainer: Trainer) -> None:
+        """Start counting optimizer steps from ``trainer.global_step`` (call in ``on_train_start``)."""
+        self._log_every = int(trainer.log_every_n_steps or 0)
+        self._gstep = int(trainer.global_step)
+
+    def _count_step(self) -> bool:
+        """Count one optimizer step; True when it is a log step (``global_step % log_every_n_steps == 0``).
+
+        Same rule as :func:`cropscale.callbacks._logging.is_log_step` but on the callback's own
+        counter, so that no trainer property is read per step. Call once per optimizer step, in
+        ``on_train_batch_end``.
+        """
+        self._gstep += 1
+        every = self._log_every
+        return every > 0 and self._gstep % every == 0
+
+
+def iter_callbacks(trainer: Trainer) -> Iterator[Callback]:
+    """Every callback of ``trainer``, with the members of :class:`~cropscale.callbacks.CallbackGroup` s
+    expanded in place."""
+    for cb in trainer.callbacks:
+        members = getattr(cb, "callbacks", None)
+        if getattr(cb, "_is_callback_group", False) and isinstance(members, list):
+            yield from members
+        else:
+            yield cb
+
+
+def scaling_callbacks(trainer: Trainer) -> list[ScalingCallback]:
+    """The :class:`ScalingCallback` instances of ``trainer`` (group members included), in order."""
+    return [cb for cb in iter_callbacks(trainer) if isinstance(cb, ScalingCallback)]
