@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cropscale.numbers import median_p95
+from cropscale.runs.schema import COMM_FIGURES, STEP_WINDOWS
 
 __all__ = [
     "COMM_FIGURES",
@@ -37,10 +38,6 @@ __all__ = [
     "interval_union",
 ]
 
-STEP_WINDOWS: tuple[str, ...] = ("data_wait", "transfer", "forward", "backward", "optimizer", "remainder")
-"""The disjoint windows of one optimizer step, in order; they add up to ``step``."""
-COMM_FIGURES: tuple[str, ...] = ("comm", "comm_exposed")
-"""The DDP gradient all-reduce figures (overlap with the windows above)."""
 FIGURES: tuple[str, ...] = (*STEP_WINDOWS, "step", *COMM_FIGURES)
 """Every figure of a step, in the order of ``run.json["summary"]["step_timing"]["windows"]``."""
 

@@ -11,7 +11,8 @@ from typing import Any
 
 from cropscale.evidence import MEASURED_RUN
 from cropscale.files import atomic_write
-from cropscale.runs.record import STEP_WINDOWS, RunRecord
+from cropscale.runs.record import RunRecord
+from cropscale.runs.schema import STEP_WINDOWS
 
 
 def pyplot() -> Any:

@@ -25,11 +25,9 @@ from cropscale.evidence import MEASURED_MICROBENCHMARK, MEASURED_RUN
 from cropscale.precision import label as precision_label_of
 from cropscale.runs import describe, rules
 from cropscale.runs.rules import Figure
-from cropscale.runs.schema import BENCHMARK_SCHEMA, RUN_SCHEMA, RunJson, RunSummary
+from cropscale.runs.schema import BENCHMARK_SCHEMA, RUN_SCHEMA, STEP_WINDOWS, RunJson, RunSummary
 from cropscale.runs.tensorboard import Scalars, events_files, load_scalars
 
-STEP_WINDOWS: tuple[str, ...] = ("data_wait", "transfer", "forward", "backward", "optimizer", "remainder")
-"""The disjoint windows of :class:`cropscale.callbacks.StepTimingCallback` that add up to a step."""
 TRAINING_SCALAR_PREFIX = "train/"
 """TensorBoard tags of a training run (``train/loss_step``, ...): ``validate`` and ``test`` log none."""
 NO_RUN_JSON = "no run.json in the run folder (fit without the scaling callbacks)"

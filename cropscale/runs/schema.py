@@ -30,6 +30,13 @@ RUN_SCHEMA = "cropscale.run/1"
 BENCHMARK_SCHEMA = "cropscale.benchmark/1"
 """Schema id of the benchmark JSON (``python -m cropscale benchmark --output``)."""
 
+STEP_WINDOWS: tuple[str, ...] = ("data_wait", "transfer", "forward", "backward", "optimizer", "remainder")
+"""The disjoint windows of one optimizer step that :class:`cropscale.callbacks.StepTimingCallback` records and
+that add up to the step (``summary.step_timing.windows`` lists them, then ``step``, ``comm``, ``comm_exposed``)."""
+COMM_FIGURES: tuple[str, ...] = ("comm", "comm_exposed")
+"""The communication figures of a step: the union of the all-reduce bucket intervals and the part left
+after the last bucket was launched (not windows: they overlap ``backward``)."""
+
 T = TypeVar("T", bound="Record")
 
 
