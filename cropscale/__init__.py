@@ -1,5 +1,6 @@
 """cropscale: train a multimodal Sentinel-1/Sentinel-2 crop-mapping model with PyTorch Lightning and
-measure how the run spends its time, energy and numerics (see README.md)."""
+measure how the run spends its time, energy and numerics (see README.md).
+"""
 
 from cropscale.errors import CropScaleError
 

@@ -88,7 +88,8 @@ def check_checkpoint(path: str | None) -> None:
 
 class CropScaleCLI(LightningCLI):
     """LightningCLI with the data module's class count and names linked into the task, and a
-    ``--ckpt_path`` checked before Lightning opens it (:func:`check_checkpoint`)."""
+    ``--ckpt_path`` checked before Lightning opens it (:func:`check_checkpoint`).
+    """
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         parser.link_arguments("data.num_classes", "model.num_classes", apply_on="instantiate")
@@ -173,7 +174,8 @@ def _user_error(err: Exception) -> str | None:
     """One-paragraph text for errors that come from the user's arguments rather than from a bug:
     Lightning's checks of Trainer arguments (ValueError; TypeError from its accelerator and connector
     checks, e.g. ``devices=-5``), a checkpoint that is missing, not a
-    checkpoint, or of another model configuration. None for anything else (the traceback is kept)."""
+    checkpoint, or of another model configuration. None for anything else (the traceback is kept).
+    """
     import pickle
 
     text = " ".join(str(err).split())
@@ -200,7 +202,8 @@ def _user_error(err: Exception) -> str | None:
 
 def _name_trainer_argument(text: str) -> str:
     """Prefix Lightning's message with the ``--trainer.<name>`` it is about, when it names one in
-    backquotes (as in ``Trainer(devices='0')`` or ``devices`` ... should be an int > 0)."""
+    backquotes (as in ``Trainer(devices='0')`` or ``devices`` ... should be an int > 0).
+    """
     import re
 
     for name in ("devices", "num_nodes", "accelerator", "strategy", "precision"):

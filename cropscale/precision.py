@@ -41,7 +41,8 @@ STUDY_ALIASES: dict[str, str] = {
 
 def normalise(value: Any) -> str | None:
     """Lightning's unified precision string (``16`` -> ``16-mixed``, ``bf16`` -> ``bf16-mixed``, ...);
-    ``None`` stays ``None``."""
+    ``None`` stays ``None``.
+    """
     if value is None:
         return None
     text = str(value).strip()

@@ -168,7 +168,8 @@ def _check_int(name: str, value: object, minimum: int = 1) -> int:
 @dataclass(frozen=True)
 class Tile:
     """One tile: the batch row ``patch`` of its patch and its top-left corner ``(y, x)`` on the padded
-    10 m canvas (pixels; on the high grid the corner is ``(y, x) * hr_scale``)."""
+    10 m canvas (pixels; on the high grid the corner is ``(y, x) * hr_scale``).
+    """
 
     patch: int
     y: int
@@ -231,7 +232,8 @@ class TilePlan:
     def pad_inputs(self, inputs: dict[str, Tensor | None],
                    device: torch.device) -> tuple[dict[str, Tensor], dict[str, Tensor | None]]:
         """Split ``inputs`` into the spatial tensors (last two dims ``(H, W)``), padded once (gather
-        indices on ``device``), and the others (passed per tile by batch row)."""
+        indices on ``device``), and the others (passed per tile by batch row).
+        """
         h, w = self.size
         top, bottom, left, right = self.pad
         mode = "zeros" if self.padding == "shift" else self.padding

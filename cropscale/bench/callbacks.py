@@ -63,7 +63,8 @@ class _Probe(Callback):
 
 def _network(args: argparse.Namespace, steps: int) -> tuple[Any, Any]:
     """The study's network (default CropMappingNet, multi-task loss, AdamW) and a loader of
-    pre-generated synthetic samples (:mod:`cropscale.testing.probe`)."""
+    pre-generated synthetic samples (:mod:`cropscale.testing.probe`).
+    """
     data = SyntheticSamples(steps * args.batch, pool=args.batch, t2=args.t2, t1=args.t1,
                             crop_size=args.crop_size, seed=0)
     return ProbeTask(), torch.utils.data.DataLoader(data, batch_size=args.batch, shuffle=False)

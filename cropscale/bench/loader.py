@@ -110,8 +110,8 @@ def measure_loader(dm, batches: int, warmup: int, keep: bool = False) -> dict:
 def measure_model(batches: list[dict], num_classes: int, ignore_index: int | None, device: str, steps: int) -> dict:
     """Time training steps (forward, loss, backward, clip 1.0, AdamW) of ``CropMappingNet`` on
     ``batches`` (cycled) already moved to ``device``; one untimed warm-up step; synchronised per
-    step on CUDA. Returns ``{"samples_per_s", "median_step_ms", "steps", "batch_size"}``."""
-
+    step on CUDA. Returns ``{"samples_per_s", "median_step_ms", "steps", "batch_size"}``.
+    """
     dev = torch.device(device)
     net = CropMappingNet(num_classes=num_classes).to(dev)
     loss_fn = MultiTaskLoss(ignore_index=ignore_index)
@@ -146,7 +146,6 @@ def measure_model(batches: list[dict], num_classes: int, ignore_index: int | Non
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``python -m cropscale loader-bench``; prints a table, returns 0."""
-
     args = _parser().parse_args(argv)
     if args.batches < 1 or args.warmup < 0 or args.batch_size < 1 or any(w < 0 for w in args.workers):
         raise CropScaleError("loader-bench: --batches and --batch-size must be >= 1, --warmup and --workers >= 0")

@@ -129,7 +129,8 @@ def _synthetic_batches(t2: int, t1: int, crop_size: int, num_classes: int, devic
 
 def _train_steps(net, loss, batches: Sequence[dict], lr: float, clip_norm: float) -> list[Callable[[], None]]:
     """One zero-argument training step per batch, all sharing one ``AdamW(lr)`` over the trainable
-    parameters: zero_grad, forward, loss, backward, ``clip_grad_norm_(clip_norm)``, optimizer step."""
+    parameters: zero_grad, forward, loss, backward, ``clip_grad_norm_(clip_norm)``, optimizer step.
+    """
     params = [p for p in net.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=lr)
 
@@ -303,7 +304,8 @@ def _default_data_root() -> Path:
 def _datamodule_loaders(data_root: Path, train_folds: Sequence[int], batch_size: int, crop_size: int,
                         samples_per_patch: int) -> Callable[[int], Iterable]:
     """``T2 -> the training DataLoader`` of a :class:`PastisHDDataModule` (``num_workers=0``, seed 0);
-    the normalisation statistics of the first data module are reused by the others."""
+    the normalisation statistics of the first data module are reused by the others.
+    """
     shared_stats = {}
 
     def make_loader(t: int) -> Iterable:
@@ -323,7 +325,8 @@ def _datamodule_loaders(data_root: Path, train_folds: Sequence[int], batch_size:
 
 def _loader_pass(loader: Iterable, t: int, batches: int) -> Callable[[], None]:
     """A zero-argument pass over the first ``batches`` batches of a fresh iterator of ``loader``;
-    raises :class:`CropScaleError` when called on a loader with fewer batches."""
+    raises :class:`CropScaleError` when called on a loader with fewer batches.
+    """
 
     def run() -> None:
         it = iter(loader)
@@ -441,7 +444,6 @@ def speedup_and_karp_flatt(t1_s: float, tn_s: float, n: int) -> dict[str, float]
         t1_s, tn_s: time of the same work on 1 and on ``n`` devices (s, > 0).
         n: number of devices (> 1).
     """
-
     for name, v in (("t1_s", t1_s), ("tn_s", tn_s)):
         if not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
             raise CropScaleError(f"{name} must be a positive time in seconds, got {v!r}")

@@ -214,7 +214,6 @@ def train_step(
     set; ``scaler.scale(loss).backward()``; ``scaler.unscale_``; ``clip_grad_norm_(.., 1.0)``;
     ``scaler.step``; ``scaler.update`` (a disabled scaler makes these plain backward / step).
     """
-
     optimizer.zero_grad(set_to_none=True)
     ctx = (torch.autocast(device_type=device_type, dtype=autocast_dtype) if autocast_dtype is not None
            else contextlib.nullcontext())
@@ -312,7 +311,8 @@ class _Setup:
 
 def _fresh_state(config: BenchmarkConfig, device: torch.device, row: dict[str, Any]) -> int | None:
     """Free the previous configuration, switch TF32 off, reset compile caches and the CUDA peak
-    counters; returns the process RSS (bytes) as the starting host peak."""
+    counters; returns the process RSS (bytes) as the starting host peak.
+    """
     _free(device)
     row["tf32"] = _tf32_off()
     if config.compile:
@@ -584,7 +584,8 @@ def _cell(row: dict[str, Any], key: str, fmt: str) -> str:
 
 def format_table(doc: dict[str, Any]) -> str:
     """The study's table (Precision, Batch, Median step, p95 step, Samples/s, Peak GiB) as Markdown,
-    followed by the evidence label, the memory kind, and one AMP-vs-FP32 line per batch size."""
+    followed by the evidence label, the memory kind, and one AMP-vs-FP32 line per batch size.
+    """
     rows = doc["results"]
     lines = [
         "| Precision | Batch | Median step | p95 step | Samples/s | Peak GiB |",

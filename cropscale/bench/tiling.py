@@ -58,7 +58,8 @@ class ConvStandIn(torch.nn.Module):
 
 class ZerosStandIn(torch.nn.Module):
     """Stand-in network that returns zeros of the right shapes: the tiled time is the tiler's own cost
-    (cutting, padding, blending), not the network's."""
+    (cutting, padding, blending), not the network's.
+    """
 
     def __init__(self, num_classes: int, hr_scale: int = HR_SCALE) -> None:
         super().__init__()

@@ -63,7 +63,8 @@ class CudaEventClock:
 
     def mark(self) -> torch.cuda.Event:
         """Record an event on the current stream *of this clock's device* (comm-hook callbacks may run
-        on a thread whose current device is another GPU)."""
+        on a thread whose current device is another GPU).
+        """
         try:
             ev = self._free.pop()
         except IndexError:

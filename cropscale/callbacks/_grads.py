@@ -19,7 +19,8 @@ _GRAD_NORM_CACHE: dict[str, Any] = {"key": None, "value": None}
 
 class GradNormParts(list):
     """Device tensors whose norm is one step's total gradient norm (see :func:`grad_norm_parts`);
-    ``total`` caches the host value once :func:`total_norms` has read it (shared by callbacks)."""
+    ``total`` caches the host value once :func:`total_norms` has read it (shared by callbacks).
+    """
 
     total: float | None = None
 

@@ -76,7 +76,8 @@ class MicroBatchMarks:
 
     def windows(self, seconds: Seconds) -> list[float | None]:
         """``[data_wait, transfer, forward, backward, optimizer]`` of this micro-batch (s; ``None``
-        where a bounding mark is missing)."""
+        where a bounding mark is missing).
+        """
         m = self.marks()
         return [seconds(a, b) if a is not None and b is not None else None for a, b in zip(m, m[1:], strict=False)]
 
@@ -250,7 +251,8 @@ class WindowStats:
 
     def update(self, marks: StepMarks, windows: StepWindows) -> bool:
         """Add one resolved step; True when it enters the epoch statistics (not excluded, with a
-        remainder)."""
+        remainder).
+        """
         row = windows.figures()
         self._interval.append(row)
         if marks.first_in_epoch and self.first_batch_wait is None:
@@ -262,7 +264,8 @@ class WindowStats:
 
     def interval_means_ms(self) -> dict[str, float]:
         """Mean of each figure over the steps since the last call (ms; warm-up included; figures
-        without a value left out), and start a new interval."""
+        without a value left out), and start a new interval.
+        """
         rows, self._interval = self._interval, []
         out: dict[str, float] = {}
         for i, name in enumerate(FIGURES):

@@ -40,7 +40,8 @@ class ScalingCallback(Callback):
 
     def wants_hook(self, hook: str) -> bool:
         """Whether this callback needs the per-step ``hook`` for the current run (asked by
-        :class:`~cropscale.callbacks.CallbackGroup` after ``on_train_start``)."""
+        :class:`~cropscale.callbacks.CallbackGroup` after ``on_train_start``).
+        """
         return True
 
     def _start_log_schedule(self, trainer: Trainer) -> None:
@@ -62,7 +63,8 @@ class ScalingCallback(Callback):
 
 def iter_callbacks(trainer: Trainer) -> Iterator[Callback]:
     """Every callback of ``trainer``, with the members of :class:`~cropscale.callbacks.CallbackGroup` s
-    expanded in place."""
+    expanded in place.
+    """
     for cb in trainer.callbacks:
         members = getattr(cb, "callbacks", None)
         if getattr(cb, "_is_callback_group", False) and isinstance(members, list):

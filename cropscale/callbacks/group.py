@@ -138,7 +138,8 @@ del _hook
 
 def _on_train_batch_end(self: CallbackGroup, trainer: Any, *args: Any, **kwargs: Any) -> None:
     """Forward ``on_train_batch_end`` to the members that override it; their scalars are written
-    after all of them ran (:func:`~cropscale.callbacks._logging.deferred_logging`)."""
+    after all of them ran (:func:`~cropscale.callbacks._logging.deferred_logging`).
+    """
     with deferred_logging(trainer):
         for fn in self._dispatch["on_train_batch_end"]:
             fn(trainer, *args, **kwargs)

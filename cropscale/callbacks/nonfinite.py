@@ -223,7 +223,8 @@ class NonFiniteCallback(ScalingCallback):
 
     def _flush(self) -> None:
         """Read the pending ``log``-policy gradient norms and losses (two device-to-host copies) and
-        record the bad batches."""
+        record the bad batches.
+        """
         if not self._pending:
             return
         pending, self._pending = self._pending, []

@@ -367,7 +367,8 @@ class StepTimingCallback(ScalingCallback):
     # ------------------------------------------------------------------ resolution
     def _resolve(self, block: bool, limit: int | None = None) -> None:
         """Turn pending steps into windows, oldest first; stop at the first unfinished one unless
-        ``block``."""
+        ``block``.
+        """
         done = 0
         while self._pending and (limit is None or done < limit):
             marks = self._pending[0]

@@ -40,7 +40,8 @@ _RANK_STRIDE = 1_000_003  # separates the seeds of different ranks
 
 def seed_worker(worker_id: int) -> None:
     """DataLoader ``worker_init_fn``: seed Python, NumPy and the dataset's generator from the torch
-    worker seed (``base_seed + worker_id``, where ``base_seed`` comes from the loader's generator)."""
+    worker seed (``base_seed + worker_id``, where ``base_seed`` comes from the loader's generator).
+    """
     info = get_worker_info()
     seed = int(info.seed) if info is not None else int(torch.initial_seed())
     random.seed(seed)
@@ -168,7 +169,8 @@ class PastisHDDataModule(LightningDataModule):
     # ------------------------------------------------------------------ stats
     def compute_stats(self, path: str | None = None) -> NormStats:
         """Compute per-band statistics over ``train_folds`` (:func:`~cropscale.data.stats.compute_norm_stats`),
-        keep them for the datasets and save them as JSON to ``path`` (default ``stats_path``; None = not saved)."""
+        keep them for the datasets and save them as JSON to ``path`` (default ``stats_path``; None = not saved).
+        """
         stats = compute_norm_stats(self.root, self.train_folds, s1_orbits=self.s1_orbits)
         target = path if path is not None else self.stats_path
         if target is not None:

@@ -68,7 +68,8 @@ def crop_bounds(
 def same_crs(a, b) -> bool:
     """True when two ``rasterio.crs.CRS`` are equal, or PROJ identifies both as the same EPSG code
     (``CRS.to_epsg()``, confidence >= 70 %): a GeoTIFF whose WKT says "unknown" datum "based on
-    GRS80" with UTM 32N parameters is EPSG:25832."""
+    GRS80" with UTM 32N parameters is EPSG:25832.
+    """
     if a == b:
         return True
     code_a, code_b = a.to_epsg(), b.to_epsg()

@@ -188,7 +188,6 @@ def compute_norm_stats(
             NaN or Inf in Sentinel-2 reflectance, no clear observation at all, or a band with zero
             variance.
     """
-
     patches = index_patches(root, list(folds), s1_orbits=s1_orbits, hr_dir=None)
     if max_patches is not None:
         patches = patches[: int(max_patches)]

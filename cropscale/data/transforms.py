@@ -41,7 +41,8 @@ def dihedral(x, k: int, flip: bool):
 
 def apply_dihedral(sample: dict, k: int, flip: bool) -> dict:
     """Apply :func:`dihedral` to every spatial tensor of ``sample`` (:data:`SPATIAL_KEYS`); other
-    entries are returned unchanged. Returns a new dict."""
+    entries are returned unchanged. Returns a new dict.
+    """
     out = dict(sample)
     for key in SPATIAL_KEYS:
         if key in out:

@@ -179,7 +179,8 @@ def host_record() -> dict[str, Any]:
 
 def current_rss_bytes() -> int | None:
     """Resident set size of this process now (bytes), from ``/proc/self/statm``; ``None`` where
-    that file does not exist (non-Linux)."""
+    that file does not exist (non-Linux).
+    """
     try:
         fields = Path("/proc/self/statm").read_text().split()
         return int(fields[1]) * os.sysconf("SC_PAGE_SIZE")
@@ -189,7 +190,8 @@ def current_rss_bytes() -> int | None:
 
 def load_average() -> list[float] | None:
     """Host load average over 1, 5 and 15 min (``os.getloadavg``; ``None`` where unavailable). On a
-    shared CPU host it tells how far other work may have slowed a measurement."""
+    shared CPU host it tells how far other work may have slowed a measurement.
+    """
     try:
         return [round(x, 2) for x in os.getloadavg()]
     except (OSError, AttributeError):
@@ -209,7 +211,8 @@ def _cpu_name() -> str:
 def _nvml_facts(device: torch.device) -> dict[str, Any]:
     """Driver version, enforced power limit (W), persistence mode, clocks (MHz) and clock-event reasons
     of the CUDA ``device`` via the scaling callbacks' NVML helpers (:mod:`cropscale.env.nvml`,
-    device matched by UUID); ``None`` fields and ``nvml_reason`` when NVML cannot say."""
+    device matched by UUID); ``None`` fields and ``nvml_reason`` when NVML cannot say.
+    """
     facts: dict[str, Any] = {"driver": None, "power_limit_w": None, "persistence_mode": None}
     nv, reason = open_device_for(device)
     if nv is None:
@@ -228,7 +231,8 @@ def device_record(device: torch.device) -> dict[str, Any]:
     (GiB), UUID and the NVML facts (driver, power limit in W, persistence mode, clocks in MHz,
     clock-event reasons); for CPU the CPU
     model, logical core count and torch's intra-op thread count, with the NVML fields ``None`` and a
-    reason."""
+    reason.
+    """
     record: dict[str, Any] = {"type": device.type, "index": device.index}
     if device.type == "cuda":
         index = device.index if device.index is not None else torch.cuda.current_device()

@@ -143,7 +143,8 @@ class NvmlDevice:
 
     def info(self) -> dict[str, Any]:
         """Static facts recorded once: name, UUID, driver, power limit (W), persistence mode, clocks
-        (MHz, current and max), clock-event (throttle) reasons. Unreadable fields are ``None``."""
+        (MHz, current and max), clock-event (throttle) reasons. Unreadable fields are ``None``.
+        """
         nv = self.nvml
 
         def read(fn: str, *args: Any, scale: float | None = None) -> Any:
@@ -199,7 +200,8 @@ def open_device_for(device: torch.device) -> tuple[NvmlDevice | None, str | None
 # --------------------------------------------------------------------------------------------------
 def counter_delta_j(start_j: float | None, end_j: float | None) -> float | None:
     """Energy (J) between two readings of the total-energy counter; ``None`` if either is missing or
-    the counter went backwards (driver reload)."""
+    the counter went backwards (driver reload).
+    """
     if start_j is None or end_j is None or end_j < start_j:
         return None
     return end_j - start_j

@@ -54,7 +54,8 @@ DTYPES: tuple[str, ...] = ("fp64", "fp32", "tf32", "bf16", "fp16", "fp8")
 
 def device_family(device_name: str) -> str | None:
     """Table key for a device name such as ``"NVIDIA H200"`` or ``"NVIDIA A100-SXM4-80GB"``; ``None``
-    for a device not in the table (CPUs, unknown GPUs)."""
+    for a device not in the table (CPUs, unknown GPUs).
+    """
     name = device_name.upper().replace("-", " ").replace("_", " ")
     for pattern, key in _NAME_RULES:
         if re.search(pattern, name):

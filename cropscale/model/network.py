@@ -45,7 +45,8 @@ __all__ = ["CropMappingNet", "TemporalEncoder", "count_parameters", "doy_encodin
 
 def count_parameters(module: nn.Module, trainable_only: bool = False) -> int:
     """Number of scalar parameters of ``module`` (only those with ``requires_grad`` if
-    ``trainable_only``)."""
+    ``trainable_only``).
+    """
     return sum(p.numel() for p in module.parameters() if p.requires_grad or not trainable_only)
 
 
@@ -85,7 +86,8 @@ def doy_encoding(doy: Tensor, dim: int, base: float = 1000.0) -> Tensor:
 
 class _TemporalBlock(nn.Module):
     """Pre-norm Transformer layer over the dates of each pixel (attention through
-    ``F.scaled_dot_product_attention`` so fused kernels are used where available)."""
+    ``F.scaled_dot_product_attention`` so fused kernels are used where available).
+    """
 
     def __init__(self, dim: int, heads: int, mlp_ratio: float) -> None:
         super().__init__()
@@ -101,7 +103,8 @@ class _TemporalBlock(nn.Module):
 
     def forward(self, x: Tensor, key_mask: Tensor | None, token_only: bool = False) -> Tensor:
         """``x [N, L, D]``, ``key_mask [N, 1, 1, L]`` bool (True = attend) or None; with
-        ``token_only`` only the first (aggregation) token is updated and returned ``[N, 1, D]``."""
+        ``token_only`` only the first (aggregation) token is updated and returned ``[N, 1, D]``.
+        """
         n, length, dim = x.shape
         hd = dim // self.heads
         h = self.norm1(x)
@@ -145,7 +148,8 @@ class TemporalEncoder(nn.Module):
 
     def forward(self, x: Tensor, doy: Tensor, valid: Tensor | None) -> Tensor:
         """``x [B, T, C, H, W]``, ``doy [B, T]``, ``valid`` None (all valid), ``[B, T]`` or
-        ``[B, T, H, W]`` bool (True = valid) -> ``[B, D, H, W]``."""
+        ``[B, T, H, W]`` bool (True = valid) -> ``[B, D, H, W]``.
+        """
         b, t, c, h, w = x.shape
         d = self.dim
         f = self.stem(x.reshape(b * t, c, h, w))                          # [B*T, D, H, W]

@@ -111,7 +111,8 @@ def synthetic_batch(
 
 def _parcels(g: torch.Generator, b: int, h: int, w: int, num_classes: int) -> tuple[Tensor, Tensor]:
     """``semantic [B, H, W]``: square parcels of ``cell`` pixels (8, or 4 below 16 pixels) with random
-    classes (background included); ``parcel [B, 3, H, W]``: their extent, boundary and distance."""
+    classes (background included); ``parcel [B, 3, H, W]``: their extent, boundary and distance.
+    """
     cell = 8 if min(h, w) >= 16 else 4
     gh, gw = -(-h // cell), -(-w // cell)
     cls_grid = torch.randint(0, num_classes, (b, gh, gw), generator=g)
@@ -123,7 +124,8 @@ def _parcels(g: torch.Generator, b: int, h: int, w: int, num_classes: int) -> tu
 
 def _sentinel2(g: torch.Generator, semantic: Tensor, t2: int, num_classes: int) -> tuple[Tensor, Tensor, Tensor]:
     """``s2 [B, T2, 10, H, W]`` float32 (noise + a class-dependent seasonal curve, so a model can learn
-    something), ``s2_doy [B, T2]`` and ``s2_mask [B, T2, H, W]`` (about 20 % cloud blobs)."""
+    something), ``s2_doy [B, T2]`` and ``s2_mask [B, T2, H, W]`` (about 20 % cloud blobs).
+    """
     b, h, w = semantic.shape
     s2_doy = _sorted_doy(g, b, t2)
     phase = torch.rand(num_classes, 10, generator=g) * 2 * torch.pi
@@ -137,7 +139,8 @@ def _sentinel2(g: torch.Generator, semantic: Tensor, t2: int, num_classes: int) 
 
 def _orbit(g: torch.Generator, b: int, t1: int, h: int, w: int, present: bool) -> tuple[Tensor, Tensor, Tensor]:
     """One Sentinel-1 orbit: ``[B, T1, 2, H, W]`` values, ``[B, T1]`` days of year, ``[B, T1]`` mask
-    (zeros with an all-False mask when the orbit is absent; the draws are made either way)."""
+    (zeros with an all-False mask when the orbit is absent; the draws are made either way).
+    """
     doy = _sorted_doy(g, b, t1)
     x = torch.randn(b, t1, 2, h, w, generator=g)
     if present:

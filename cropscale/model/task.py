@@ -249,7 +249,8 @@ class CropMappingTask(LightningModule):
 
     def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None) -> None:
         """Clip by global norm; under FSDP through the root module's ``clip_grad_norm_`` (which reduces the
-        norm over all shards), since Lightning's FSDP precision plugin refuses norm clipping."""
+        norm over all shards), since Lightning's FSDP precision plugin refuses norm clipping.
+        """
         from torch.distributed.fsdp import FullyShardedDataParallel
 
         root = getattr(self.trainer.strategy, "model", None)

@@ -64,7 +64,8 @@ def _bases(records: Sequence[RunRecord]) -> dict[str, RunRecord]:
 
 def precision_pairs(records: Sequence[RunRecord]) -> list[PrecisionPair]:
     """Every pair of an FP32 (``32-true``) base and a record of another precision with the same
-    ``pair_key`` (failed benchmark rows left out)."""
+    ``pair_key`` (failed benchmark rows left out).
+    """
     pairs = []
     bases = _bases(records)
     for r in records:

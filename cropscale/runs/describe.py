@@ -41,7 +41,8 @@ def _class_name(value: Any) -> str | None:
 
 def strategy_name(value: Any) -> str | None:
     """Short strategy name: ``ddp`` / ``fsdp`` / ``deepspeed`` for those classes, else the class name
-    (a ``class_path`` entry, a dotted path or ``run.json``'s class name), or the configured string."""
+    (a ``class_path`` entry, a dotted path or ``run.json``'s class name), or the configured string.
+    """
     if value is None:
         return None
     cls = _class_name(value)
@@ -85,7 +86,8 @@ class Described:
 def devices_from_config(config: dict[str, Any] | None) -> Described:
     """World size from ``trainer.devices`` x ``trainer.num_nodes``: numeric strings count as ints; a list
     of device ids (or Lightning's ``"0,1"`` string) counts its ids; ``auto`` / ``-1`` are shown as such
-    with the reason the count is unknown."""
+    with the reason the count is unknown.
+    """
     src = "config.yaml"
     d, n_raw = config_value(config, "trainer.devices"), config_value(config, "trainer.num_nodes", 1)
     nodes = as_int(n_raw) if n_raw is not None else 1
@@ -134,7 +136,8 @@ def strategy(run_json: RunJson | None, config: dict[str, Any] | None) -> Describ
 @dataclass
 class Precision:
     """The precision a run used: ``value`` (Lightning string), what was ``requested``, whether
-    ``run.json`` ``verified`` it, and a ``note`` where something cannot be verified or differs."""
+    ``run.json`` ``verified`` it, and a ``note`` where something cannot be verified or differs.
+    """
 
     value: str | None
     requested: str | None
@@ -144,7 +147,8 @@ class Precision:
 
 def precision(run_json: RunJson | None, config: dict[str, Any] | None) -> Precision:
     """``run.json`` ``precision`` (authoritative), else the configuration's ``trainer.precision`` as the
-    *requested* precision (``verified`` False) with a note saying what cannot be verified."""
+    *requested* precision (``verified`` False) with a note saying what cannot be verified.
+    """
     raw = config_value(config, "trainer.precision")
     has_trainer = isinstance(config_value(config, "trainer"), dict)
     requested = precision_names.normalise(raw) if raw is not None else ("32-true" if has_trainer else None)

@@ -42,7 +42,8 @@ def no_data(ax: Any, text: str) -> None:
 
 def plot_iou_by_epoch(records: Sequence[RunRecord], path: str | Path) -> Path:
     """Best macro IoU available at each epoch (running maximum of ``val/mIoU``), one line per run;
-    a "no data" panel when no run has validation."""
+    a "no data" panel when no run has validation.
+    """
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.2))
     runs = [r for r in records if r.iou_by_epoch]
@@ -63,7 +64,8 @@ def plot_iou_by_epoch(records: Sequence[RunRecord], path: str | Path) -> Path:
 
 def plot_step_decomposition(records: Sequence[RunRecord], path: str | Path) -> Path:
     """Stacked bars of the step windows (data wait, transfer, forward, backward, optimizer, remainder;
-    ms) per run that has them; a bar from TensorBoard interval means (warm-up included) is starred."""
+    ms) per run that has them; a bar from TensorBoard interval means (warm-up included) is starred.
+    """
     plt = pyplot()
     runs = [r for r in records if r.step_windows_ms]
     fig, ax = plt.subplots(figsize=(max(6.0, 1.4 * len(runs) + 3), 4.5))

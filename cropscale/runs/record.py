@@ -190,7 +190,8 @@ def _flatten(obj: Any, prefix: str = "") -> dict[str, Any]:
 
 def pair_key(config: dict[str, Any] | None, fallback: dict[str, Any]) -> str:
     """What two runs share when they differ only in precision: the flattened configuration without
-    :data:`PAIR_IGNORED_PREFIXES` (else ``fallback``'s fields)."""
+    :data:`PAIR_IGNORED_PREFIXES` (else ``fallback``'s fields).
+    """
     if config:
         flat = {k: v for k, v in _flatten(config).items() if not k.startswith(PAIR_IGNORED_PREFIXES)}
         return "config:" + json.dumps(flat, sort_keys=True, default=str)

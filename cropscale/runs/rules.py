@@ -47,7 +47,8 @@ from cropscale.runs.tensorboard import Scalars, epoch_series
 @dataclass
 class Figure:
     """A reported figure: its ``value`` (``None`` = n/a), ``evidence`` label, ``why`` it is n/a and a
-    ``note`` that qualifies a present value (e.g. "host RSS"). A non-finite value becomes n/a."""
+    ``note`` that qualifies a present value (e.g. "host RSS"). A non-finite value becomes n/a.
+    """
 
     value: Any = None
     evidence: str | None = MEASURED_RUN
@@ -88,7 +89,8 @@ def _why_no_epoch(summary_present: bool, section: str, warmup_epochs: int, no_js
 
 def step_time(summary: RunSummary, warmup_epochs: int, no_json: str | None = None) -> tuple[Figure, Figure]:
     """Median and p95 step (ms): median over measured epochs of the epoch statistics of the ``step``
-    window (StepTimingCallback), else of the step latency (ThroughputCallback)."""
+    window (StepTimingCallback), else of the step latency (ThroughputCallback).
+    """
     timing = measured(summary.step_timing.epochs, warmup_epochs) if summary.step_timing else []
     stats = [e.windows_ms["step"] for e in timing if "step" in e.windows_ms and e.windows_ms["step"].median is not None]
     source = "StepTimingCallback step window"
@@ -114,7 +116,8 @@ def step_windows(summary: RunSummary, windows: tuple[str, ...], warmup_epochs: i
                  scalars: Scalars | None = None) -> tuple[dict[str, float], str | None]:
     """Per window (ms): median over measured epochs of the epoch medians (StepTimingCallback); without
     an epoch summary, the mean of the TensorBoard ``perf/step/<window>_ms`` log intervals (warm-up
-    included, said in the returned source)."""
+    included, said in the returned source).
+    """
     timing = measured(summary.step_timing.epochs, warmup_epochs) if summary.step_timing else []
     out = {}
     for w in windows:

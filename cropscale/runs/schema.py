@@ -131,7 +131,8 @@ class WindowStats(Record):
 @dataclass
 class RankStats(Record):
     """A per-rank figure gathered at epoch end: the values by global rank, their maximum and median,
-    and the rank with the largest value (the slowest, for times)."""
+    and the rank with the largest value (the slowest, for times).
+    """
 
     per_rank: list[float | None] = field(default_factory=list)
     max: float | None = None
@@ -172,7 +173,8 @@ class StepTimingSummary(Record):
 @dataclass
 class ThroughputEpoch(Record):
     """One training epoch of :class:`~cropscale.callbacks.ThroughputCallback`: samples (global),
-    samples/s, step latency (ms), train / validation / end-to-end seconds, TFLOP/s and MFU."""
+    samples/s, step latency (ms), train / validation / end-to-end seconds, TFLOP/s and MFU.
+    """
 
     epoch: int = 0
     samples: int = 0

@@ -24,7 +24,8 @@ from cropscale.runs.rules import Figure
 class Column:
     """One table column: ``key`` of the row's figure or value, Markdown ``header``, ``fmt`` (a
     ``format`` spec for numbers), ``figure`` (True: a figure with an evidence label; False: a
-    descriptive value)."""
+    descriptive value).
+    """
 
     key: str
     header: str
@@ -35,7 +36,8 @@ class Column:
 @dataclass
 class TableRow:
     """One row: plain ``values`` of descriptive columns, ``descriptive`` cells with a qualifier or
-    reason, ``figures`` of figure columns, and the row's ``evidence`` label (for plain figure values)."""
+    reason, ``figures`` of figure columns, and the row's ``evidence`` label (for plain figure values).
+    """
 
     values: dict[str, Any] = field(default_factory=dict)
     figures: dict[str, Figure] = field(default_factory=dict)
@@ -45,7 +47,8 @@ class TableRow:
     @classmethod
     def of(cls, obj: Any, columns: Sequence[Column]) -> TableRow:
         """The row of any object with ``figures`` / ``descriptive`` / ``evidence`` attributes and the
-        columns' keys as attributes (a :class:`~cropscale.runs.record.RunRecord`, a pair ...)."""
+        columns' keys as attributes (a :class:`~cropscale.runs.record.RunRecord`, a pair ...).
+        """
         return cls(values={c.key: getattr(obj, c.key, None) for c in columns if not c.figure},
                    figures=dict(getattr(obj, "figures", {}) or {}),
                    descriptive=dict(getattr(obj, "descriptive", {}) or {}),

@@ -375,7 +375,8 @@ def term_contributes(slope: np.ndarray, t: np.ndarray, ys: np.ndarray, minimum: 
 
 def constant_hypothesis(ys: np.ndarray) -> Hypothesis:
     """The constant model ``c0 = mean(y)``, scored by its in-sample SMAPE (as Extra-P does): a
-    one-term hypothesis must beat it in leave-one-out, a margin against the alternatives fitting noise."""
+    one-term hypothesis must beat it in leave-one-out, a margin against the alternatives fitting noise.
+    """
     ymean = ys.mean()
     return Hypothesis(CONSTANT, float(ymean), 0.0, float(_smape(np.full_like(ys, ymean), ys)))
 

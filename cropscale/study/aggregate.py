@@ -151,7 +151,8 @@ def measured_row(config: Configuration, runs: Sequence[RunRecord], train_samples
 
 def add_speedups(rows: list[StudyRow]) -> None:
     """S_N = T_1 / T_N, E_N = S_N / N and the Karp-Flatt fraction for measured rows, in place,
-    against the measured 1-rank row of the same protocol and precision (T = median training epoch)."""
+    against the measured 1-rank row of the same protocol and precision (T = median training epoch).
+    """
     t1 = {(r.protocol, r.precision): r.train_epoch_s for r in rows
           if r.evidence == MEASURED_RUN and r.world_size == 1}
     for r in rows:

@@ -1,6 +1,7 @@
 """Launching the study's fit runs: the exact ``python -m cropscale fit`` command of a configuration
 and seed, a launcher that runs it as one child process (Lightning starts the DDP ranks inside it),
-and the check that the run used the planned batch and learning rate."""
+and the check that the run used the planned batch and learning rate.
+"""
 
 from __future__ import annotations
 
@@ -84,7 +85,8 @@ Launcher = Callable[[list[str], dict[str, str], Path, float | None], LaunchResul
 
 def subprocess_launcher(cmd: list[str], env: dict[str, str], log_path: Path, timeout_s: float | None) -> LaunchResult:
     """Run ``cmd`` as one child process (its DDP ranks are started by Lightning inside it),
-    stdout and stderr to ``log_path``; a timeout kills the child's whole process group."""
+    stdout and stderr to ``log_path``; a timeout kills the child's whole process group.
+    """
     log_path.parent.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
     with open(log_path, "w") as log:
@@ -103,7 +105,8 @@ def subprocess_launcher(cmd: list[str], env: dict[str, str], log_path: Path, tim
 
 def child_env(spec: StudySpec, accelerator: str) -> dict[str, str]:
     """The parent's environment, unbuffered output, ``OMP_NUM_THREADS`` on CPU, and the folder of
-    this very ``cropscale`` package first on ``PYTHONPATH`` (every run executes the same code)."""
+    this very ``cropscale`` package first on ``PYTHONPATH`` (every run executes the same code).
+    """
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     package_parent = str(REPO_ROOT)
     paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p != package_parent]
@@ -115,7 +118,8 @@ def child_env(spec: StudySpec, accelerator: str) -> dict[str, str]:
 
 def check_batch_line(log_text: str, plan: P.BatchPlan) -> tuple[bool | None, str]:
     """Compare the task's printed ``global batch G = local L x world size N x accumulation A ...
-    lr a -> b`` line with the plan. Returns (True/False, detail) or (None, reason) when absent."""
+    lr a -> b`` line with the plan. Returns (True/False, detail) or (None, reason) when absent.
+    """
     m = _BATCH_LINE.search(log_text)
     if not m:
         return None, "the fit log has no 'global batch ... lr ... -> ...' line"

@@ -1,5 +1,6 @@
 """The study plan: every configuration (protocol x precision x world size) with its exact batch plan,
-and whether this machine (or allocation) can run it."""
+and whether this machine (or allocation) can run it.
+"""
 
 from __future__ import annotations
 
@@ -86,7 +87,8 @@ def plan_study(spec: StudySpec, available: int, why: str = "") -> list[Configura
 
 def configured_data_root(spec: StudySpec) -> str | None:
     """``data.root`` as the fit configs leave it: ``configs/default.yaml`` then the spec's base
-    configs, the last one that sets it wins (None when the last says ``null``)."""
+    configs, the last one that sets it wins (None when the last says ``null``).
+    """
     import yaml
 
     root = None

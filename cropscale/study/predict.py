@@ -1,6 +1,7 @@
 """Predicted rows for the configurations this machine cannot run (``analytical-scenario``, never
 measurements): Karp-Flatt serial fraction of the largest measured world size plus the growth of the
-modelled gradient-synchronisation time (ring all-reduce, :mod:`cropscale.scaling.allreduce`)."""
+modelled gradient-synchronisation time (ring all-reduce, :mod:`cropscale.scaling.allreduce`).
+"""
 
 from __future__ import annotations
 
@@ -21,7 +22,6 @@ def comm_time_per_update(spec: StudySpec, num_params: int, world_size: int, buck
     DDP: one ring all-reduce per bucket (:func:`cropscale.scaling.allreduce.ddp_allreduce_time`);
     FSDP (FULL_SHARD): two all-gathers and one reduce-scatter of the whole payload.
     """
-
     alpha = spec.allreduce["alpha_us"] * 1e-6
     bw = spec.allreduce["bandwidth_gb_s"] * 1e9
     if world_size == 1:
@@ -34,7 +34,6 @@ def comm_time_per_update(spec: StudySpec, num_params: int, world_size: int, buck
 
 def gradient_buckets(spec: StudySpec) -> tuple[int, list[float], str]:
     """(P, DDP bucket sizes in bytes, source) of the study's network."""
-
     if spec.num_params is not None:
         m = ar.payload_bytes(int(spec.num_params), spec.allreduce["bytes_per_element"])
         k = ar.estimated_bucket_count(m)

@@ -241,7 +241,6 @@ def karp_flatt_time_ratio(world_size: int, serial_fraction: float) -> float:
         CropScaleError: ``world_size < 1``, a non-finite ``e``, or an ``e < 0`` so negative that
             the predicted time is not positive.
     """
-
     n = _positive_int(world_size, "world size")
     e = serial_fraction
     if isinstance(e, bool) or not isinstance(e, (int, float)) or not math.isfinite(e):

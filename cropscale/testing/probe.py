@@ -64,7 +64,8 @@ class ProbeTask(LightningModule):
 
 class StepTimer(Callback):
     """Host wall time (s, ``time.perf_counter``) of each training batch, from ``on_train_batch_start``
-    to ``on_train_batch_end``, in :attr:`times`."""
+    to ``on_train_batch_end``, in :attr:`times`.
+    """
 
     def __init__(self) -> None:
         self.times: list[float] = []

@@ -104,7 +104,8 @@ class ToyTask(LightningModule):
 def toy_batches(n: int, batch: int = 1, features: int = 16, seed: int = 0) -> list[dict[str, torch.Tensor]]:
     """``n`` ready-made batches for :class:`ToyTask` (a ``DataLoader(..., batch_size=None)`` passes them
     through): ``{"s2": [batch, features] f32 standard normal, "patch_id": [1] int64 = i, "crop_yx": [1, 2]
-    int64 zeros}``."""
+    int64 zeros}``.
+    """
     g = torch.Generator().manual_seed(seed)
     return [{"s2": torch.randn(batch, features, generator=g), "patch_id": torch.tensor([i]),
              "crop_yx": torch.zeros(1, 2, dtype=torch.long)} for i in range(n)]
