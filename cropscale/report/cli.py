@@ -1,5 +1,6 @@
-"""``python -m cropscale report RUN_DIR_OR_BENCH_JSON ... [--out DIR] [--stem report]``: training runs
-and microbenchmarks side by side (Markdown, CSV, PNG).
+"""The quality-and-speed report: training runs and microbenchmarks side by side (Markdown, CSV, PNG).
+
+``python -m cropscale report RUN_DIR_OR_BENCH_JSON ... [--out DIR] [--stem report]``.
 
 Inputs, any mix of run folders (or folders holding them, e.g. ``runs/``) and benchmark JSON files
 (``python -m cropscale benchmark --output``), read by :mod:`cropscale.runs.record`; each figure
@@ -36,8 +37,10 @@ FIGURE_FILES = ("iou_by_epoch.png", "throughput.png", "peak_memory.png", "step_d
 
 
 def write_report(records: Sequence[RunRecord], out_dir: str | Path, stem: str = "report") -> dict[str, Path]:
-    """Write ``<stem>.md``, ``<stem>.csv``, ``<stem>_pairs.csv`` (when there are pairs) and the four
-    PNG figures of :data:`FIGURE_FILES` into ``out_dir``.
+    """Write the report's tables and figures into ``out_dir``.
+
+    Files: ``<stem>.md``, ``<stem>.csv``, ``<stem>_pairs.csv`` (when there are pairs) and the four PNG
+    figures of :data:`FIGURE_FILES`.
 
     Returns:
         ``{"markdown", "csv", ["pairs_csv"], "iou_by_epoch", "throughput", "peak_memory",
@@ -61,8 +64,9 @@ def write_report(records: Sequence[RunRecord], out_dir: str | Path, stem: str = 
     paths["iou_by_epoch"] = plot_iou_by_epoch(records, out / "iou_by_epoch.png")
     paths["throughput"] = plot_by_precision_and_batch(records, "samples_per_s", "samples/s", out / "throughput.png",
                                                       "Throughput by precision and batch size")
-    paths["peak_memory"] = plot_by_precision_and_batch(records, "peak_memory_gib", "peak memory (GiB)",
-                                                       out / "peak_memory.png", "Peak memory by precision and batch size")
+    paths["peak_memory"] = plot_by_precision_and_batch(
+        records, "peak_memory_gib", "peak memory (GiB)", out / "peak_memory.png",
+        "Peak memory by precision and batch size")
     paths["step_decomposition"] = plot_step_decomposition(records, out / "step_decomposition.png")
     figures_md = "\n".join(f"![{name}]({name})" for name in FIGURE_FILES)
     legend = f"{LEGEND} n/a cells name the reason in the notes under the table."

@@ -49,7 +49,8 @@ def _requested_note(base: RunRecord, other: RunRecord) -> str | None:
            + " and ".join(rec.name for rec in requested)
            + "; the pair is by requested precision, not by the precision the runs ran with")
     note = other.descriptive.get("precision")
-    if not other.precision_verified and other.precision == "16-mixed" and note and "on CPU as bf16" in (note.note or ""):
+    ran_bf16 = note is not None and "on CPU as bf16" in (note.note or "")
+    if not other.precision_verified and other.precision == "16-mixed" and ran_bf16:
         why += f"; {other.name} ran on accelerator 'cpu', where Lightning runs 16-mixed as bf16-mixed"
     return why
 
@@ -63,8 +64,9 @@ def _bases(records: Sequence[RunRecord]) -> dict[str, RunRecord]:
 
 
 def precision_pairs(records: Sequence[RunRecord]) -> list[PrecisionPair]:
-    """Every pair of an FP32 (``32-true``) base and a record of another precision with the same
-    ``pair_key`` (failed benchmark rows left out).
+    """Pair every record of another precision with the FP32 (``32-true``) record of the same ``pair_key``.
+
+    Failed benchmark rows (``oom``, ``error``, ``unsupported``) are left out.
     """
     pairs = []
     bases = _bases(records)

@@ -12,8 +12,9 @@ from cropscale.runs.record import RunRecord
 
 def plot_by_precision_and_batch(records: Sequence[RunRecord], key: str, ylabel: str, path: str | Path,
                                 title: str) -> Path:
-    """``figures[key]`` against global batch size, one line per (precision, kind: run or
-    microbenchmark), x on a log2 axis; writes a PNG to ``path``.
+    """Plot ``figures[key]`` against global batch size and write a PNG to ``path``.
+
+    One line per (precision, kind: run or microbenchmark); x on a log2 axis.
     """
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.2))

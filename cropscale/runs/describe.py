@@ -1,5 +1,7 @@
-"""What a run was: precision, strategy, device count and global batch, from ``run.json`` when it records
-them, else from the configuration (``config.yaml``), which only says what was *requested*.
+"""What a run was: its precision, strategy, device count and global batch.
+
+They come from ``run.json`` when it records them, else from the configuration (``config.yaml``), which
+only says what was *requested*.
 
 ``run.json`` is authoritative: ``precision`` is the precision plugin Lightning ran with, and
 ``distributed.world_size`` / ``strategy`` what it resolved. Without it the configuration's values are
@@ -40,8 +42,10 @@ def _class_name(value: Any) -> str | None:
 
 
 def strategy_name(value: Any) -> str | None:
-    """Short strategy name: ``ddp`` / ``fsdp`` / ``deepspeed`` for those classes, else the class name
-    (a ``class_path`` entry, a dotted path or ``run.json``'s class name), or the configured string.
+    """Short strategy name of a configured or recorded strategy.
+
+    ``ddp`` / ``fsdp`` / ``deepspeed`` for those classes, else the class name (of a ``class_path``
+    entry, a dotted path or ``run.json``'s class name), or the configured string.
     """
     if value is None:
         return None
@@ -84,9 +88,10 @@ class Described:
 
 
 def devices_from_config(config: dict[str, Any] | None) -> Described:
-    """World size from ``trainer.devices`` x ``trainer.num_nodes``: numeric strings count as ints; a list
-    of device ids (or Lightning's ``"0,1"`` string) counts its ids; ``auto`` / ``-1`` are shown as such
-    with the reason the count is unknown.
+    """World size from ``trainer.devices`` x ``trainer.num_nodes`` of the configuration.
+
+    Numeric strings count as ints; a list of device ids (or Lightning's ``"0,1"`` string) counts its
+    ids; ``auto`` / ``-1`` are shown as such with the reason the count is unknown.
     """
     src = "config.yaml"
     d, n_raw = config_value(config, "trainer.devices"), config_value(config, "trainer.num_nodes", 1)
@@ -135,8 +140,11 @@ def strategy(run_json: RunJson | None, config: dict[str, Any] | None) -> Describ
 
 @dataclass
 class Precision:
-    """The precision a run used: ``value`` (Lightning string), what was ``requested``, whether
-    ``run.json`` ``verified`` it, and a ``note`` where something cannot be verified or differs.
+    """The precision a run used, what was requested, and whether ``run.json`` confirms it.
+
+    Attributes:
+        value: Lightning precision string; requested: what the configuration asked for;
+        verified: True when ``run.json`` records the precision; note: what cannot be verified or differs.
     """
 
     value: str | None
@@ -146,8 +154,10 @@ class Precision:
 
 
 def precision(run_json: RunJson | None, config: dict[str, Any] | None) -> Precision:
-    """``run.json`` ``precision`` (authoritative), else the configuration's ``trainer.precision`` as the
-    *requested* precision (``verified`` False) with a note saying what cannot be verified.
+    """The run's precision: ``run.json``'s (authoritative), else the configuration's, as requested.
+
+    Without ``run.json`` the configuration's ``trainer.precision`` is the *requested* precision
+    (``verified`` False), with a note saying what cannot be verified.
     """
     raw = config_value(config, "trainer.precision")
     has_trainer = isinstance(config_value(config, "trainer"), dict)

@@ -41,8 +41,9 @@ def no_data(ax: Any, text: str) -> None:
 
 
 def plot_iou_by_epoch(records: Sequence[RunRecord], path: str | Path) -> Path:
-    """Best macro IoU available at each epoch (running maximum of ``val/mIoU``), one line per run;
-    a "no data" panel when no run has validation.
+    """Plot the best macro IoU available at each epoch (running maximum of ``val/mIoU``), one line per run.
+
+    A "no data" panel when no run has validation.
     """
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.2))
@@ -63,8 +64,10 @@ def plot_iou_by_epoch(records: Sequence[RunRecord], path: str | Path) -> Path:
 
 
 def plot_step_decomposition(records: Sequence[RunRecord], path: str | Path) -> Path:
-    """Stacked bars of the step windows (data wait, transfer, forward, backward, optimizer, remainder;
-    ms) per run that has them; a bar from TensorBoard interval means (warm-up included) is starred.
+    """Plot the step windows (ms) of each run as stacked bars.
+
+    Windows: data wait, transfer, forward, backward, optimizer, remainder. A bar from TensorBoard
+    interval means (warm-up included) is starred.
     """
     plt = pyplot()
     runs = [r for r in records if r.step_windows_ms]

@@ -1,6 +1,7 @@
-"""The one reader of a run folder: :func:`load_run` -> :class:`RunRecord`, used by the report and the
-study. A benchmark JSON (``python -m cropscale benchmark --output``) reads into records of the same
-type (:func:`load_benchmark`), so the report can set both side by side.
+"""The one reader of a run folder: :func:`load_run` -> :class:`RunRecord`, for the report and the study.
+
+A benchmark JSON (``python -m cropscale benchmark --output``) reads into records of the same type
+(:func:`load_benchmark`), so the report can set both side by side.
 
 A run folder is the TensorBoard version folder ``runs/<name>/version_<n>/`` of ``python -m cropscale
 fit``: ``run.json`` (:mod:`cropscale.runs.schema`, written by the scaling callbacks), the TensorBoard
@@ -189,8 +190,9 @@ def _flatten(obj: Any, prefix: str = "") -> dict[str, Any]:
 
 
 def pair_key(config: dict[str, Any] | None, fallback: dict[str, Any]) -> str:
-    """What two runs share when they differ only in precision: the flattened configuration without
-    :data:`PAIR_IGNORED_PREFIXES` (else ``fallback``'s fields).
+    """What two runs share when they differ only in precision.
+
+    The flattened configuration without :data:`PAIR_IGNORED_PREFIXES`, else ``fallback``'s fields.
     """
     if config:
         flat = {k: v for k, v in _flatten(config).items() if not k.startswith(PAIR_IGNORED_PREFIXES)}
@@ -213,7 +215,8 @@ def _global_batch(scalars: Scalars, config: dict[str, Any] | None, devices: int 
     if isinstance(local, int) and devices:
         return describe.Described(int(local) * int(devices) * int(acc), None)
     why = ("no optim/global_batch in the TensorBoard events and "
-           + ("the world size is unknown" if isinstance(local, int) else "no integer data.batch_size in the configuration"))
+           + ("the world size is unknown" if isinstance(local, int)
+              else "no integer data.batch_size in the configuration"))
     return describe.Described(None, None, why)
 
 
@@ -252,7 +255,8 @@ def _training(run_json: RunJson | None, scalars: Scalars) -> tuple[bool, str | N
         return True, None
     if run_json is None:
         return False, "no training run (validate/test only)"
-    return False, f"no training run: no training scalars and run.json holds no training summary (status {run_json.status!r})"
+    return False, ("no training run: no training scalars and run.json holds no training summary"
+                   f" (status {run_json.status!r})")
 
 
 def load_run(path: str | Path, warmup_epochs: int | None = None) -> RunRecord:
@@ -276,7 +280,9 @@ def load_run(path: str | Path, warmup_epochs: int | None = None) -> RunRecord:
     config = _load_config(folder, run_json)
     summary = run_json.summary if run_json is not None else RunSummary()
     no_json = NO_RUN_JSON if run_json is None else None
-    warmup = rules.default_warmup_epochs(_epochs_recorded(run_json, scalars)) if warmup_epochs is None else warmup_epochs
+    if warmup_epochs is None:
+        warmup_epochs = rules.default_warmup_epochs(_epochs_recorded(run_json, scalars))
+    warmup = warmup_epochs
     prec = describe.precision(run_json, config)
     strategy = describe.strategy(run_json, config)
     devices = describe.devices(run_json, config)
@@ -340,8 +346,9 @@ def _benchmark_figures(row: dict[str, Any]) -> dict[str, Figure]:
 
 
 def load_benchmark(path: str | Path) -> list[RunRecord]:
-    """Read a ``python -m cropscale benchmark`` JSON into one record per configuration
-    (``measured-microbenchmark``; quality, epoch-time and energy figures n/a: compute-only).
+    """Read a ``python -m cropscale benchmark`` JSON into one record per configuration.
+
+    Figures are ``measured-microbenchmark``; quality, epoch-time and energy figures are n/a (compute-only).
 
     Raises:
         CropScaleError: unreadable file, or not a ``cropscale.benchmark/1`` document.
@@ -366,8 +373,7 @@ def load_benchmark(path: str | Path) -> list[RunRecord]:
 
 def load_inputs(paths: Iterable[str | Path], on_skip: Callable[[str], None] | None = print,
                 warmup_epochs: int | None = None) -> list[RunRecord]:
-    """Records of every input: benchmark JSON files (by their schema) and training-run folders
-    (searched with :func:`find_runs`).
+    """Records of every input: benchmark JSON files and training-run folders (found with :func:`find_runs`).
 
     A run folder that is no training run is skipped, with one line ``skipped RUN: <reason>`` passed
     to ``on_skip`` (default ``print``; None: silent); a folder named explicitly gets the longer reason.

@@ -1,5 +1,6 @@
-"""The rule behind each figure read from a run: one function per figure, used by the report and the
-study alike, so that a figure means the same wherever it is printed.
+"""The rule behind each figure read from a run, one function per figure.
+
+The report and the study use the same rules, so that a figure means the same wherever it is printed.
 
 Every rule works on the *measured epochs*: the training epochs with index ``>= warmup_epochs``
 (:func:`measured`). The study passes its spec's ``warmup_epochs``; the report uses
@@ -46,8 +47,10 @@ from cropscale.runs.tensorboard import Scalars, epoch_series
 
 @dataclass
 class Figure:
-    """A reported figure: its ``value`` (``None`` = n/a), ``evidence`` label, ``why`` it is n/a and a
-    ``note`` that qualifies a present value (e.g. "host RSS"). A non-finite value becomes n/a.
+    """A reported figure: its value, evidence label, why it is n/a, and a note that qualifies it.
+
+    ``value`` ``None`` means n/a and then ``why`` says why; ``note`` qualifies a present value (e.g.
+    "host RSS"). A non-finite value becomes n/a.
     """
 
     value: Any = None
@@ -88,8 +91,10 @@ def _why_no_epoch(summary_present: bool, section: str, warmup_epochs: int, no_js
 
 
 def step_time(summary: RunSummary, warmup_epochs: int, no_json: str | None = None) -> tuple[Figure, Figure]:
-    """Median and p95 step (ms): median over measured epochs of the epoch statistics of the ``step``
-    window (StepTimingCallback), else of the step latency (ThroughputCallback).
+    """Median and p95 step (ms): the median over measured epochs of each epoch's statistic.
+
+    The statistic of the ``step`` window (StepTimingCallback), else of the step latency
+    (ThroughputCallback).
     """
     timing = measured(summary.step_timing.epochs, warmup_epochs) if summary.step_timing else []
     stats = [e.windows_ms["step"] for e in timing if "step" in e.windows_ms and e.windows_ms["step"].median is not None]
@@ -114,9 +119,10 @@ def step_time(summary: RunSummary, warmup_epochs: int, no_json: str | None = Non
 
 def step_windows(summary: RunSummary, windows: tuple[str, ...], warmup_epochs: int,
                  scalars: Scalars | None = None) -> tuple[dict[str, float], str | None]:
-    """Per window (ms): median over measured epochs of the epoch medians (StepTimingCallback); without
-    an epoch summary, the mean of the TensorBoard ``perf/step/<window>_ms`` log intervals (warm-up
-    included, said in the returned source).
+    """Step decomposition (ms per window): the median over measured epochs of the epoch medians.
+
+    From StepTimingCallback's epoch summaries; without them, the mean of the TensorBoard
+    ``perf/step/<window>_ms`` log intervals (warm-up included, said in the returned source).
     """
     timing = measured(summary.step_timing.epochs, warmup_epochs) if summary.step_timing else []
     out = {}

@@ -130,8 +130,9 @@ class WindowStats(Record):
 
 @dataclass
 class RankStats(Record):
-    """A per-rank figure gathered at epoch end: the values by global rank, their maximum and median,
-    and the rank with the largest value (the slowest, for times).
+    """A per-rank figure gathered at epoch end: values by global rank, maximum, median, slowest rank.
+
+    ``slowest_rank`` is the rank with the largest value (the slowest, for times).
     """
 
     per_rank: list[float | None] = field(default_factory=list)
@@ -172,8 +173,10 @@ class StepTimingSummary(Record):
 # -------------------------------------------------------------------------------------- throughput
 @dataclass
 class ThroughputEpoch(Record):
-    """One training epoch of :class:`~cropscale.callbacks.ThroughputCallback`: samples (global),
-    samples/s, step latency (ms), train / validation / end-to-end seconds, TFLOP/s and MFU.
+    """One training epoch of :class:`~cropscale.callbacks.ThroughputCallback`.
+
+    Samples (global), samples/s, step latency (ms), train / validation / end-to-end seconds, TFLOP/s
+    and MFU.
     """
 
     epoch: int = 0

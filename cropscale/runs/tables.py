@@ -22,9 +22,11 @@ from cropscale.runs.rules import Figure
 
 @dataclass(frozen=True)
 class Column:
-    """One table column: ``key`` of the row's figure or value, Markdown ``header``, ``fmt`` (a
-    ``format`` spec for numbers), ``figure`` (True: a figure with an evidence label; False: a
-    descriptive value).
+    """One table column.
+
+    Attributes:
+        key: the row's figure or value; header: the Markdown header; fmt: a ``format`` spec for
+            numbers; figure: True for a figure with an evidence label, False for a descriptive value.
     """
 
     key: str
@@ -35,8 +37,10 @@ class Column:
 
 @dataclass
 class TableRow:
-    """One row: plain ``values`` of descriptive columns, ``descriptive`` cells with a qualifier or
-    reason, ``figures`` of figure columns, and the row's ``evidence`` label (for plain figure values).
+    """One table row: descriptive values and cells, figures, and the row's evidence label.
+
+    ``values`` are plain descriptive values, ``descriptive`` cells carry a qualifier or reason,
+    ``figures`` fill the figure columns; ``evidence`` labels plain (non-:class:`Figure`) figure values.
     """
 
     values: dict[str, Any] = field(default_factory=dict)
@@ -46,8 +50,9 @@ class TableRow:
 
     @classmethod
     def of(cls, obj: Any, columns: Sequence[Column]) -> TableRow:
-        """The row of any object with ``figures`` / ``descriptive`` / ``evidence`` attributes and the
-        columns' keys as attributes (a :class:`~cropscale.runs.record.RunRecord`, a pair ...).
+        """The row of an object with ``figures``, ``descriptive``, ``evidence`` and the columns' attributes.
+
+        For example a :class:`~cropscale.runs.record.RunRecord` or a precision pair.
         """
         return cls(values={c.key: getattr(obj, c.key, None) for c in columns if not c.figure},
                    figures=dict(getattr(obj, "figures", {}) or {}),

@@ -38,8 +38,10 @@ def load_scalars(folder: str | Path) -> Scalars:
 
 
 def epoch_series(scalars: Scalars, tag: str) -> list[tuple[int, float]]:
-    """``[(epoch, value)]`` of ``tag``: the epoch is Lightning's ``epoch`` scalar logged at the same
-    step (nearest in wall time), else the event's position (validation once per epoch).
+    """``[(epoch, value)]`` of ``tag``.
+
+    The epoch is Lightning's ``epoch`` scalar logged at the same step (nearest in wall time), else the
+    event's position (validation once per epoch).
     """
     epochs = scalars.get("epoch", [])
     out = []

@@ -51,7 +51,8 @@ from cropscale.scaling.series import ScalingSeries
 
 __all__ = [
     "Bucket", "GradientPayload", "PMNFModel", "PMNFWarning", "ScalingAssertionError", "ScalingSeries",
-    "ScalingVerdict", "Term", "all_gather_send_bytes", "allreduce_table", "amdahl_efficiency", "amdahl_speedup", "amdahl_table", "assert_scaling", "check_scaling",
+    "ScalingVerdict", "Term", "all_gather_send_bytes", "allreduce_table", "amdahl_efficiency", "amdahl_speedup",
+    "amdahl_table", "assert_scaling", "check_scaling",
     "ddp_allreduce_time", "ddp_buckets", "efficiency", "estimated_bucket_count", "excess_growth",
     "fit_pmnf", "format_allreduce_table", "format_amdahl_table", "fsdp_send_bytes", "gradient_payload",
     "gustafson_speedup", "hypotheses", "karp_flatt", "parse_order",

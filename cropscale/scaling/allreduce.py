@@ -1,5 +1,6 @@
-"""Cost model of gradient synchronisation: ring all-reduce (DDP, with its buckets) and the
-reduce-scatter / all-gather pair of fully sharded data parallelism (FSDP).
+"""Cost model of gradient synchronisation: ring all-reduce (DDP buckets) and FSDP's collectives.
+
+FSDP's pair is reduce-scatter / all-gather of fully sharded data parallelism.
 
 Notation (the study's): ``P`` trainable parameters, ``b`` bytes per gradient element, payload
 ``M = P b`` (bytes), ``N`` ranks (world size), ``alpha`` per-phase latency (s), ``B_eff``

@@ -12,15 +12,14 @@ model ``f(x) = c0`` and every one-term hypothesis
 (59 hypotheses: the full product of the two sets; Extra-P's default list is a subset of it).
 Repetitions at one ``x`` are aggregated by their median. Coefficients come from ordinary least
 squares; the hypothesis is chosen by leave-one-out cross-validation (LOO) on the symmetric mean
-absolute percentage error (SMAPE); a hypothesis whose term contributes less than
-``min_term_contribution`` of the measured value at every point is discarded; a one-term
-hypothesis replaces the constant model (or a simpler term) only if its LOO SMAPE is strictly
-lower. The constant model is scored by its in-sample SMAPE (as Extra-P does), which gives it a
-margin against one-term hypotheses that fit noise. Fewer than 5 distinct ``x`` values give a :class:`PMNFWarning` (Extra-P's minimum), fewer
-than 3 an error. With ``negative_exponents=True`` (Extra-P's option for strong scaling) the
-hypotheses ``x^-i`` (``j = 0``) are added: a curve that saturates, such as the per-rank ring
-all-reduce volume ``2 (N - 1) M / N``, is then modelled exactly; such a term is bounded, so its
-lead order is O(1).
+absolute percentage error (SMAPE); a hypothesis whose term contributes less than ``min_term_contribution`` of
+the measured value at every point is discarded; a one-term hypothesis replaces the constant model (or a
+simpler term) only if its LOO SMAPE is strictly lower. The constant model is scored by its in-sample SMAPE (as
+Extra-P does), which gives it a margin against one-term hypotheses that fit noise. Fewer than 5 distinct ``x``
+values give a :class:`PMNFWarning` (Extra-P's minimum), fewer than 3 an error. With
+``negative_exponents=True`` (Extra-P's option for strong scaling) the hypotheses ``x^-i`` (``j = 0``) are
+added: a curve that saturates, such as the per-rank ring all-reduce volume ``2 (N - 1) M / N``, is then
+modelled exactly; such a term is bounded, so its lead order is O(1).
 
 The selected exponent drifts with noise (about 10 % relative noise in the study's trials): assert
 on the lead order with a growth tolerance (:func:`cropscale.scaling.assertions.assert_scaling`),
@@ -76,6 +75,7 @@ class Term:
 
     @property
     def is_constant(self) -> bool:
+        """True for the constant term ``x^0 log^0 x``."""
         return self.i == 0 and self.j == 0
 
     @property
@@ -374,8 +374,9 @@ def term_contributes(slope: np.ndarray, t: np.ndarray, ys: np.ndarray, minimum: 
 
 
 def constant_hypothesis(ys: np.ndarray) -> Hypothesis:
-    """The constant model ``c0 = mean(y)``, scored by its in-sample SMAPE (as Extra-P does): a
-    one-term hypothesis must beat it in leave-one-out, a margin against the alternatives fitting noise.
+    """The constant model ``c0 = mean(y)``, scored by its in-sample SMAPE (as Extra-P does).
+
+    A one-term hypothesis must beat it in leave-one-out: a margin against alternatives fitting noise.
     """
     ymean = ys.mean()
     return Hypothesis(CONSTANT, float(ymean), 0.0, float(_smape(np.full_like(ys, ymean), ys)))

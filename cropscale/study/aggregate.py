@@ -1,5 +1,7 @@
-"""Rows of the study table: the seeds of one measured configuration aggregated, and speed-up,
-efficiency and the Karp-Flatt serial fraction against the measured 1-rank row.
+"""Rows of the study table: seeds aggregated, and speed-up, efficiency and Karp-Flatt against 1 rank.
+
+Each measured configuration's seeds are aggregated into one row; speed-up, efficiency and the
+Karp-Flatt serial fraction are taken against the measured 1-rank row.
 
 Per run, every figure follows its rule in :mod:`cropscale.runs.rules` over the spec's measured
 epochs (the run reader :func:`cropscale.runs.record.load_run` with ``warmup_epochs``); per
@@ -133,7 +135,8 @@ def measured_row(config: Configuration, runs: Sequence[RunRecord], train_samples
         if config.updates_per_epoch is None:
             row.updates_per_epoch = measured_updates
         elif not math.isclose(measured_updates, config.updates_per_epoch):
-            row.notes.append(f"measured {measured_updates:g} optimizer updates/epoch, planned {config.updates_per_epoch}")
+            row.notes.append(
+                f"measured {measured_updates:g} optimizer updates/epoch, planned {config.updates_per_epoch}")
     if row.samples_per_s is None and train_samples and row.train_epoch_s:
         row.samples_per_s = train_samples / row.train_epoch_s
         row.notes.append("samples/s = training samples per epoch / median training-epoch time")
@@ -150,8 +153,9 @@ def measured_row(config: Configuration, runs: Sequence[RunRecord], train_samples
 
 
 def add_speedups(rows: list[StudyRow]) -> None:
-    """S_N = T_1 / T_N, E_N = S_N / N and the Karp-Flatt fraction for measured rows, in place,
-    against the measured 1-rank row of the same protocol and precision (T = median training epoch).
+    """Set S_N = T_1 / T_N, E_N = S_N / N and the Karp-Flatt fraction of measured rows, in place.
+
+    Against the measured 1-rank row of the same protocol and precision (T = median training epoch).
     """
     t1 = {(r.protocol, r.precision): r.train_epoch_s for r in rows
           if r.evidence == MEASURED_RUN and r.world_size == 1}

@@ -1,6 +1,8 @@
-"""Launching the study's fit runs: the exact ``python -m cropscale fit`` command of a configuration
-and seed, a launcher that runs it as one child process (Lightning starts the DDP ranks inside it),
-and the check that the run used the planned batch and learning rate.
+"""Launching the study's fit runs: the command, the launcher, and the check of batch and LR.
+
+The exact ``python -m cropscale fit`` command of a configuration and seed; a launcher that runs it as
+one child process (Lightning starts the DDP ranks inside it); the check that the run used the planned
+batch and learning rate.
 """
 
 from __future__ import annotations
@@ -84,8 +86,9 @@ Launcher = Callable[[list[str], dict[str, str], Path, float | None], LaunchResul
 
 
 def subprocess_launcher(cmd: list[str], env: dict[str, str], log_path: Path, timeout_s: float | None) -> LaunchResult:
-    """Run ``cmd`` as one child process (its DDP ranks are started by Lightning inside it),
-    stdout and stderr to ``log_path``; a timeout kills the child's whole process group.
+    """Run ``cmd`` as one child process, stdout and stderr to ``log_path``.
+
+    Lightning starts the DDP ranks inside it; a timeout kills the child's whole process group.
     """
     log_path.parent.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
@@ -104,8 +107,10 @@ def subprocess_launcher(cmd: list[str], env: dict[str, str], log_path: Path, tim
 
 
 def child_env(spec: StudySpec, accelerator: str) -> dict[str, str]:
-    """The parent's environment, unbuffered output, ``OMP_NUM_THREADS`` on CPU, and the folder of
-    this very ``cropscale`` package first on ``PYTHONPATH`` (every run executes the same code).
+    """The environment of a fit process: the parent's, with unbuffered output and this package first.
+
+    ``OMP_NUM_THREADS`` is set on CPU, and the folder of this very ``cropscale`` package comes first on
+    ``PYTHONPATH`` (every run executes the same code).
     """
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     package_parent = str(REPO_ROOT)
@@ -117,8 +122,10 @@ def child_env(spec: StudySpec, accelerator: str) -> dict[str, str]:
 
 
 def check_batch_line(log_text: str, plan: P.BatchPlan) -> tuple[bool | None, str]:
-    """Compare the task's printed ``global batch G = local L x world size N x accumulation A ...
-    lr a -> b`` line with the plan. Returns (True/False, detail) or (None, reason) when absent.
+    """Compare the task's printed global-batch and LR line with the plan.
+
+    The line reads ``global batch G = local L x world size N x accumulation A ... lr a -> b``.
+    Returns (True/False, detail), or (None, reason) when the log has no such line.
     """
     m = _BATCH_LINE.search(log_text)
     if not m:

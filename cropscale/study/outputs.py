@@ -1,6 +1,8 @@
-"""The study's outputs: ``study_table.md`` (the measured-run block, then the analytical-scenario
-block), ``study_table.csv`` (all rows, one ``evidence`` column and per-figure evidence) and the
-figures ``figures/scaling.png``, ``figures/iou_by_epoch.png``, ``figures/step_decomposition.png``.
+"""The study's outputs: the study table (Markdown and CSV) and its figures.
+
+``study_table.md`` holds the measured-run block, then the analytical-scenario block;
+``study_table.csv`` all rows, with one ``evidence`` column and per-figure evidence; the figures are
+``figures/scaling.png``, ``figures/iou_by_epoch.png`` and ``figures/step_decomposition.png``.
 """
 
 from __future__ import annotations
@@ -62,8 +64,9 @@ def _why_missing(row: StudyRow, key: str) -> str:
 
 
 def table_row(row: StudyRow) -> TableRow:
-    """A study row as a table row: every figure with its evidence, the reason when n/a, and the row's
-    notes attached to the training-epoch time.
+    """A study row as a table row: every figure with its evidence and the reason when n/a.
+
+    The row's notes are attached to the training-epoch time.
     """
     figures = {}
     for col in COLUMNS:
@@ -139,9 +142,10 @@ def _plot_group(axes, rows: Sequence[StudyRow], label: str, color: str) -> None:
 
 
 def plot_scaling(rows: Sequence[StudyRow], path: Path) -> Path:
-    """Three panels against N: speed-up S_N (with the ideal S = N), efficiency E_N, and final macro
-    IoU (mean +- sd over seeds). One line per (protocol, precision); measured-run points filled and
-    solid, analytical-scenario points hollow and dashed.
+    """Plot speed-up S_N (with the ideal S = N), efficiency E_N and final macro IoU against N.
+
+    Final macro IoU as mean +- sd over seeds. One line per (protocol, precision); measured-run points
+    filled and solid, analytical-scenario points hollow and dashed.
     """
     plt = pyplot()
     fig, axes = plt.subplots(1, 3, figsize=(14, 4.2))

@@ -1,5 +1,7 @@
-"""The study plan: every configuration (protocol x precision x world size) with its exact batch plan,
-and whether this machine (or allocation) can run it.
+"""The study plan: every configuration with its exact batch plan, and whether it can run here.
+
+A configuration is a protocol x precision x world size; it runs when this machine (or allocation) has
+enough ranks.
 """
 
 from __future__ import annotations
@@ -86,8 +88,9 @@ def plan_study(spec: StudySpec, available: int, why: str = "") -> list[Configura
 
 
 def configured_data_root(spec: StudySpec) -> str | None:
-    """``data.root`` as the fit configs leave it: ``configs/default.yaml`` then the spec's base
-    configs, the last one that sets it wins (None when the last says ``null``).
+    """``data.root`` as the fit configs leave it (None when the last one to set it says ``null``).
+
+    ``configs/default.yaml`` is read first, then the spec's base configs; the last one that sets it wins.
     """
     import yaml
 

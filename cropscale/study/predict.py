@@ -1,6 +1,7 @@
-"""Predicted rows for the configurations this machine cannot run (``analytical-scenario``, never
-measurements): Karp-Flatt serial fraction of the largest measured world size plus the growth of the
-modelled gradient-synchronisation time (ring all-reduce, :mod:`cropscale.scaling.allreduce`).
+"""Predicted rows for the configurations this machine cannot run: ``analytical-scenario``, never measured.
+
+The prediction uses the Karp-Flatt serial fraction of the largest measured world size plus the growth of
+the modelled gradient-synchronisation time (ring all-reduce, :mod:`cropscale.scaling.allreduce`).
 """
 
 from __future__ import annotations

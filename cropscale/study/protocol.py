@@ -1,11 +1,12 @@
-"""Pure arithmetic of the scaling study: batch protocols, learning-rate rules, optimiser updates,
-speed-up and efficiency. No I/O, no torch: every function here is exact and unit-tested.
+"""Pure arithmetic of the scaling study: batch protocols, LR rules, optimiser updates, speed-up.
 
-Notation (STUDY.md): ``N`` ranks (world size), ``L`` local batch (samples per rank per forward
+No I/O, no torch: every function here is exact and unit-tested (efficiency and Karp-Flatt as well).
+
+Notation (``docs/study.md``): ``N`` ranks (world size), ``L`` local batch (samples per rank per forward
 pass), ``A`` gradient-accumulation factor (micro-batches per optimiser update), global batch
 ``G = L x N x A`` (samples per optimiser update), ``S`` training samples per epoch.
 
-Two protocols are compared explicitly (STUDY.md, "Batch semantics"):
+Two protocols are compared explicitly (``docs/study.md``, "Batch semantics"):
 
 - ``equal-global`` (strong scaling at a fixed optimisation problem): ``G`` is fixed for every
   ``N``; the accumulation is matched, ``A = G / (L x N)``, which must be a whole number.
@@ -24,7 +25,7 @@ training loop steps the optimiser when ``A`` micro-batches are ready *or* at the
 the epoch (``_TrainingEpochLoop._should_accumulate``), so updates per epoch
 ``U = ceil(B / A)``, the same formula as ``Trainer.estimated_stepping_batches`` per epoch.
 
-Speed-up ``S_N = T_1 / T_N`` and efficiency ``E_N = S_N / N`` (STUDY.md, analytical layer), with
+Speed-up ``S_N = T_1 / T_N`` and efficiency ``E_N = S_N / N`` (``docs/study.md``), with
 ``T`` the time of the same work (one training epoch of ``S`` samples) on 1 and on ``N`` ranks.
 """
 
@@ -112,6 +113,7 @@ class BatchPlan:
     lr: float
 
     def as_dict(self) -> dict:
+        """The plan as a JSON-ready dict (field name -> value)."""
         return asdict(self)
 
 
@@ -198,8 +200,10 @@ def batches_per_rank(samples: int, local_batch: int, world_size: int, drop_last:
 def optimizer_updates_per_epoch(
     samples: int, local_batch: int, world_size: int, accumulation: int = 1, drop_last: bool = False
 ) -> int:
-    """Optimiser updates per epoch as Lightning 2.x performs them: ``ceil(B / A)`` with ``B`` from
-    :func:`batches_per_rank` (a partial accumulation window at the end of the epoch still steps).
+    """Optimiser updates per epoch as Lightning 2.x performs them: ``ceil(B / A)``.
+
+    ``B`` comes from :func:`batches_per_rank`; a partial accumulation window at the end of the epoch still
+    steps.
 
     Raises:
         CropScaleError: a factor < 1, or an epoch with no batch (``drop_last`` and too few samples).

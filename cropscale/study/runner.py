@@ -214,7 +214,8 @@ def _rows(study: _Study) -> list[StudyRow]:
             row.notes.append("every run of this configuration failed: see logs/")
             row.notes.extend(study.notes.get(config.key, ()))
         if study.failures.get(config.key) and study.records.get(config.key):
-            row.notes.append(f"{study.failures[config.key]} of {len(study.spec.seeds)} runs failed (see logs/): left out")
+            failed = study.failures[config.key]
+            row.notes.append(f"{failed} of {len(study.spec.seeds)} runs failed (see logs/): left out")
         rows.append(row)
     add_speedups(rows)
     return rows + analytical_rows(study.spec, study.configs, rows)

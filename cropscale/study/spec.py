@@ -1,5 +1,6 @@
-"""The study spec: one YAML file under ``configs/study/`` (see ``configs/study/cpu.yaml``), validated
-into a :class:`StudySpec` before anything runs.
+"""The study spec: one YAML file under ``configs/study/``, validated into a :class:`StudySpec` first.
+
+See ``configs/study/cpu.yaml``; nothing runs before the spec is valid.
 
 Every error names the spec file and the key: unknown keys, missing ``devices`` / ``protocols``, bad
 protocol fields, a device list without 1, a protocol whose batch arithmetic fails for a listed world
