@@ -1,7 +1,8 @@
-"""The scaling callbacks: Lightning callbacks that record how a training run spends its time, energy
-and numerics, one concern per module. Each works on its own in any Lightning project; presets for
-``--config`` live in the top-level ``callbacks/`` folder (``callbacks/scaling.yaml``: all of them in
-one :class:`CallbackGroup`). ``docs/run_json.md`` documents what they write into ``run.json``.
+"""The scaling callbacks: Lightning callbacks that record how a training run spends its time, energy and numerics.
+
+One concern per module. Each works on its own in any Lightning project; presets for ``--config`` live
+in the top-level ``callbacks/`` folder (``callbacks/scaling.yaml``: all of them in one
+:class:`CallbackGroup`). ``docs/run_json.md`` documents what they write into ``run.json``.
 
 =============================  ================================  ===================
 class                          concern                           TensorBoard prefix

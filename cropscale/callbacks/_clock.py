@@ -47,8 +47,9 @@ class HostClock:
 
 
 class CudaEventClock:
-    """CUDA events (``enable_timing=True``) recorded on the current stream; durations on the device
-    timeline, read with ``Event.elapsed_time`` (ms) once both events completed.
+    """CUDA events (``enable_timing=True``) recorded on the current stream; durations on the device timeline.
+
+    Durations are read with ``Event.elapsed_time`` (ms) once both events completed.
 
     Events are recycled through a free list. ``mark`` may be called from the autograd thread (DDP
     communication hooks) as well as the main thread; list ``pop``/``append`` are atomic in CPython.
@@ -62,8 +63,10 @@ class CudaEventClock:
         self.device = torch.device("cuda", torch.cuda.current_device()) if device is None else device
 
     def mark(self) -> torch.cuda.Event:
-        """Record an event on the current stream *of this clock's device* (comm-hook callbacks may run
-        on a thread whose current device is another GPU).
+        """Record an event on the current stream *of this clock's device*.
+
+        The device is explicit because comm-hook callbacks may run on a thread whose current device is
+        another GPU.
         """
         try:
             ev = self._free.pop()

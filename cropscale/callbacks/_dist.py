@@ -24,7 +24,9 @@ def dist_ready(trainer: Trainer) -> bool:
     )
 
 
-def gather_vectors(trainer: Trainer, pl_module: LightningModule, values: Sequence[float | None]) -> list[list[float | None]]:
+def gather_vectors(
+    trainer: Trainer, pl_module: LightningModule, values: Sequence[float | None]
+) -> list[list[float | None]]:
     """All ranks' ``values`` (same length on every rank), rank-ordered: ``[world_size][len(values)]``.
 
     A collective under DDP/FSDP (every rank must call it at the same point); a no-op copy on one

@@ -1,6 +1,8 @@
-"""Gradient helpers shared by the gradient-norm and non-finite callbacks: one total-norm computation
-per optimizer step (device tensors, cached), combined on the host at log steps; the AMP scaler and its
-scale without a host sync; the trainable parameters; whether the strategy shards gradients.
+"""Gradient helpers shared by the gradient-norm and non-finite callbacks.
+
+One total-norm computation per optimizer step (device tensors, cached), combined on the host at log
+steps; the AMP scaler and its scale without a host sync; the trainable parameters; whether the strategy
+shards gradients.
 """
 
 from __future__ import annotations
@@ -18,7 +20,8 @@ _GRAD_NORM_CACHE: dict[str, Any] = {"key": None, "value": None}
 
 
 class GradNormParts(list):
-    """Device tensors whose norm is one step's total gradient norm (see :func:`grad_norm_parts`);
+    """Device tensors whose norm is one step's total gradient norm (see :func:`grad_norm_parts`).
+
     ``total`` caches the host value once :func:`total_norms` has read it (shared by callbacks).
     """
 

@@ -1,5 +1,6 @@
-"""Scalar logging for the callbacks: which steps log, writing through the trainer's loggers, and
-deferring the writes of one hook to its end.
+"""Scalar logging for the callbacks: which steps log, and writes through the trainer's loggers, now or deferred.
+
+A deferred write waits for the end of its block (:func:`deferred_logging`), e.g. the end of one hook.
 
 Loggers write on global rank 0 only (Lightning's ``rank_zero_only`` loggers); nothing here is a
 collective.
@@ -49,8 +50,9 @@ def log_metrics(trainer: Trainer, metrics: Mapping[str, float | int | None], ste
 
 @contextmanager
 def deferred_logging(trainer: Trainer) -> Iterator[None]:
-    """Collect the :func:`log_metrics` calls made inside the block and write them at its end, one
-    ``logger.log_metrics`` call per step.
+    """Collect the :func:`log_metrics` calls made inside the block and write them at its end.
+
+    One ``logger.log_metrics`` call per step.
 
     Why: TensorBoard's writer is a background thread that wakes on every event. Torch ops release the
     GIL, and each one that runs while the writer is busy waits to get it back, so a callback that

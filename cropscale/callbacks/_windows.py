@@ -1,6 +1,7 @@
-"""Step-time window arithmetic: boundary marks of one optimizer step -> window durations -> interval
-means and epoch statistics. No torch and no Lightning: :class:`~cropscale.callbacks.StepTimingCallback`
-records the marks in its hooks and hands them here.
+"""Step-time window arithmetic: boundary marks of one optimizer step -> window durations -> statistics.
+
+The durations feed interval means (log steps) and epoch statistics. No torch and no Lightning:
+:class:`~cropscale.callbacks.StepTimingCallback` records the marks in its hooks and hands them here.
 
 A *mark* is whatever the step-timing clock returns (a ``perf_counter`` float, a CUDA event); the
 arithmetic only ever asks ``seconds(start, end)`` for the time between two marks, so it runs on
@@ -75,8 +76,12 @@ class MicroBatchMarks:
                 self.batch_end]
 
     def windows(self, seconds: Seconds) -> list[float | None]:
-        """``[data_wait, transfer, forward, backward, optimizer]`` of this micro-batch (s; ``None``
-        where a bounding mark is missing).
+        """``[data_wait, transfer, forward, backward, optimizer]`` of this micro-batch, in seconds.
+
+        A window is ``None`` where one of its bounding marks is missing.
+
+        Args:
+            seconds: the clock's duration between two marks (s).
         """
         m = self.marks()
         return [seconds(a, b) if a is not None and b is not None else None for a, b in zip(m, m[1:], strict=False)]
@@ -227,8 +232,10 @@ class StepMarks:
 
 
 class WindowStats:
-    """Interval means and epoch statistics of resolved steps: :meth:`update` per step,
-    :meth:`interval_means_ms` at log steps, :meth:`epoch_stats_ms` at epoch ends, :meth:`start_epoch`.
+    """Interval means and epoch statistics of resolved steps.
+
+    :meth:`update` per step, :meth:`interval_means_ms` at log steps, :meth:`epoch_stats_ms` at epoch
+    ends, :meth:`start_epoch` when an epoch begins.
 
     Attributes:
         first_batch_wait: ``data_wait`` (s) of the first step of the current epoch, once resolved.
@@ -250,8 +257,13 @@ class WindowStats:
         return len(self._epoch)
 
     def update(self, marks: StepMarks, windows: StepWindows) -> bool:
-        """Add one resolved step; True when it enters the epoch statistics (not excluded, with a
-        remainder).
+        """Add one resolved step; True when it enters the epoch statistics.
+
+        A step enters them when it is not excluded (see :attr:`StepMarks.excluded`) and has a remainder.
+
+        Args:
+            marks: the step's marks (for its warm-up / first-of-epoch / after-validation flags).
+            windows: the step's durations, from :meth:`StepMarks.windows`.
         """
         row = windows.figures()
         self._interval.append(row)
@@ -263,8 +275,9 @@ class WindowStats:
         return False
 
     def interval_means_ms(self) -> dict[str, float]:
-        """Mean of each figure over the steps since the last call (ms; warm-up included; figures
-        without a value left out), and start a new interval.
+        """Mean of each figure over the steps since the last call (ms), and start a new interval.
+
+        Warm-up steps are included; figures without a value are left out.
         """
         rows, self._interval = self._interval, []
         out: dict[str, float] = {}

@@ -39,8 +39,12 @@ class ScalingCallback(Callback):
         return {"evidence": self.evidence}
 
     def wants_hook(self, hook: str) -> bool:
-        """Whether this callback needs the per-step ``hook`` for the current run (asked by
-        :class:`~cropscale.callbacks.CallbackGroup` after ``on_train_start``).
+        """Whether this callback needs the per-step ``hook`` for the current run.
+
+        Asked by :class:`~cropscale.callbacks.CallbackGroup` after ``on_train_start``.
+
+        Args:
+            hook: the name of a per-step Lightning hook, e.g. ``"on_before_optimizer_step"``.
         """
         return True
 
@@ -62,8 +66,9 @@ class ScalingCallback(Callback):
 
 
 def iter_callbacks(trainer: Trainer) -> Iterator[Callback]:
-    """Every callback of ``trainer``, with the members of :class:`~cropscale.callbacks.CallbackGroup` s
-    expanded in place.
+    """Every callback of ``trainer``, with the members of each :class:`~cropscale.callbacks.CallbackGroup` in place.
+
+    A group is replaced by its members, in their order.
     """
     for cb in trainer.callbacks:
         members = getattr(cb, "callbacks", None)

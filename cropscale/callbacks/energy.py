@@ -26,6 +26,7 @@ from typing import Any
 import torch
 from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.utilities import rank_zero_info
+from typing_extensions import override
 
 from cropscale.callbacks._batches import batch_size
 from cropscale.callbacks._dist import gather_objects, gather_vectors
@@ -112,10 +113,12 @@ class EnergyCallback(ScalingCallback):
         self._stepped = False
 
     # ------------------------------------------------------------------ state
+    @override
     def state_dict(self) -> dict[str, Any]:
         return {"total_j": self.total_j, "total_gpu_s": self.total_gpu_s, "total_samples": self.total_samples,
                 "epochs": list(self.epochs)}
 
+    @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.total_j = float(state_dict.get("total_j", 0.0))
         self.total_gpu_s = float(state_dict.get("total_gpu_s", 0.0))
@@ -124,8 +127,10 @@ class EnergyCallback(ScalingCallback):
 
     @property
     def available(self) -> bool:
+        """True when this rank's GPU was found in NVML at ``on_train_start`` (power is measured)."""
         return self._dev is not None
 
+    @override
     def wants_hook(self, hook: str) -> bool:
         return self._dev is not None  # no GPU / NVML: nothing per step
 
@@ -152,6 +157,7 @@ class EnergyCallback(ScalingCallback):
         return None
 
     # ------------------------------------------------------------------ hooks
+    @override
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._dev, self._reason = nvml.open_device_for(pl_module.device)
         local_info: dict[str, Any] = {"rank": trainer.global_rank, "available": self._dev is not None}
@@ -180,19 +186,25 @@ class EnergyCallback(ScalingCallback):
         self._fit_t0, self._fit_e0 = self._now()
         self._log_t0, self._log_e0 = self._fit_t0, self._fit_e0
 
+    @override
     def on_train_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if not self._participate:
             return
         self._epoch_t0, self._epoch_e0 = self._now()
         self._samples = 0
 
+    @override
     def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
         self._stepped = False
 
+    @override
     def on_before_optimizer_step(self, trainer: Trainer, pl_module: LightningModule, optimizer: Any) -> None:
         self._stepped = True
 
-    def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int) -> None:
+    @override
+    def on_train_batch_end(
+        self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
         if self._dev is None:
             return
         self._samples += batch_size(batch) or 0
@@ -209,6 +221,7 @@ class EnergyCallback(ScalingCallback):
                 log_metrics(trainer, {"energy/power_w": joules / (t - self._log_t0)})
             self._log_t0, self._log_e0 = t, e
 
+    @override
     def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if not self._participate:
             return
@@ -230,7 +243,9 @@ class EnergyCallback(ScalingCallback):
             "energy_j_per_rank": j_rank,
             "seconds_per_rank": s_rank,
             "avg_power_w": avg_w,
-            "avg_power_w_per_rank": [None if (j is None or not s) else j / s for j, s in zip(j_rank, s_rank, strict=False)],
+            "avg_power_w_per_rank": [
+                None if (j is None or not s) else j / s for j, s in zip(j_rank, s_rank, strict=False)
+            ],
             "samples": samples,
             "j_per_sample": (total_j / samples) if (total_j is not None and samples) else None,
             "gpu_hours": gpu_s / 3600.0,
@@ -245,6 +260,7 @@ class EnergyCallback(ScalingCallback):
         log_metrics(trainer, {"energy/epoch_j": total_j, "energy/epoch_avg_w": avg_w,
                               "energy/j_per_sample": record["j_per_sample"], "energy/epoch_cost": cost})
 
+    @override
     def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if not self._participate:
             return
@@ -260,9 +276,11 @@ class EnergyCallback(ScalingCallback):
         }
         self._stop_sampler()
 
+    @override
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
         self._stop_sampler()
 
+    @override
     def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         self._stop_sampler()
 
@@ -272,6 +290,7 @@ class EnergyCallback(ScalingCallback):
             self._sampler = None
 
     # ------------------------------------------------------------------ summary
+    @override
     def summary(self) -> dict[str, Any]:
         out: dict[str, Any] = {"evidence": MEASURED_RUN, "available": self._dev is not None}
         if self._dev is None:
@@ -287,7 +306,9 @@ class EnergyCallback(ScalingCallback):
             "total_gpu_hours": self.total_gpu_s / 3600.0,
             "total_samples": self.total_samples,
             "j_per_sample": (self.total_j / self.total_samples) if self.total_samples else None,
-            "total_cost": (self.price_per_gpu_hour * self.total_gpu_s / 3600.0) if self.price_per_gpu_hour is not None else None,
+            "total_cost": (
+                (self.price_per_gpu_hour * self.total_gpu_s / 3600.0) if self.price_per_gpu_hour is not None else None
+            ),
             "training": self._fit,
             "epochs": list(self.epochs),
         })

@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 from lightning.pytorch import LightningModule, Trainer
+from typing_extensions import override
 
 from cropscale.callbacks._grads import (
     clear_grad_norm_cache,
@@ -79,17 +80,20 @@ class GradNormCallback(ScalingCallback):
         self._epoch_nonfinite = 0
         self._stepped = False
 
+    @override
     def state_dict(self) -> dict[str, Any]:
         self._flush()
         return {"steps": self.steps, "clipped_steps": self.clipped_steps, "nonfinite_steps": self.nonfinite_steps,
                 "epochs": list(self.epochs)}
 
+    @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.steps = int(state_dict.get("steps", 0))
         self.clipped_steps = int(state_dict.get("clipped_steps", 0))
         self.nonfinite_steps = int(state_dict.get("nonfinite_steps", 0))
         self.epochs = list(state_dict.get("epochs", []))
 
+    @override
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._params = trainable_params(pl_module)
         self._sharded = is_sharded_strategy(trainer) if self.sharded is None else bool(self.sharded)
@@ -106,10 +110,12 @@ class GradNormCallback(ScalingCallback):
         self._epoch_norms, self._epoch_clipped, self._epoch_nonfinite = [], 0, 0
         self._start_log_schedule(trainer)
 
+    @override
     def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
         clear_grad_norm_cache()
         self._stepped = False
 
+    @override
     def on_before_optimizer_step(self, trainer: Trainer, pl_module: LightningModule, optimizer: Any) -> None:
         self._stepped = True
         parts = grad_norm_parts(trainer, self._params, optimizer, norm_type=self.norm_type, sharded=self._sharded)
@@ -121,7 +127,10 @@ class GradNormCallback(ScalingCallback):
             scale = None if scale is None else scale.detach().clone()
         self._norms.append((parts, scale))
 
-    def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int) -> None:
+    @override
+    def on_train_batch_end(
+        self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
         if self._stepped and self._count_step():
             interval = self._flush()
             finite = [v for v in interval if math.isfinite(v)]
@@ -133,6 +142,7 @@ class GradNormCallback(ScalingCallback):
                     metrics["numerics/grad_clip_fraction"] = sum(v > self._threshold for v in finite) / len(finite)
             log_metrics(trainer, metrics)
 
+    @override
     def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._flush()
         norms = self._epoch_norms
@@ -150,6 +160,7 @@ class GradNormCallback(ScalingCallback):
                               "numerics/epoch/grad_clip_fraction": frac})
         self._epoch_norms, self._epoch_clipped, self._epoch_nonfinite = [], 0, 0
 
+    @override
     def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._flush()
 
@@ -175,6 +186,7 @@ class GradNormCallback(ScalingCallback):
                 self._epoch_clipped += 1
         return values
 
+    @override
     def summary(self) -> dict[str, Any]:
         finite_steps = self.steps - self.nonfinite_steps
         return {
@@ -186,7 +198,9 @@ class GradNormCallback(ScalingCallback):
             "steps": self.steps,
             "nonfinite_steps": self.nonfinite_steps,
             "clipped_steps": self.clipped_steps if self._threshold is not None else None,
-            "clip_fraction": (self.clipped_steps / finite_steps) if (finite_steps and self._threshold is not None) else None,
+            "clip_fraction": (
+                (self.clipped_steps / finite_steps) if (finite_steps and self._threshold is not None) else None
+            ),
             "epochs": list(self.epochs),
         }
 

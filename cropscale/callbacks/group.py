@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from lightning.pytorch.callbacks import Callback, Checkpoint
+from typing_extensions import override
 
 from cropscale.callbacks._logging import deferred_logging
 from cropscale.errors import CropScaleError
@@ -45,8 +46,7 @@ def _wants(cb: Callback, hook: str) -> bool:
 
 
 class CallbackGroup(Callback):
-    """Several callbacks run as one: each Lightning hook is forwarded, in order, to the members that
-    override it.
+    """Several callbacks run as one: each Lightning hook is forwarded, in order, to the members that override it.
 
     Args:
         callbacks: the member callbacks (any ``lightning.pytorch.callbacks.Callback`` except
@@ -90,26 +90,33 @@ class CallbackGroup(Callback):
         self._state_key = self._generate_state_key(members=[cb.state_key for cb in self.callbacks])
 
     @property
+    @override
     def state_key(self) -> str:
         return self._state_key
 
     def _full_table(self) -> dict[str, list[Any]]:
         return {hook: [getattr(cb, hook) for cb in self.callbacks if _overrides(cb, hook)] for hook in _HOOKS}
 
+    @override
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
         for fn in self._dispatch["on_train_start"]:
             fn(trainer, pl_module)
         for hook in _PER_STEP_HOOKS:
-            self._dispatch[hook] = [getattr(cb, hook) for cb in self.callbacks if _overrides(cb, hook) and _wants(cb, hook)]
+            self._dispatch[hook] = [
+                getattr(cb, hook) for cb in self.callbacks if _overrides(cb, hook) and _wants(cb, hook)
+            ]
 
+    @override
     def on_train_end(self, trainer: Any, pl_module: Any) -> None:
         for fn in self._dispatch["on_train_end"]:
             fn(trainer, pl_module)
         self._dispatch = self._full_table()
 
+    @override
     def state_dict(self) -> dict[str, Any]:
         return {cb.state_key: cb.state_dict() for cb in self.callbacks}
 
+    @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         for cb in self.callbacks:
             if cb.state_key in state_dict:
@@ -137,8 +144,10 @@ del _hook
 
 
 def _on_train_batch_end(self: CallbackGroup, trainer: Any, *args: Any, **kwargs: Any) -> None:
-    """Forward ``on_train_batch_end`` to the members that override it; their scalars are written
-    after all of them ran (:func:`~cropscale.callbacks._logging.deferred_logging`).
+    """Forward ``on_train_batch_end`` to the members that override it, writing their scalars at the end.
+
+    The hook runs inside :func:`~cropscale.callbacks._logging.deferred_logging`, so that the members' device
+    reads all come before the first write.
     """
     with deferred_logging(trainer):
         for fn in self._dispatch["on_train_batch_end"]:

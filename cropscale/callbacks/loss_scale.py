@@ -24,6 +24,7 @@ from typing import Any
 import torch
 from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.utilities import rank_zero_info
+from typing_extensions import override
 
 from cropscale.callbacks._grads import grad_scaler, scale_tensor
 from cropscale.callbacks._logging import log_metrics
@@ -65,21 +66,25 @@ class LossScaleCallback(ScalingCallback):
         self._epoch_start_counts: dict[str, int] = dict(self.counts)
 
     # ------------------------------------------------------------------ state
+    @override
     def state_dict(self) -> dict[str, Any]:
         self._flush()
         return {"counts": dict(self.counts), "epochs": list(self.epochs), "last_scale": self._last_scale,
                 "initial_scale": self._initial_scale}
 
+    @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.counts.update({k: int(v) for k, v in state_dict.get("counts", {}).items()})
         self.epochs = list(state_dict.get("epochs", []))
         self._last_scale = state_dict.get("last_scale")
         self._initial_scale = state_dict.get("initial_scale")
 
+    @override
     def wants_hook(self, hook: str) -> bool:
         return self._scaler is not None  # nothing to do per step without a GradScaler
 
     # ------------------------------------------------------------------ hooks
+    @override
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._precision = str(trainer.precision)
         self._scaler = grad_scaler(trainer)
@@ -89,7 +94,9 @@ class LossScaleCallback(ScalingCallback):
         )
         if self._scaler is None or not getattr(self._scaler, "is_enabled", lambda: True)():
             self._scaler = None
-            self._reason = f"precision={self._precision}: no GradScaler in use (FP16 loss scaling only applies to 16-mixed)"
+            self._reason = (
+                f"precision={self._precision}: no GradScaler in use (FP16 loss scaling only applies to 16-mixed)"
+            )
             rank_zero_info(f"LossScaleCallback: {self._reason}")
         else:
             self._reason = None
@@ -103,6 +110,7 @@ class LossScaleCallback(ScalingCallback):
         self._start_log_schedule(trainer)
         self._epoch_start_counts = dict(self.counts)
 
+    @override
     def on_before_backward(self, trainer: Trainer, pl_module: LightningModule, loss: torch.Tensor) -> None:
         if self._scaler is None:
             return
@@ -112,13 +120,18 @@ class LossScaleCallback(ScalingCallback):
                 self._scales.append(scale.detach().clone())
         self._micro_ok.append(torch.isfinite(loss.detach()).all())
 
+    @override
     def on_before_optimizer_step(self, trainer: Trainer, pl_module: LightningModule, optimizer: Any) -> None:
         self._stepped = True
 
+    @override
     def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
         self._stepped = False
 
-    def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int) -> None:
+    @override
+    def on_train_batch_end(
+        self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
         if self._scaler is None or not self._stepped or not self._scales:
             return
         log_now = self._count_step()
@@ -131,6 +144,7 @@ class LossScaleCallback(ScalingCallback):
             self._flush()
             log_metrics(trainer, self._metrics())
 
+    @override
     def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if self._scaler is None:
             return
@@ -143,6 +157,7 @@ class LossScaleCallback(ScalingCallback):
         self._epoch_start_counts = dict(self.counts)
         log_metrics(trainer, self._metrics())
 
+    @override
     def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._flush()
 
@@ -179,6 +194,7 @@ class LossScaleCallback(ScalingCallback):
         }
 
     # ------------------------------------------------------------------ summary
+    @override
     def summary(self) -> dict[str, Any]:
         out: dict[str, Any] = {
             "evidence": MEASURED_RUN,

@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 from lightning.pytorch import LightningModule, Trainer
+from typing_extensions import override
 
 from cropscale.callbacks._dist import gather_vectors
 from cropscale.callbacks._logging import log_metrics
@@ -60,12 +61,15 @@ class MemoryCallback(ScalingCallback):
         self._reason: str | None = None
         self._stepped = False
 
+    @override
     def state_dict(self) -> dict[str, Any]:
         return {"epochs": list(self.epochs)}
 
+    @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.epochs = list(state_dict.get("epochs", []))
 
+    @override
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         dev = pl_module.device
         if dev.type == "cuda" and torch.cuda.is_available():
@@ -76,17 +80,23 @@ class MemoryCallback(ScalingCallback):
 
         self._start_log_schedule(trainer)
 
+    @override
     def on_train_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if self._device is not None:
             torch.cuda.reset_peak_memory_stats(self._device)
 
+    @override
     def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
         self._stepped = False
 
+    @override
     def on_before_optimizer_step(self, trainer: Trainer, pl_module: LightningModule, optimizer: Any) -> None:
         self._stepped = True
 
-    def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int) -> None:
+    @override
+    def on_train_batch_end(
+        self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
         if not (self._stepped and self._count_step()):
             return
         metrics: dict[str, float | None] = {"memory/host_rss_gib": host_rss_gib()}
@@ -95,6 +105,7 @@ class MemoryCallback(ScalingCallback):
             metrics["memory/reserved_gib"] = torch.cuda.memory_reserved(self._device) / GIB
         log_metrics(trainer, metrics)
 
+    @override
     def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if self._device is not None:
             alloc = torch.cuda.max_memory_allocated(self._device) / GIB
@@ -126,6 +137,7 @@ class MemoryCallback(ScalingCallback):
             "memory/host_peak_rss_gib": record["host_peak_rss_gib"],
         })
 
+    @override
     def summary(self) -> dict[str, Any]:
         peaks = [e["peak_allocated_gib"] for e in self.epochs if e.get("peak_allocated_gib") is not None]
         reserved = [e["peak_reserved_gib"] for e in self.epochs if e.get("peak_reserved_gib") is not None]

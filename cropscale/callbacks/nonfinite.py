@@ -1,5 +1,6 @@
-"""Non-finite batches: detect a non-finite loss (and gradients), record the dataset sample ids of the
-offending batch, and ``log``, ``skip`` the optimizer step, or ``raise``.
+"""Non-finite batches: detect a non-finite loss (and gradients) and record the offending batch's sample ids.
+
+Then, by policy, ``log`` it, ``skip`` the optimizer step, or ``raise``.
 
 What is checked per optimizer step: every micro-batch loss (``on_before_backward``) and, when no
 GradScaler is in use, the total gradient norm (``on_before_optimizer_step``; one device reduction,
@@ -37,6 +38,7 @@ from typing import Any, Literal
 import torch
 from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.utilities import rank_zero_warn
+from typing_extensions import override
 
 from cropscale.callbacks._batches import id_tensors, ids_to_lists
 from cropscale.callbacks._dist import dist_ready, gather_objects
@@ -104,17 +106,20 @@ class NonFiniteCallback(ScalingCallback):
         self._logged = 0
 
     # ------------------------------------------------------------------ state
+    @override
     def state_dict(self) -> dict[str, Any]:
         self._flush()
         return {"nonfinite_batches": self.nonfinite_batches, "skipped_steps": self.skipped_steps,
                 "records": list(self.records)}
 
+    @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.nonfinite_batches = int(state_dict.get("nonfinite_batches", 0))
         self.skipped_steps = int(state_dict.get("skipped_steps", 0))
         self.records = list(state_dict.get("records", []))
 
     # ------------------------------------------------------------------ hooks
+    @override
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._params = trainable_params(pl_module)
         self._scaler = grad_scaler(trainer)
@@ -124,9 +129,11 @@ class NonFiniteCallback(ScalingCallback):
         self.all_records = None
         self._start_log_schedule(trainer)
 
+    @override
     def on_train_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._epoch = trainer.current_epoch
 
+    @override
     def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
         clear_grad_norm_cache()
         self._batch = batch if self.policy != "log" else None
@@ -135,9 +142,11 @@ class NonFiniteCallback(ScalingCallback):
         self._batch_idx = batch_idx
         self._stepped = False
 
+    @override
     def on_before_backward(self, trainer: Trainer, pl_module: LightningModule, loss: torch.Tensor) -> None:
         self._losses.append(loss.detach())
 
+    @override
     def on_before_optimizer_step(self, trainer: Trainer, pl_module: LightningModule, optimizer: Any) -> None:
         losses = self._losses
         parts = None
@@ -177,7 +186,10 @@ class NonFiniteCallback(ScalingCallback):
             p.grad = None
         self.skipped_steps += 1
 
-    def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int) -> None:
+    @override
+    def on_train_batch_end(
+        self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
         self._batch = None
         if self._stepped and self._count_step():
             self._flush()
@@ -186,11 +198,13 @@ class NonFiniteCallback(ScalingCallback):
                 log_metrics(trainer, {"numerics/nonfinite_batches": self.nonfinite_batches,
                                       "numerics/nonfinite_skipped_steps": self.skipped_steps})
 
+    @override
     def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._flush()
         log_metrics(trainer, {"numerics/nonfinite_batches": self.nonfinite_batches,
                               "numerics/nonfinite_skipped_steps": self.skipped_steps})
 
+    @override
     def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._flush()
         gathered = gather_objects(trainer, (self.nonfinite_batches, self.skipped_steps, self.records))
@@ -222,8 +236,9 @@ class NonFiniteCallback(ScalingCallback):
         return rec
 
     def _flush(self) -> None:
-        """Read the pending ``log``-policy gradient norms and losses (two device-to-host copies) and
-        record the bad batches.
+        """Read the pending ``log``-policy gradient norms and losses, and record the bad batches.
+
+        Two device-to-host copies: the gradient norms (shared, read once) and the loss flags.
         """
         if not self._pending:
             return
@@ -238,6 +253,7 @@ class NonFiniteCallback(ScalingCallback):
                 self._record(meta, loss_ok, grad_ok, ids)
 
     # ------------------------------------------------------------------ summary
+    @override
     def summary(self) -> dict[str, Any]:
         records = self.all_records if self.all_records is not None else self.records
         return {

@@ -30,6 +30,7 @@ from typing import Any, Literal
 import torch
 from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.utilities import rank_zero_info
+from typing_extensions import override
 
 from cropscale.callbacks._dist import gather_objects
 from cropscale.callbacks.base import ScalingCallback, iter_callbacks, scaling_callbacks
@@ -163,12 +164,15 @@ class ProvenanceCallback(ScalingCallback):
         self.path: str | None = None
         self.record: dict[str, Any] = {}
 
+    @override
     def state_dict(self) -> dict[str, Any]:
         return {"path": self.path}
 
+    @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.path = state_dict.get("path")
 
+    @override
     def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         log_dir = trainer.log_dir or trainer.default_root_dir  # a collective: every rank calls it
         devices = gather_objects(trainer, _local_device(trainer, pl_module))
@@ -236,9 +240,11 @@ class ProvenanceCallback(ScalingCallback):
         self._write()
         rank_zero_info(f"ProvenanceCallback: wrote {self.path}")
 
+    @override
     def on_fit_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._finish(trainer, "finished", None)
 
+    @override
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
         self._finish(trainer, "failed", exception)
 
@@ -271,5 +277,6 @@ class ProvenanceCallback(ScalingCallback):
             f.write("\n")
         os.replace(tmp, self.path)
 
+    @override
     def summary(self) -> dict[str, Any]:
         return {"evidence": MEASURED_RUN, "path": self.path}

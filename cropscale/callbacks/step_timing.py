@@ -1,5 +1,6 @@
-"""Per-optimizer-step time decomposition: data-loader wait, host-to-device transfer, forward, backward
-(with the exposed gradient all-reduce), optimizer, and the remainder.
+"""Per-optimizer-step time decomposition: data wait, host-to-device transfer, forward, backward, optimizer, remainder.
+
+The data wait is the data loader's; the backward window holds the exposed gradient all-reduce.
 
 Windows and what Lightning 2.6 puts in them (hook order of one automatic-optimisation step, see
 ``loops/training_epoch_loop.py`` and ``plugins/precision/precision.py``):
@@ -62,6 +63,7 @@ import torch
 from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.profilers import Profiler
 from lightning.pytorch.utilities import rank_zero_info
+from typing_extensions import override
 
 from cropscale.callbacks._batches import batch_size
 from cropscale.callbacks._clock import CudaEventClock, HostClock, clock_for
@@ -135,8 +137,9 @@ class _StepTimingProfiler(Profiler):
 
 
 class StepTimingCallback(ScalingCallback):
-    """Decomposes every optimizer step into data wait, transfer, forward, backward, optimizer and
-    remainder (see the module docstring for what each window contains), plus the DDP all-reduce.
+    """Decomposes every optimizer step into data wait, transfer, forward, backward, optimizer and remainder.
+
+    Also times the DDP gradient all-reduce. The module docstring says what each window contains.
 
     Args:
         warmup_steps: optimizer steps at the start of ``fit`` left out of the statistics (cuDNN
@@ -208,27 +211,32 @@ class StepTimingCallback(ScalingCallback):
         self._world = 1
 
     # ------------------------------------------------------------------ state
+    @override
     def state_dict(self) -> dict[str, Any]:
         return {"steps_total": self.steps_total, "steps_measured": self.steps_measured, "epochs": list(self.epochs)}
 
+    @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.steps_total = int(state_dict.get("steps_total", 0))
         self.steps_measured = int(state_dict.get("steps_measured", 0))
         self.epochs = list(state_dict.get("epochs", []))
 
     # ------------------------------------------------------------------ set-up
+    @override
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         if stage != "fit" or isinstance(trainer.profiler, _StepTimingProfiler):
             return
         self._profiler = _StepTimingProfiler(trainer.profiler, self)
         trainer.profiler = self._profiler
 
+    @override
     def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         if self._profiler is not None and trainer.profiler is self._profiler:
             trainer.profiler = self._profiler.inner
         self._profiler = None
         self._close_trace()
 
+    @override
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._clock = clock_for(pl_module.device)
         self._rank, self._world = trainer.global_rank, trainer.world_size
@@ -294,6 +302,7 @@ class StepTimingCallback(ScalingCallback):
         if cur is not None:
             cur.fetch_end = self._clock.mark()
 
+    @override
     def on_train_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._epoch = trainer.current_epoch
         self._first_in_epoch = True
@@ -305,6 +314,7 @@ class StepTimingCallback(ScalingCallback):
             self._clock.release([self._prev_end])
         self._prev_end = None
 
+    @override
     def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
         cur = self._cur
         if cur is None:  # no fetch seen (dataloader_iter-style training_step)
@@ -312,11 +322,13 @@ class StepTimingCallback(ScalingCallback):
         cur.batch_start = self._clock.mark()
         self._stepped = False
 
+    @override
     def on_before_backward(self, trainer: Trainer, pl_module: LightningModule, loss: torch.Tensor) -> None:
         cur = self._cur
         if cur is not None and cur.backward_start is None:
             cur.backward_start = self._clock.mark()
 
+    @override
     def on_after_backward(self, trainer: Trainer, pl_module: LightningModule) -> None:
         cur = self._cur
         if cur is not None:
@@ -327,14 +339,19 @@ class StepTimingCallback(ScalingCallback):
             self._micro_comm.extend(self._buckets)
             self._buckets = []
 
+    @override
     def on_before_optimizer_step(self, trainer: Trainer, pl_module: LightningModule, optimizer: Any) -> None:
         self._stepped = True
 
+    @override
     def on_validation_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if not trainer.sanity_checking:
             self._after_val = True
 
-    def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int) -> None:
+    @override
+    def on_train_batch_end(
+        self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
         cur = self._cur
         if cur is None:
             return
@@ -366,8 +383,11 @@ class StepTimingCallback(ScalingCallback):
 
     # ------------------------------------------------------------------ resolution
     def _resolve(self, block: bool, limit: int | None = None) -> None:
-        """Turn pending steps into windows, oldest first; stop at the first unfinished one unless
-        ``block``.
+        """Turn pending steps into windows, oldest first; stop at the first unfinished one unless ``block``.
+
+        Args:
+            block: wait for an unfinished step instead of stopping there.
+            limit: resolve at most this many steps (``None``: every pending step).
         """
         done = 0
         while self._pending and (limit is None or done < limit):
@@ -426,6 +446,7 @@ class StepTimingCallback(ScalingCallback):
         if means:
             log_metrics(trainer, {f"perf/step/{name}_ms": value for name, value in means.items()})
 
+    @override
     def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if self._cur is not None and self._cur.batch_start is None:  # the fetch that ended the epoch
             self._clock.release(self._cur.marks())
@@ -458,6 +479,7 @@ class StepTimingCallback(ScalingCallback):
         metrics["perf/epoch/first_batch_wait_ms"] = max((w for w in first_wait if w is not None), default=None)
         log_metrics(trainer, metrics)
 
+    @override
     def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._resolve(block=True)
         self._close_trace()
@@ -466,10 +488,12 @@ class StepTimingCallback(ScalingCallback):
             if last is not None:
                 rank_zero_info(f"StepTimingCallback: median step {last:.3f} ms (last epoch, rank 0, measured-run)")
 
+    @override
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
         self._close_trace()
 
     # ------------------------------------------------------------------ summary
+    @override
     def summary(self) -> dict[str, Any]:
         return {
             "evidence": MEASURED_RUN,

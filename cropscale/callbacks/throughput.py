@@ -1,5 +1,6 @@
-"""Throughput: samples/s (global and per rank), step latency (median, p95), train-only,
-validation-only and end-to-end epoch wall time, achieved TFLOP/s and MFU.
+"""Throughput: samples/s (global and per rank), step latency, epoch times, achieved TFLOP/s and MFU.
+
+Step latency as median and p95; epoch times as train-only, validation-only and end-to-end wall time.
 
 Definitions (host clock, ``time.perf_counter``):
 
@@ -25,6 +26,7 @@ from typing import Any
 
 import torch
 from lightning.pytorch import LightningModule, Trainer
+from typing_extensions import override
 
 from cropscale.callbacks._batches import batch_size
 from cropscale.callbacks._dist import gather_vectors
@@ -91,9 +93,11 @@ class ThroughputCallback(ScalingCallback):
         self._mfu_reason: str | None = None
         self._flops_source: str | None = None
 
+    @override
     def state_dict(self) -> dict[str, Any]:
         return {"total_samples": self.total_samples, "total_train_s": self.total_train_s, "epochs": list(self.epochs)}
 
+    @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.total_samples = int(state_dict.get("total_samples", 0))
         self.total_train_s = float(state_dict.get("total_train_s", 0.0))
@@ -104,6 +108,7 @@ class ThroughputCallback(ScalingCallback):
         if self._cuda is not None and self.sync_cuda_at_epoch_end:
             torch.cuda.synchronize(self._cuda)
 
+    @override
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         dev = pl_module.device
         self._cuda = dev if (dev.type == "cuda" and torch.cuda.is_available()) else None
@@ -112,6 +117,7 @@ class ThroughputCallback(ScalingCallback):
         self._steps_this_fit = 0
         self._start_log_schedule(trainer)
 
+    @override
     def on_train_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._sync()
         self._epoch_t0 = self._log_t0 = time.perf_counter()
@@ -120,13 +126,18 @@ class ThroughputCallback(ScalingCallback):
         self._samples = self._step_samples = self._log_samples = 0
         self._val_s = 0.0
 
+    @override
     def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
         self._stepped = False
 
+    @override
     def on_before_optimizer_step(self, trainer: Trainer, pl_module: LightningModule, optimizer: Any) -> None:
         self._stepped = True
 
-    def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int) -> None:
+    @override
+    def on_train_batch_end(
+        self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
         n = batch_size(batch) or 0
         self._samples += n
         self._step_samples += n
@@ -144,11 +155,13 @@ class ThroughputCallback(ScalingCallback):
             log_metrics(trainer, {"perf/samples_per_s_rank": self._log_samples / (t - self._log_t0)})
             self._log_t0, self._log_samples = t, 0
 
+    @override
     def on_validation_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if not trainer.sanity_checking and self._epoch_t0 is not None:
             self._sync()
             self._val_t0 = time.perf_counter()
 
+    @override
     def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if self._val_t0 is not None:
             self._sync()
@@ -158,6 +171,7 @@ class ThroughputCallback(ScalingCallback):
             self._last_end = None  # the next step's latency would include validation
             self._log_t0 = t
 
+    @override
     def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._sync()
         wall = time.perf_counter() - self._epoch_t0 if self._epoch_t0 is not None else None
@@ -199,7 +213,8 @@ class ThroughputCallback(ScalingCallback):
         log_metrics(trainer, {
             "perf/epoch/samples_per_s": sps, "perf/epoch/samples_per_s_steady": sps_steady,
             "perf/epoch/step_latency_ms_median": lat["median"], "perf/epoch/step_latency_ms_p95": lat["p95"],
-            "perf/epoch/train_s": slowest_train, "perf/epoch/val_s": record["val_s"], "perf/epoch/wall_s": record["wall_s"],
+            "perf/epoch/train_s": slowest_train, "perf/epoch/val_s": record["val_s"],
+            "perf/epoch/wall_s": record["wall_s"],
             "perf/epoch/tflops_per_s": tflops, "perf/epoch/mfu": mfu,
         })
 
@@ -232,6 +247,7 @@ class ThroughputCallback(ScalingCallback):
         self._mfu_reason = None
         return flops, tflops, tflops / peak, peak
 
+    @override
     def summary(self) -> dict[str, Any]:
         return {
             "evidence": MEASURED_RUN,

@@ -1,6 +1,7 @@
-"""Provenance facts of a measurement: git commit, dataset revision, library versions, host, device,
-GPU topology and the invocation (layer 1: the one definition used by ``run.json``, the benchmark JSON
-and the study record).
+"""Provenance facts of a measurement: git commit, dataset revision, library versions, host, device and GPU topology.
+
+Also the invocation (:func:`environment_record`). Layer 1: the one definition used by ``run.json``, the
+benchmark JSON and the study record.
 
 Facts that cannot be read are ``None`` or ``{"available": False, "reason": ...}``, never guessed.
 NVML facts (driver version, enforced power limit in W, persistence mode, clocks) come from
@@ -62,8 +63,11 @@ def _run(cmd: list[str], cwd: str | None = None, timeout: float = 10.0) -> str |
 
 
 def git_info(path: str | os.PathLike | None = None) -> dict[str, Any]:
-    """Commit, dirty flag (tracked files modified) and top folder of the git repository holding
-    ``path`` (default: the working directory, then the cropscale package).
+    """Commit, dirty flag (tracked files modified) and top folder of the git repository holding ``path``.
+
+    Args:
+        path: a folder inside the repository; ``None`` tries the working directory, then the cropscale
+            package.
 
     Returns:
         ``{"available": True, "repo", "commit", "dirty"}`` or ``{"available": False, "reason"}``.
@@ -125,8 +129,10 @@ def sha256_file(path: str | Path) -> str:
 
 
 def library_versions(names: tuple[str, ...] = _LIBRARIES) -> dict[str, Any]:
-    """Versions of Python, the libraries ``names`` (``None`` = not installed) and the CUDA, cuDNN and
-    NCCL builds torch uses.
+    """Versions of Python, the libraries ``names`` and the CUDA, cuDNN and NCCL builds torch uses.
+
+    Args:
+        names: distribution names to look up (a ``None`` version: not installed).
 
     Returns:
         ``{"python", <name>: str | None ..., "cuda": str | None, "cudnn": int | None (e.g. 90100),
@@ -178,8 +184,9 @@ def host_record() -> dict[str, Any]:
 
 
 def current_rss_bytes() -> int | None:
-    """Resident set size of this process now (bytes), from ``/proc/self/statm``; ``None`` where
-    that file does not exist (non-Linux).
+    """Resident set size of this process now (bytes), from ``/proc/self/statm``.
+
+    ``None`` where that file does not exist (non-Linux).
     """
     try:
         fields = Path("/proc/self/statm").read_text().split()
@@ -189,8 +196,9 @@ def current_rss_bytes() -> int | None:
 
 
 def load_average() -> list[float] | None:
-    """Host load average over 1, 5 and 15 min (``os.getloadavg``; ``None`` where unavailable). On a
-    shared CPU host it tells how far other work may have slowed a measurement.
+    """Host load average over 1, 5 and 15 min (``os.getloadavg``; ``None`` where unavailable).
+
+    On a shared CPU host it tells how far other work may have slowed a measurement.
     """
     try:
         return [round(x, 2) for x in os.getloadavg()]
@@ -209,9 +217,11 @@ def _cpu_name() -> str:
 
 
 def _nvml_facts(device: torch.device) -> dict[str, Any]:
-    """Driver version, enforced power limit (W), persistence mode, clocks (MHz) and clock-event reasons
-    of the CUDA ``device`` via the scaling callbacks' NVML helpers (:mod:`cropscale.env.nvml`,
-    device matched by UUID); ``None`` fields and ``nvml_reason`` when NVML cannot say.
+    """NVML facts of the CUDA ``device``: driver version, enforced power limit (W), persistence mode, clocks.
+
+    Clocks are in MHz, and the clock-event reasons are included. Read via the scaling callbacks' NVML
+    helpers (:mod:`cropscale.env.nvml`, device matched by UUID); ``None`` fields and ``nvml_reason``
+    when NVML cannot say.
     """
     facts: dict[str, Any] = {"driver": None, "power_limit_w": None, "persistence_mode": None}
     nv, reason = open_device_for(device)
@@ -227,11 +237,11 @@ def _nvml_facts(device: torch.device) -> dict[str, Any]:
 
 
 def device_record(device: torch.device) -> dict[str, Any]:
-    """Facts about ``device``: type, index, name; for CUDA also compute capability, total memory
-    (GiB), UUID and the NVML facts (driver, power limit in W, persistence mode, clocks in MHz,
-    clock-event reasons); for CPU the CPU
-    model, logical core count and torch's intra-op thread count, with the NVML fields ``None`` and a
-    reason.
+    """Facts about ``device``: type, index and name, plus the CUDA or CPU details below.
+
+    For CUDA also compute capability, total memory (GiB), UUID and the NVML facts (driver, power
+    limit in W, persistence mode, clocks in MHz, clock-event reasons); for CPU the CPU model, logical
+    core count and torch's intra-op thread count, with the NVML fields ``None`` and a reason.
     """
     record: dict[str, Any] = {"type": device.type, "index": device.index}
     if device.type == "cuda":
@@ -269,8 +279,8 @@ def environment_record(source: str | Path, argv: list[str] | None, device: torch
 
     Returns:
         ``{"source", "source_sha256", "invocation": {"executable", "sys_argv", "argv", "cwd"},
-        "git": git_info(PACKAGE_DIR), "host": {"hostname", "platform", "machine", "load_average_1_5_15_min"} (at the
-        start), "device": device_record(device),
+        "git": git_info(PACKAGE_DIR), "host": {"hostname", "platform", "machine",
+        "load_average_1_5_15_min"} (at the start), "device": device_record(device),
         "libraries": library_versions()}``.
     """
     return {

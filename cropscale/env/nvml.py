@@ -63,8 +63,13 @@ def cuda_uuid(device: torch.device) -> str | None:
 
 
 def find_handle_by_uuid(nvml: Any, uuid: str) -> tuple[Any, bool]:
-    """The NVML handle whose UUID equals ``uuid`` (prefix- and case-insensitive), searching physical
-    GPUs and their MIG instances.
+    """The NVML handle whose UUID equals ``uuid`` (prefix- and case-insensitive).
+
+    Physical GPUs and their MIG instances are searched.
+
+    Args:
+        nvml: the initialised ``pynvml`` module (see :func:`load_nvml`).
+        uuid: the CUDA device's UUID, with or without the ``GPU-`` / ``MIG-`` prefix.
 
     Returns:
         ``(handle, is_mig)``; for a MIG instance the handle of its *physical* GPU (power and energy
@@ -125,6 +130,7 @@ class NvmlDevice:
         return self.nvml.nvmlDeviceGetPowerUsage(self.handle) / 1e3
 
     def has_energy_counter(self) -> tuple[bool, str | None]:
+        """Whether the total-energy counter can be read: ``(True, None)`` or ``(False, reason)``."""
         try:
             self.energy_j()
             return True, None
@@ -132,6 +138,7 @@ class NvmlDevice:
             return False, f"nvmlDeviceGetTotalEnergyConsumption unavailable ({type(err).__name__})"
 
     def throttle_reasons(self) -> list[str] | None:
+        """Names of the current clock-event (throttle) reasons, e.g. ``["sw_power_cap"]``; ``None`` if unreadable."""
         fn = getattr(self.nvml, "nvmlDeviceGetCurrentClocksEventReasons", None) or getattr(
             self.nvml, "nvmlDeviceGetCurrentClocksThrottleReasons", None)
         if fn is None:
@@ -142,8 +149,10 @@ class NvmlDevice:
             return None
 
     def info(self) -> dict[str, Any]:
-        """Static facts recorded once: name, UUID, driver, power limit (W), persistence mode, clocks
-        (MHz, current and max), clock-event (throttle) reasons. Unreadable fields are ``None``.
+        """Static facts recorded once: name, UUID, driver, power limit (W), persistence mode, clocks.
+
+        Also whether it is a MIG instance, the clocks in MHz (current and max) and the clock-event
+        (throttle) reasons. Unreadable fields are ``None``.
         """
         nv = self.nvml
 
@@ -199,8 +208,9 @@ def open_device_for(device: torch.device) -> tuple[NvmlDevice | None, str | None
 # energy-window arithmetic
 # --------------------------------------------------------------------------------------------------
 def counter_delta_j(start_j: float | None, end_j: float | None) -> float | None:
-    """Energy (J) between two readings of the total-energy counter; ``None`` if either is missing or
-    the counter went backwards (driver reload).
+    """Energy (J) between two readings of the total-energy counter.
+
+    ``None`` if either reading is missing or the counter went backwards (driver reload).
     """
     if start_j is None or end_j is None or end_j < start_j:
         return None
@@ -208,9 +218,10 @@ def counter_delta_j(start_j: float | None, end_j: float | None) -> float | None:
 
 
 def integrate_power(samples: Sequence[tuple[float, float]], t0: float, t1: float) -> float | None:
-    """Energy (J) in ``[t0, t1]`` (s) from power samples ``(t, W)`` sorted by time, by the trapezoidal
-    rule; power is interpolated linearly at the window edges and held constant beyond the first/last
-    sample. ``None`` without samples or for an empty window.
+    """Energy (J) in ``[t0, t1]`` (s) from power samples ``(t, W)`` sorted by time, by the trapezoidal rule.
+
+    Power is interpolated linearly at the window edges and held constant beyond the first/last sample.
+    ``None`` without samples or for an empty window.
     """
     if not samples or not t1 > t0:
         return None

@@ -4,8 +4,8 @@ One table, dense figures only (NVIDIA publishes tensor-core figures "with sparsi
 is half of it). Source: NVIDIA product datasheets (H200, H100, A100, L40S, L4, A10, V100, T4). Lightning's
 own table (``lightning.fabric.utilities.throughput``) has no "NVIDIA H200" entry and mixes dense and
 sparse figures, so it is not used. A measured reference: about 790 TFLOP/s bf16 on an 8192-cube matrix
-product on an H200 (``/work/shared/MEASURING.md``), i.e. the datasheet peak is not reached even by a
-large GEMM; MFU is reported beside the achieved TFLOP/s for that reason.
+product on an H200 (``docs/measuring.md``, "Peak FLOP/s for MFU"), i.e. the datasheet peak is not
+reached even by a large GEMM; MFU is reported beside the achieved TFLOP/s for that reason.
 
 dtypes: ``fp64``, ``fp32`` (no TF32), ``tf32``, ``bf16``, ``fp16``, ``fp8``.
 """
@@ -53,8 +53,9 @@ DTYPES: tuple[str, ...] = ("fp64", "fp32", "tf32", "bf16", "fp16", "fp8")
 
 
 def device_family(device_name: str) -> str | None:
-    """Table key for a device name such as ``"NVIDIA H200"`` or ``"NVIDIA A100-SXM4-80GB"``; ``None``
-    for a device not in the table (CPUs, unknown GPUs).
+    """Table key for a device name such as ``"NVIDIA H200"`` or ``"NVIDIA A100-SXM4-80GB"``.
+
+    ``None`` for a device not in the table (CPUs, unknown GPUs).
     """
     name = device_name.upper().replace("-", " ").replace("_", " ")
     for pattern, key in _NAME_RULES:

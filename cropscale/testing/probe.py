@@ -1,5 +1,7 @@
-"""The study's model on pre-generated synthetic samples, for probes and microbenchmarks that time
-training steps without the data pipeline (``bench.ddp_probe``, ``callback-bench --model network``).
+"""The study's model on pre-generated synthetic samples, for probes and microbenchmarks without the data pipeline.
+
+Used where training steps are timed without data loading (``bench.ddp_probe``,
+``callback-bench --model network``).
 
 - :class:`SyntheticSamples`: ``length`` samples cycled from one synthetic batch
   (:func:`cropscale.model.synthetic.synthetic_batch`), generated once, before training;
@@ -15,6 +17,7 @@ import time
 import torch
 from lightning.pytorch import Callback, LightningModule
 from torch.utils.data import Dataset
+from typing_extensions import override
 
 from cropscale.batch import model_inputs
 from cropscale.model.losses import MultiTaskLoss
@@ -23,13 +26,16 @@ from cropscale.model.synthetic import synthetic_batch
 
 
 class SyntheticSamples(Dataset):
-    """``length`` samples (one sample per item, batch contract of :mod:`cropscale.batch` without the
-    batch dimension) cycled from a pool of ``pool`` synthetic samples.
+    """``length`` samples cycled from a pool of ``pool`` synthetic samples.
+
+    One sample per item: the batch contract of :mod:`cropscale.batch` without the batch dimension.
 
     Args:
         length: items in the dataset.
         pool: distinct samples generated (``synthetic_batch(pool, ...)``).
-        t2: Sentinel-2 dates; t1: dates per Sentinel-1 orbit; crop_size: 10 m crop side (pixels).
+        t2: Sentinel-2 dates.
+        t1: dates per Sentinel-1 orbit.
+        crop_size: 10 m crop side (pixels).
         seed: seed of the synthetic batch.
     """
 
@@ -54,25 +60,30 @@ class ProbeTask(LightningModule):
         self.net = CropMappingNet()
         self.loss = MultiTaskLoss()
 
+    @override
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
         total, _ = self.loss(self.net(**model_inputs(batch)), batch)
         return total
 
+    @override
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return torch.optim.AdamW(self.parameters(), lr=1e-3)
 
 
 class StepTimer(Callback):
-    """Host wall time (s, ``time.perf_counter``) of each training batch, from ``on_train_batch_start``
-    to ``on_train_batch_end``, in :attr:`times`.
+    """Host wall time (s, ``time.perf_counter``) of each training batch, in :attr:`times`.
+
+    Measured from ``on_train_batch_start`` to ``on_train_batch_end``.
     """
 
     def __init__(self) -> None:
         self.times: list[float] = []
         self._t0 = 0.0
 
-    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:  # noqa: D102
+    @override
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         self._t0 = time.perf_counter()
 
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:  # noqa: D102
+    @override
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         self.times.append(time.perf_counter() - self._t0)

@@ -17,6 +17,7 @@ from collections.abc import Iterable
 import torch
 from lightning.pytorch import LightningModule
 from torch.utils.data import DataLoader, Dataset
+from typing_extensions import override
 
 
 class ToyDataset(Dataset):
@@ -48,8 +49,9 @@ class ToyDataset(Dataset):
 
 
 class ToyTask(LightningModule):
-    """``loss = mean(Linear(flatten(s2))^2)`` (+ injections, see the module docstring); its data is
-    :class:`ToyDataset` with ``s2`` of shape ``[1, features]`` per sample.
+    """``loss = mean(Linear(flatten(s2))^2)``, plus the injections described in the module docstring.
+
+    Its data is :class:`ToyDataset` with ``s2`` of shape ``[1, features]`` per sample.
 
     ``flops_per_sample = 6 * features`` (forward 2F, backward 4F for one output).
     """
@@ -71,6 +73,7 @@ class ToyTask(LightningModule):
         self.step_lr_scheduler = step_lr_scheduler
         self.flops_per_sample = 6.0 * features
 
+    @override
     def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
         y = self.lin(batch["s2"].flatten(1))
         loss = y.float().square().mean()
@@ -80,9 +83,11 @@ class ToyTask(LightningModule):
             loss = loss + torch.sqrt(0.0 * self.lin.weight.sum())
         return loss
 
+    @override
     def validation_step(self, batch: dict, batch_idx: int) -> None:
         self.log("val_loss", self.lin(batch["s2"].flatten(1)).square().mean())
 
+    @override
     def configure_optimizers(self):  # noqa: ANN201
         if self.optimizer_name == "adamw":
             opt = torch.optim.AdamW(self.parameters(), lr=self.lr, weight_decay=self.weight_decay)
@@ -93,18 +98,21 @@ class ToyTask(LightningModule):
         sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.9)
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
 
+    @override
     def train_dataloader(self) -> DataLoader:
         ds = ToyDataset(self.n_train, t=1, c=self.lin.in_features, nan_patch_ids=self.nan_patch_ids)
         return DataLoader(ds, batch_size=self.batch_size)
 
+    @override
     def val_dataloader(self) -> DataLoader:
         return DataLoader(ToyDataset(8, t=1, c=self.lin.in_features, seed=1, first_id=5000), batch_size=4)
 
 
 def toy_batches(n: int, batch: int = 1, features: int = 16, seed: int = 0) -> list[dict[str, torch.Tensor]]:
-    """``n`` ready-made batches for :class:`ToyTask` (a ``DataLoader(..., batch_size=None)`` passes them
-    through): ``{"s2": [batch, features] f32 standard normal, "patch_id": [1] int64 = i, "crop_yx": [1, 2]
-    int64 zeros}``.
+    """``n`` ready-made batches for :class:`ToyTask`; a ``DataLoader(..., batch_size=None)`` passes them through.
+
+    Batch ``i`` is ``{"s2": [batch, features] f32 standard normal, "patch_id": [1] int64 = i,
+    "crop_yx": [1, 2] int64 zeros}``.
     """
     g = torch.Generator().manual_seed(seed)
     return [{"s2": torch.randn(batch, features, generator=g), "patch_id": torch.tensor([i]),
