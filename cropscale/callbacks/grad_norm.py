@@ -32,8 +32,8 @@ from cropscale.callbacks._grads import (
 from cropscale.callbacks._logging import log_metrics
 from cropscale.callbacks.base import ScalingCallback
 from cropscale.errors import CropScaleError
-from cropscale.evidence import MEASURED_RUN
 from cropscale.numbers import median_p95
+from cropscale.runs.schema import GradNormEpoch, GradNormSummary
 
 
 class GradNormCallback(ScalingCallback):
@@ -68,7 +68,7 @@ class GradNormCallback(ScalingCallback):
         self.steps = 0
         self.clipped_steps = 0
         self.nonfinite_steps = 0
-        self.epochs: list[dict[str, Any]] = []
+        self.epochs: list[GradNormEpoch] = []
         self._params: list[torch.nn.Parameter] = []
         self._sharded = False
         self._threshold: float | None = None
@@ -84,14 +84,14 @@ class GradNormCallback(ScalingCallback):
     def state_dict(self) -> dict[str, Any]:
         self._flush()
         return {"steps": self.steps, "clipped_steps": self.clipped_steps, "nonfinite_steps": self.nonfinite_steps,
-                "epochs": list(self.epochs)}
+                "epochs": [e.to_json() for e in self.epochs]}
 
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.steps = int(state_dict.get("steps", 0))
         self.clipped_steps = int(state_dict.get("clipped_steps", 0))
         self.nonfinite_steps = int(state_dict.get("nonfinite_steps", 0))
-        self.epochs = list(state_dict.get("epochs", []))
+        self.epochs = [GradNormEpoch.from_json(e) for e in state_dict.get("epochs", [])]
 
     @override
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
@@ -148,13 +148,13 @@ class GradNormCallback(ScalingCallback):
         norms = self._epoch_norms
         stats = median_p95(norms)
         frac = (self._epoch_clipped / len(norms)) if (norms and self._threshold is not None) else None
-        self.epochs.append({
-            "epoch": trainer.current_epoch, "steps": len(norms) + self._epoch_nonfinite,
-            "grad_norm_median": stats["median"], "grad_norm_p95": stats["p95"],
-            "grad_norm_max": max(norms) if norms else None,
-            "clipped_steps": self._epoch_clipped if self._threshold is not None else None,
-            "clip_fraction": frac, "nonfinite_steps": self._epoch_nonfinite,
-        })
+        self.epochs.append(GradNormEpoch(
+            epoch=trainer.current_epoch, steps=len(norms) + self._epoch_nonfinite,
+            grad_norm_median=stats["median"], grad_norm_p95=stats["p95"],
+            grad_norm_max=max(norms) if norms else None,
+            clipped_steps=self._epoch_clipped if self._threshold is not None else None,
+            clip_fraction=frac, nonfinite_steps=self._epoch_nonfinite,
+        ))
         log_metrics(trainer, {"numerics/epoch/grad_norm_median": stats["median"],
                               "numerics/epoch/grad_norm_p95": stats["p95"],
                               "numerics/epoch/grad_clip_fraction": frac})
@@ -187,22 +187,21 @@ class GradNormCallback(ScalingCallback):
         return values
 
     @override
-    def summary(self) -> dict[str, Any]:
+    def summary(self) -> GradNormSummary:
         finite_steps = self.steps - self.nonfinite_steps
-        return {
-            "evidence": MEASURED_RUN,
-            "norm_type": self.norm_type,
-            "sharded_reduction": self._sharded,
-            "clip_threshold": self._threshold,
-            "clip_threshold_reason": self._threshold_reason,
-            "steps": self.steps,
-            "nonfinite_steps": self.nonfinite_steps,
-            "clipped_steps": self.clipped_steps if self._threshold is not None else None,
-            "clip_fraction": (
+        return GradNormSummary(
+            norm_type=self.norm_type,
+            sharded_reduction=self._sharded,
+            clip_threshold=self._threshold,
+            clip_threshold_reason=self._threshold_reason,
+            steps=self.steps,
+            nonfinite_steps=self.nonfinite_steps,
+            clipped_steps=self.clipped_steps if self._threshold is not None else None,
+            clip_fraction=(
                 (self.clipped_steps / finite_steps) if (finite_steps and self._threshold is not None) else None
             ),
-            "epochs": list(self.epochs),
-        }
+            epochs=list(self.epochs),
+        )
 
 
 def _algorithm(value: Any) -> str:

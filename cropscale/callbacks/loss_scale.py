@@ -29,7 +29,7 @@ from typing_extensions import override
 from cropscale.callbacks._grads import grad_scaler, scale_tensor
 from cropscale.callbacks._logging import log_metrics
 from cropscale.callbacks.base import ScalingCallback
-from cropscale.evidence import MEASURED_RUN
+from cropscale.runs.schema import LossScaleEpoch, LossScaleSummary
 
 _COUNTS = ("steps", "backoff_events", "growth_events", "skipped_steps", "overflow_skips", "nonfinite_loss_skips",
            "lr_scheduler_steps_on_skipped")
@@ -51,7 +51,7 @@ class LossScaleCallback(ScalingCallback):
 
     def __init__(self) -> None:
         self.counts: dict[str, int] = dict.fromkeys(_COUNTS, 0)
-        self.epochs: list[dict[str, Any]] = []
+        self.epochs: list[LossScaleEpoch] = []
         self._scaler: Any = None
         self._reason: str | None = None
         self._precision: str | None = None
@@ -69,13 +69,13 @@ class LossScaleCallback(ScalingCallback):
     @override
     def state_dict(self) -> dict[str, Any]:
         self._flush()
-        return {"counts": dict(self.counts), "epochs": list(self.epochs), "last_scale": self._last_scale,
-                "initial_scale": self._initial_scale}
+        return {"counts": dict(self.counts), "epochs": [e.to_json() for e in self.epochs],
+                "last_scale": self._last_scale, "initial_scale": self._initial_scale}
 
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.counts.update({k: int(v) for k, v in state_dict.get("counts", {}).items()})
-        self.epochs = list(state_dict.get("epochs", []))
+        self.epochs = [LossScaleEpoch.from_json(e) for e in state_dict.get("epochs", [])]
         self._last_scale = state_dict.get("last_scale")
         self._initial_scale = state_dict.get("initial_scale")
 
@@ -149,11 +149,11 @@ class LossScaleCallback(ScalingCallback):
         if self._scaler is None:
             return
         self._flush()
-        self.epochs.append({
-            "epoch": trainer.current_epoch,
+        self.epochs.append(LossScaleEpoch(
+            epoch=trainer.current_epoch,
             **{k: self.counts[k] - self._epoch_start_counts.get(k, 0) for k in _COUNTS},
-            "loss_scale_end": self._last_scale,
-        })
+            loss_scale_end=self._last_scale,
+        ))
         self._epoch_start_counts = dict(self.counts)
         log_metrics(trainer, self._metrics())
 
@@ -195,16 +195,10 @@ class LossScaleCallback(ScalingCallback):
 
     # ------------------------------------------------------------------ summary
     @override
-    def summary(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            "evidence": MEASURED_RUN,
-            "precision": self._precision,
-            "scaler_in_use": self._scaler is not None,
-        }
+    def summary(self) -> LossScaleSummary:
         if self._scaler is None:
-            out["reason"] = self._reason
-            return out
-        out.update(self._config)
-        out.update({"initial_scale": self._initial_scale, "final_scale": self._last_scale, **self.counts,
-                    "epochs": list(self.epochs)})
-        return out
+            return LossScaleSummary(precision=self._precision, scaler_in_use=False, reason=self._reason)
+        return LossScaleSummary(
+            precision=self._precision, scaler_in_use=True, **self._config, initial_scale=self._initial_scale,
+            final_scale=self._last_scale, **self.counts, epochs=list(self.epochs),
+        )

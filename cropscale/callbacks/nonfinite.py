@@ -53,7 +53,7 @@ from cropscale.callbacks._grads import (
 from cropscale.callbacks._logging import log_metrics
 from cropscale.callbacks.base import ScalingCallback
 from cropscale.errors import CropScaleError
-from cropscale.evidence import MEASURED_RUN
+from cropscale.runs.schema import NonFiniteRecord, NonFiniteSummary, RankCounts
 
 
 class NonFiniteError(CropScaleError):
@@ -90,8 +90,8 @@ class NonFiniteCallback(ScalingCallback):
         self.max_records = max_records
         self.nonfinite_batches = 0
         self.skipped_steps = 0
-        self.records: list[dict[str, Any]] = []
-        self.all_records: list[dict[str, Any]] | None = None
+        self.records: list[NonFiniteRecord] = []
+        self.all_records: list[NonFiniteRecord] | None = None
         self._params: list[torch.nn.Parameter] = []
         self._scaler: Any = None
         self._sharded = False
@@ -110,13 +110,13 @@ class NonFiniteCallback(ScalingCallback):
     def state_dict(self) -> dict[str, Any]:
         self._flush()
         return {"nonfinite_batches": self.nonfinite_batches, "skipped_steps": self.skipped_steps,
-                "records": list(self.records)}
+                "records": [r.to_json() for r in self.records]}
 
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.nonfinite_batches = int(state_dict.get("nonfinite_batches", 0))
         self.skipped_steps = int(state_dict.get("skipped_steps", 0))
-        self.records = list(state_dict.get("records", []))
+        self.records = [NonFiniteRecord.from_json(r) for r in state_dict.get("records", [])]
 
     # ------------------------------------------------------------------ hooks
     @override
@@ -174,8 +174,8 @@ class NonFiniteCallback(ScalingCallback):
         # with a non-finite loss own the record; without one, every rank with bad gradients records
         if loss_bad or (grad_bad and not loss_bad_any):
             record = self._record(meta, loss_ok, grad_ok, self._ids, batch=self._batch)
-            where = (f"non-finite {'loss' if record['loss_finite'] is False else 'gradients'} on rank "
-                     f"{self._rank}: patch_id={record.get('patch_id')}, crop_yx={record.get('crop_yx')}")
+            where = (f"non-finite {'loss' if record.loss_finite is False else 'gradients'} on rank "
+                     f"{self._rank}: patch_id={record.patch_id}, crop_yx={record.crop_yx}")
         else:
             where = "non-finite loss on another rank (its record names the samples)"
         if self.policy == "raise":
@@ -215,21 +215,20 @@ class NonFiniteCallback(ScalingCallback):
                            f"(policy={self.policy}); sample ids are in run.json")
 
     # ------------------------------------------------------------------ records
-    def _record(self, meta: tuple, loss_ok: Any, grad_ok: Any, ids: tuple, batch: Any = None) -> dict[str, Any]:
+    def _record(self, meta: tuple, loss_ok: Any, grad_ok: Any, ids: tuple, batch: Any = None) -> NonFiniteRecord:
         step, epoch, batch_idx = meta
-        rec: dict[str, Any] = {
-            "global_step": int(step), "epoch": int(epoch), "batch_idx": int(batch_idx), "rank": self._rank,
-            "loss_finite": None if loss_ok is None else bool(loss_ok),
-            "grads_finite": None if grad_ok is None else bool(grad_ok),
+        rec = NonFiniteRecord(
+            global_step=int(step), epoch=int(epoch), batch_idx=int(batch_idx), rank=self._rank,
+            loss_finite=None if loss_ok is None else bool(loss_ok),
+            grads_finite=None if grad_ok is None else bool(grad_ok),
             **ids_to_lists(*ids),
-        }
+        )
         if isinstance(batch, Mapping):
             bad_samples = _nonfinite_samples(batch)
-            if bad_samples is not None and ids[0] is not None:
-                pids = rec.get("patch_id", [])
-                rec["nonfinite_input_patch_id"] = [pids[i] for i in bad_samples if i < len(pids)]
-                if "crop_yx" in rec:
-                    rec["nonfinite_input_crop_yx"] = [rec["crop_yx"][i] for i in bad_samples if i < len(rec["crop_yx"])]
+            if bad_samples is not None and rec.patch_id is not None:
+                rec.nonfinite_input_patch_id = [rec.patch_id[i] for i in bad_samples if i < len(rec.patch_id)]
+                if rec.crop_yx is not None:
+                    rec.nonfinite_input_crop_yx = [rec.crop_yx[i] for i in bad_samples if i < len(rec.crop_yx)]
         self.nonfinite_batches += 1
         if len(self.records) < self.max_records:
             self.records.append(rec)
@@ -254,18 +253,17 @@ class NonFiniteCallback(ScalingCallback):
 
     # ------------------------------------------------------------------ summary
     @override
-    def summary(self) -> dict[str, Any]:
+    def summary(self) -> NonFiniteSummary:
         records = self.all_records if self.all_records is not None else self.records
-        return {
-            "evidence": MEASURED_RUN,
-            "policy": self.policy,
-            "check_grads": self.check_grads and self._scaler is None,
-            "nonfinite_batches_rank0": self.nonfinite_batches,
-            "skipped_steps_rank0": self.skipped_steps,
-            "per_rank": [{"nonfinite_batches": n, "skipped_steps": s}
-                         for n, s in getattr(self, "_per_rank_counts", [(self.nonfinite_batches, self.skipped_steps)])],
-            "records": records,
-        }
+        counts = getattr(self, "_per_rank_counts", [(self.nonfinite_batches, self.skipped_steps)])
+        return NonFiniteSummary(
+            policy=self.policy,
+            check_grads=self.check_grads and self._scaler is None,
+            nonfinite_batches_rank0=self.nonfinite_batches,
+            skipped_steps_rank0=self.skipped_steps,
+            per_rank=[RankCounts(nonfinite_batches=n, skipped_steps=s) for n, s in counts],
+            records=list(records),
+        )
 
 
 def _finite_flags(values: list[torch.Tensor]) -> list[bool]:

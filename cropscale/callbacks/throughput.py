@@ -34,8 +34,8 @@ from cropscale.callbacks._logging import log_metrics
 from cropscale.callbacks.base import ScalingCallback
 from cropscale.env import peaks
 from cropscale.errors import CropScaleError
-from cropscale.evidence import MEASURED_RUN
 from cropscale.numbers import median_p95
+from cropscale.runs.schema import ThroughputEpoch, ThroughputSummary, WindowStats
 
 
 class ThroughputCallback(ScalingCallback):
@@ -74,7 +74,7 @@ class ThroughputCallback(ScalingCallback):
         self.sync_cuda_at_epoch_end = sync_cuda_at_epoch_end
         self.total_samples = 0
         self.total_train_s = 0.0
-        self.epochs: list[dict[str, Any]] = []
+        self.epochs: list[ThroughputEpoch] = []
         self._cuda: torch.device | None = None
         self._steps_this_fit = 0
         self._last_end: float | None = None
@@ -95,13 +95,14 @@ class ThroughputCallback(ScalingCallback):
 
     @override
     def state_dict(self) -> dict[str, Any]:
-        return {"total_samples": self.total_samples, "total_train_s": self.total_train_s, "epochs": list(self.epochs)}
+        return {"total_samples": self.total_samples, "total_train_s": self.total_train_s,
+                "epochs": [e.to_json() for e in self.epochs]}
 
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.total_samples = int(state_dict.get("total_samples", 0))
         self.total_train_s = float(state_dict.get("total_train_s", 0.0))
-        self.epochs = list(state_dict.get("epochs", []))
+        self.epochs = [ThroughputEpoch.from_json(e) for e in state_dict.get("epochs", [])]
 
     # ------------------------------------------------------------------ hooks
     def _sync(self) -> None:
@@ -190,31 +191,31 @@ class ThroughputCallback(ScalingCallback):
         sps_steady = (sum(n for n, _ in steady_rows) / max(s for _, s in steady_rows)) if steady_rows else None
         lat = median_p95(self._lat, scale=1e3)
         flops, tflops, mfu, peak = self._flops_figures(pl_module, total_samples, slowest_train, trainer.world_size)
-        record = {
-            "epoch": trainer.current_epoch,
-            "samples": total_samples,
-            "samples_per_rank": samples_rank,
-            "samples_per_s": sps,
-            "samples_per_s_per_rank": [(n / t) if t else None for n, t in zip(samples_rank, train_rank, strict=False)],
-            "samples_per_s_steady": sps_steady,
-            "step_latency_ms": lat,
-            "train_s": slowest_train,
-            "train_s_per_rank": train_rank,
-            "val_s": max((r[2] for r in rows if r[2] is not None), default=None),
-            "wall_s": max((r[3] for r in rows if r[3] is not None), default=None),
-            "flops_per_sample": flops,
-            "tflops_per_s_per_gpu": tflops,
-            "peak_tflops": peak,
-            "mfu": mfu,
-        }
+        record = ThroughputEpoch(
+            epoch=trainer.current_epoch,
+            samples=total_samples,
+            samples_per_rank=samples_rank,
+            samples_per_s=sps,
+            samples_per_s_per_rank=[(n / t) if t else None for n, t in zip(samples_rank, train_rank, strict=False)],
+            samples_per_s_steady=sps_steady,
+            step_latency_ms=WindowStats(**lat),
+            train_s=slowest_train,
+            train_s_per_rank=train_rank,
+            val_s=max((r[2] for r in rows if r[2] is not None), default=None),
+            wall_s=max((r[3] for r in rows if r[3] is not None), default=None),
+            flops_per_sample=flops,
+            tflops_per_s_per_gpu=tflops,
+            peak_tflops=peak,
+            mfu=mfu,
+        )
         self.epochs.append(record)
         self.total_samples += total_samples
         self.total_train_s += slowest_train or 0.0
         log_metrics(trainer, {
             "perf/epoch/samples_per_s": sps, "perf/epoch/samples_per_s_steady": sps_steady,
             "perf/epoch/step_latency_ms_median": lat["median"], "perf/epoch/step_latency_ms_p95": lat["p95"],
-            "perf/epoch/train_s": slowest_train, "perf/epoch/val_s": record["val_s"],
-            "perf/epoch/wall_s": record["wall_s"],
+            "perf/epoch/train_s": slowest_train, "perf/epoch/val_s": record.val_s,
+            "perf/epoch/wall_s": record.wall_s,
             "perf/epoch/tflops_per_s": tflops, "perf/epoch/mfu": mfu,
         })
 
@@ -248,16 +249,15 @@ class ThroughputCallback(ScalingCallback):
         return flops, tflops, tflops / peak, peak
 
     @override
-    def summary(self) -> dict[str, Any]:
-        return {
-            "evidence": MEASURED_RUN,
-            "device": self._device_name,
-            "dtype": self._dtype,
-            "warmup_steps": self.warmup_steps,
-            "flops_source": self._flops_source,
-            "mfu_reason": self._mfu_reason,
-            "total_samples": self.total_samples,
-            "total_train_s": self.total_train_s,
-            "samples_per_s": (self.total_samples / self.total_train_s) if self.total_train_s else None,
-            "epochs": list(self.epochs),
-        }
+    def summary(self) -> ThroughputSummary:
+        return ThroughputSummary(
+            device=self._device_name,
+            dtype=self._dtype,
+            warmup_steps=self.warmup_steps,
+            flops_source=self._flops_source,
+            mfu_reason=self._mfu_reason,
+            total_samples=self.total_samples,
+            total_train_s=self.total_train_s,
+            samples_per_s=(self.total_samples / self.total_train_s) if self.total_train_s else None,
+            epochs=list(self.epochs),
+        )

@@ -52,10 +52,10 @@ def test_injected_overflows_give_exact_backoffs_and_skips(tmp_path):
     assert c["growth_events"] == 2
     assert c["lr_scheduler_steps_on_skipped"] == 2  # one step-interval scheduler stepped on each skip
     s = amp.summary()
-    assert s["scaler_in_use"] is True and s["initial_scale"] == 1024.0 and s["final_scale"] == 1024.0
-    assert s["final_scale"] == scaler.get_scale()
-    assert (s["growth_factor"], s["backoff_factor"], s["growth_interval"]) == (2.0, 0.5, 3)
-    assert s["epochs"][0]["skipped_steps"] == 2
+    assert s.scaler_in_use is True and s.initial_scale == 1024.0 and s.final_scale == 1024.0
+    assert s.final_scale == scaler.get_scale()
+    assert (s.growth_factor, s.backoff_factor, s.growth_interval) == (2.0, 0.5, 3)
+    assert s.epochs[0].skipped_steps == 2
     # the gradient norm of the two skipped steps is inf after unscaling: counted apart
     assert gn.nonfinite_steps == 2 and gn.steps == 10
 
@@ -72,9 +72,9 @@ def test_nonfinite_loss_under_fp16_is_not_an_overflow(tmp_path):
     assert amp.counts["nonfinite_loss_skips"] == 1 and amp.counts["overflow_skips"] == 0
     assert nf.nonfinite_batches == 1 and nf.skipped_steps == 1
     rec = nf.records[0]
-    assert rec["patch_id"] == [1008, 1009, 1010, 1011] and rec["loss_finite"] is False
-    assert rec["grads_finite"] is None  # under a GradScaler gradients are the scaler's business
-    assert rec["nonfinite_input_patch_id"] == [1009]
+    assert rec.patch_id == [1008, 1009, 1010, 1011] and rec.loss_finite is False
+    assert rec.grads_finite is None  # under a GradScaler gradients are the scaler's business
+    assert rec.nonfinite_input_patch_id == [1009]
 
 
 @pytest.mark.parametrize("precision", ["bf16-mixed", "32-true"])
@@ -85,6 +85,6 @@ def test_no_scaler_is_recorded(tmp_path, precision):
                       enable_checkpointing=False, limit_val_batches=0)
     trainer.fit(ToyTask())
     s = amp.summary()
-    assert s["scaler_in_use"] is False and s["precision"] == precision
-    assert "no GradScaler in use" in s["reason"]
+    assert s.scaler_in_use is False and s.precision == precision
+    assert "no GradScaler in use" in s.reason
     assert amp.counts["steps"] == 0

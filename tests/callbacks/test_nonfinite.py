@@ -52,10 +52,10 @@ def test_log_policy_records_the_exact_sample_ids():
     run([nf], ToyTask(nan_patch_ids={1013}))  # the last batch: the NaN does not reach later steps
     assert nf.nonfinite_batches == 1 and nf.skipped_steps == 0
     rec = nf.records[0]
-    assert rec["patch_id"] == BATCH3 and rec["crop_yx"] == YX3
-    assert (rec["global_step"], rec["epoch"], rec["batch_idx"], rec["rank"]) == (4, 0, 3, 0)
-    assert rec["loss_finite"] is False and rec["grads_finite"] is False
-    assert nf.summary()["records"] == [rec]
+    assert rec.patch_id == BATCH3 and rec.crop_yx == YX3
+    assert (rec.global_step, rec.epoch, rec.batch_idx, rec.rank) == (4, 0, 3, 0)
+    assert rec.loss_finite is False and rec.grads_finite is False
+    assert nf.summary().records == [rec]
 
 
 def test_skip_policy_skips_the_step_and_keeps_training():
@@ -65,10 +65,10 @@ def test_skip_policy_skips_the_step_and_keeps_training():
     trainer = run([nf, spy], task)
     assert trainer.global_step == 4  # training went on to the end of the epoch
     assert nf.nonfinite_batches == 2 and nf.skipped_steps == 2
-    assert [r["patch_id"] for r in nf.records] == [BATCH1, BATCH3]
-    assert [r["crop_yx"] for r in nf.records] == [YX1, YX3]
-    assert [r["nonfinite_input_patch_id"] for r in nf.records] == [[1005], [1013]]
-    assert [r["nonfinite_input_crop_yx"] for r in nf.records] == [[[8, 8]], [[8, 24]]]
+    assert [r.patch_id for r in nf.records] == [BATCH1, BATCH3]
+    assert [r.crop_yx for r in nf.records] == [YX1, YX3]
+    assert [r.nonfinite_input_patch_id for r in nf.records] == [[1005], [1013]]
+    assert [r.nonfinite_input_crop_yx for r in nf.records] == [[[8, 8]], [[8, 24]]]
     for k in range(4):
         same = all(torch.equal(a, b) for a, b in zip(spy.before[k], spy.after[k], strict=True))
         assert same == (k in (1, 3)), k  # skipped steps leave parameters (and weight decay) untouched
@@ -89,9 +89,9 @@ def test_nan_gradients_with_a_finite_loss():
     run([nf], ToyTask(nan_grad_steps={2}))
     assert nf.nonfinite_batches == 1
     rec = nf.records[0]
-    assert rec["loss_finite"] is True and rec["grads_finite"] is False
-    assert rec["patch_id"] == [1008, 1009, 1010, 1011] and rec["global_step"] == 3
-    assert "nonfinite_input_patch_id" in rec and rec["nonfinite_input_patch_id"] == []
+    assert rec.loss_finite is True and rec.grads_finite is False
+    assert rec.patch_id == [1008, 1009, 1010, 1011] and rec.global_step == 3
+    assert rec.nonfinite_input_patch_id == []
 
 
 def test_state_dict_round_trip_keeps_records():

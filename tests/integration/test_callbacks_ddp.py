@@ -80,11 +80,12 @@ def _worker(out_dir: str) -> None:
         "spy": spy.changed,
         "params": [p.detach().double().sum().item() for p in task.parameters()],
         "adam_steps": [int(trainer.optimizers[0].state[p]["step"]) for p in task.parameters()],
-        "nonfinite": {"batches": nf.nonfinite_batches, "skipped": nf.skipped_steps, "records": nf.records},
-        "step_timing": st.summary(),
-        "throughput": th.epochs,
-        "grad_norm": gn.summary(),
-        "memory": mem.epochs,
+        "nonfinite": {"batches": nf.nonfinite_batches, "skipped": nf.skipped_steps,
+                      "records": [r.to_json() for r in nf.records]},
+        "step_timing": st.summary().to_json(),
+        "throughput": [e.to_json() for e in th.epochs],
+        "grad_norm": gn.summary().to_json(),
+        "memory": [e.to_json() for e in mem.epochs],
         "log_dir": trainer.log_dir,
     }
     Path(out_dir, f"rank{trainer.global_rank}.json").write_text(json.dumps(result))
