@@ -81,6 +81,7 @@ from cropscale.callbacks._windows import (
 )
 from cropscale.callbacks.base import ScalingCallback
 from cropscale.errors import CropScaleError
+from cropscale.evidence import MEASURED_RUN
 from cropscale.runs.schema import RankStats, StepTimingEpoch, StepTimingSummary
 from cropscale.runs.schema import WindowStats as WindowFigures
 
@@ -486,7 +487,7 @@ class StepTimingCallback(ScalingCallback):
             step = self.epochs[-1].windows_ms.get("step")
             last = None if step is None else step.median
             if last is not None:
-                rank_zero_info(f"StepTimingCallback: median step {last:.3f} ms (last epoch, rank 0, measured-run)")
+                rank_zero_info(f"StepTimingCallback: median step {last:.3f} ms (last epoch, rank 0, {MEASURED_RUN})")
 
     @override
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
