@@ -8,7 +8,7 @@ shards gradients.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -158,3 +158,50 @@ def scale_tensor(scaler: Any) -> torch.Tensor | None:
     if callable(get_async):
         return get_async()
     return getattr(scaler, "_scale", None)
+
+
+class _LossTap:
+    """Calls listeners with the tensor handed to ``GradScaler.scale``, then scales it as before."""
+
+    def __init__(self, scaler: Any) -> None:
+        self.scaler = scaler
+        self.listeners: list[Callable[[torch.Tensor], None]] = []
+        self.original = scaler.scale  # the bound method of the scaler's class
+        scaler.scale = self.scale  # an instance attribute shadows the method; removed in unwatch
+
+    def scale(self, outputs: Any) -> Any:
+        for fn in self.listeners:
+            fn(outputs)
+        return self.original(outputs)
+
+
+_TAP_ATTR = "_cropscale_loss_tap"
+
+
+def watch_unscaled_loss(scaler: Any, fn: Callable[[torch.Tensor], None]) -> None:
+    """Call ``fn(loss)`` with every loss the precision plugin hands to ``scaler.scale``: the *unscaled* loss.
+
+    Under ``16-mixed`` Lightning scales the loss in ``MixedPrecision.pre_backward`` and calls
+    ``on_before_backward`` with the **scaled** loss (``docs/measuring.md``): a finite loss that overflows
+    only once multiplied by the scale (an AMP overflow, the scaler's business) would look non-finite there.
+    ``fn`` sees the loss before that multiplication, once per micro-batch, just before ``on_before_backward``.
+    Adds one Python call per micro-batch; several callbacks share one wrapper.
+    """
+    tap = scaler.__dict__.get(_TAP_ATTR)
+    if tap is None:
+        tap = _LossTap(scaler)
+        setattr(scaler, _TAP_ATTR, tap)
+    if fn not in tap.listeners:
+        tap.listeners.append(fn)
+
+
+def unwatch_unscaled_loss(scaler: Any, fn: Callable[[torch.Tensor], None]) -> None:
+    """Undo :func:`watch_unscaled_loss` for ``fn``; the scaler's own ``scale`` is back when no listener is left."""
+    tap = scaler.__dict__.get(_TAP_ATTR) if scaler is not None else None
+    if tap is None:
+        return
+    if fn in tap.listeners:
+        tap.listeners.remove(fn)
+    if not tap.listeners:
+        scaler.__dict__.pop("scale", None)
+        scaler.__dict__.pop(_TAP_ATTR, None)

@@ -262,14 +262,23 @@ class RankCounts(Record):
 
 @dataclass
 class NonFiniteRecord(Record):
-    """One non-finite batch: where (step, epoch, batch, rank), what was not finite and the sample ids."""
+    """One non-finite batch: where (step, epoch, micro-batch, rank), what was not finite and the sample ids.
+
+    ``micro_batch`` is the 0-based index of the micro-batch in its optimizer step (``None`` when the
+    gradients alone were non-finite: the record then names every micro-batch of the step);
+    ``input_finite`` whether its floating-point batch tensors were finite (``None``: not checked) and
+    ``nonfinite_inputs`` the keys of those that were not.
+    """
 
     global_step: int = 0
     epoch: int = 0
     batch_idx: int = 0
+    micro_batch: int | None = None
     rank: int = 0
     loss_finite: bool | None = None
     grads_finite: bool | None = None
+    input_finite: bool | None = None
+    nonfinite_inputs: list[str] | None = optional()
     patch_id: list[int] | None = optional()
     crop_yx: list[list[int]] | None = optional()
     nonfinite_input_patch_id: list[int] | None = optional()
@@ -283,6 +292,7 @@ class NonFiniteSummary(Record):
     evidence: str = MEASURED_RUN
     policy: str = "log"
     check_grads: bool = True
+    check_inputs: bool | None = None
     nonfinite_batches_rank0: int = 0
     skipped_steps_rank0: int = 0
     per_rank: list[RankCounts] = field(default_factory=list)
