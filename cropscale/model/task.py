@@ -25,7 +25,7 @@ from torch.optim.lr_scheduler import LambdaLR
 from cropscale.batch import model_inputs
 from cropscale.errors import CropScaleError
 from cropscale.metrics import HighGridMetrics, ParcelMetrics, SegmentationMetrics, confusion_matrix_figure
-from cropscale.model.flops import flops_per_sample
+from cropscale.model.flops import flops_per_sample, flops_per_sample_by_class
 from cropscale.model.losses import MultiTaskLoss
 from cropscale.model.network import CropMappingNet
 from cropscale.model.optim import LRScaling, global_batch_size, scale_learning_rate, warmup_factor
@@ -105,6 +105,7 @@ class CropMappingTask(LightningModule):
         self.lr_effective: float = lr
         self.global_batch: int | None = None
         self.flops_per_sample: float | None = None
+        self.flops_by_class: dict[str, float] | None = None
         self._last_train_loss: float | None = None
 
     # ------------------------------------------------------------------ set-up
@@ -131,6 +132,9 @@ class CropMappingTask(LightningModule):
         if stage == "fit" and self.flops_per_sample is None:
             fresh = CropMappingNet(num_classes=self.hparams.num_classes, **self._net_kwargs())
             self.flops_per_sample = float(flops_per_sample(fresh, t2=t2, t1=t1, height=crop, width=crop)["total"])
+            if self.trainer.strategy.root_device.type == "cuda":  # the split weights GPU peaks (MFU); none on CPU
+                split = flops_per_sample_by_class(fresh, t2=t2, t1=t1, height=crop, width=crop)
+                self.flops_by_class = {k: float(v) for k, v in split.items()}
 
     def _net_kwargs(self) -> dict[str, Any]:
         """``net_kwargs`` without ``num_classes``, which always comes from the task (linked from the data)."""

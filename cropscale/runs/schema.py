@@ -198,11 +198,22 @@ class ThroughputEpoch(Record):
 
 @dataclass
 class ThroughputSummary(Record):
-    """``summary.throughput``: samples/s over the whole run and per epoch."""
+    """``summary.throughput``: samples/s over the whole run and per epoch.
+
+    ``dtype`` is the matmuls' dtype; ``dtypes_by_class`` the dtype of each operator class (convolution,
+    matmul, attention) as the run's switches (``tf32``) selected it; ``flops_by_class`` the FLOPs of one
+    sample per class and ``peak_tflops`` the attainable peak MFU was divided by (``peak_source``:
+    ``attainable``, ``table`` or the ``peak_tflops`` override).
+    """
 
     evidence: str = MEASURED_RUN
     device: str | None = None
     dtype: str | None = None
+    dtypes_by_class: dict[str, str] = field(default_factory=dict)
+    tf32: dict[str, bool] = field(default_factory=dict)
+    flops_by_class: dict[str, float] | None = None
+    peak_tflops: float | None = None
+    peak_source: str | None = None
     warmup_steps: int | None = None
     flops_source: str | None = None
     mfu_reason: str | None = None

@@ -55,7 +55,8 @@ class ToyTask(LightningModule):
 
     Its data is :class:`ToyDataset` with ``s2`` of shape ``[1, features]`` per sample.
 
-    ``flops_per_sample = 6 * features`` (forward 2F, backward 4F for one output). With
+    ``flops_per_sample = 6 * features`` (forward 2F, backward 4F for one output), all of it matmul
+    (``flops_by_class``). With
     ``step_lr_scheduler`` a ``StepLR(gamma=0.9)`` steps every ``lr_scheduler_frequency`` optimizer steps
     (Lightning's ``interval: step``, ``frequency``).
     """
@@ -79,6 +80,7 @@ class ToyTask(LightningModule):
         self.lr_scheduler_frequency = lr_scheduler_frequency
         self.loss_factors = dict(loss_factors or {})
         self.flops_per_sample = 6.0 * features
+        self.flops_by_class = {"convolution": 0.0, "matmul": 6.0 * features, "attention": 0.0}
 
     @override
     def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
