@@ -58,7 +58,7 @@ from cropscale.callbacks._grads import (
     clear_grad_norm_cache,
     grad_norm_parts,
     grad_scaler,
-    is_sharded_strategy,
+    shard_layout,
     total_norms,
     trainable_params,
     unwatch_unscaled_loss,
@@ -125,7 +125,7 @@ class NonFiniteCallback(ScalingCallback):
         self._per_rank_counts: list[tuple[int, int]] | None = None
         self._params: list[torch.nn.Parameter] = []
         self._scaler: Any = None
-        self._sharded = False
+        self._layout: Any = False
         self._micros: list[_MicroBatch] = []
         self._pending: list[tuple[list[_MicroBatch], Any, tuple[int, int]]] = []
         self._rank = 0
@@ -153,7 +153,7 @@ class NonFiniteCallback(ScalingCallback):
         self._scaler = grad_scaler(trainer)
         if self._scaler is not None:
             watch_unscaled_loss(self._scaler, self._on_unscaled_loss)
-        self._sharded = is_sharded_strategy(trainer)
+        self._layout = shard_layout(trainer)
         self._rank = trainer.global_rank
         self._micros, self._pending = [], []
         self.all_records = None
@@ -192,7 +192,7 @@ class NonFiniteCallback(ScalingCallback):
         micros, self._micros = self._micros, []
         parts = None
         if self.check_grads and self._scaler is None:
-            parts = grad_norm_parts(trainer, self._params, optimizer, sharded=self._sharded)
+            parts = grad_norm_parts(trainer, self._params, optimizer, sharded=self._layout)
         self._stepped = True
         meta = (self._gstep + 1, self._epoch)  # global step after this optimizer step
         if self.policy == "log":

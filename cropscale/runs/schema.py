@@ -337,11 +337,17 @@ class GradNormEpoch(Record):
 
 @dataclass
 class GradNormSummary(Record):
-    """``summary.grad_norm``: the global gradient norm before clipping and how often it was clipped."""
+    """``summary.grad_norm``: the global gradient norm before clipping and how often it was clipped.
+
+    ``sharding`` is the gradient layout the norm was reduced for (``replicated``, ``flat``, ``dtensor``,
+    ``world`` or ``unsupported``, see :class:`cropscale.callbacks._grads.ShardLayout`).
+    """
 
     evidence: str = MEASURED_RUN
     norm_type: float = 2.0
     sharded_reduction: bool = False
+    sharding: str | None = None
+    sharding_reason: str | None = optional()
     clip_threshold: float | None = None
     clip_threshold_reason: str | None = None
     steps: int = 0
