@@ -148,12 +148,23 @@ class CropMappingTask(LightningModule):
 
     # ---------------------------------------------------------------- training
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        """Multi-task loss of one (micro-)batch; no device-to-host read except at log steps.
+
+        ``train/loss`` and its terms stay device tensors (Lightning writes them to the logger at log
+        steps). The progress bar shows ``train_loss``, the loss of the last log step copied to the host
+        there: a device tensor in the progress bar would be read back (``.item()``, a synchronisation)
+        at every step.
+        """
         outputs = self.net(**model_inputs(batch))
         loss, terms = self.loss_fn(outputs, batch)
         bs = batch["s2"].shape[0]
-        self.log("train/loss", loss, on_step=True, on_epoch=True, prog_bar=True, batch_size=bs)
+        self.log("train/loss", loss, on_step=True, on_epoch=True, batch_size=bs)
         for name, value in terms.items():
             self.log(f"train/loss_{name}", value, on_step=True, on_epoch=False, batch_size=bs)
+        every = self.trainer.log_every_n_steps
+        if every > 0 and (self.trainer.global_step + 1) % every == 0:  # Lightning's log steps
+            self.log("train_loss", loss.detach().cpu(), on_step=True, on_epoch=False, prog_bar=True, logger=False,
+                     batch_size=bs)
         return loss
 
     def on_train_epoch_end(self) -> None:
