@@ -7,8 +7,9 @@ What is checked, per optimizer step (``docs/measuring.md``, "Gradient accumulati
 - **every micro-batch**: its loss (``on_before_backward``; under a GradScaler the loss *before* scaling,
   see :func:`~cropscale.callbacks._grads.watch_unscaled_loss`: a finite loss that overflows only once
   multiplied by the scale is an AMP overflow, never a non-finite batch) and, with ``check_inputs``, its
-  floating-point batch tensors (one ``torch._foreach_norm(..., inf)`` per micro-batch: the max-abs of each
-  tensor, NaN/inf when the tensor holds one);
+  floating-point batch tensors (``torch.aminmax`` of each: its min and max are both finite exactly when
+  every element is; a cheap reduction, e.g. about 35 µs for a ``[1, 3, 320, 320]`` high-grid target on one
+  CPU thread, where ``linalg.vector_norm(inf)`` takes 2.5 ms);
 - **the gradients**, once, when no GradScaler is in use (``on_before_optimizer_step``; one device reduction
   shared with :class:`~cropscale.callbacks.GradNormCallback`). Under FP16 with a GradScaler, non-finite
   gradients with finite losses are the scaler's business (an overflow: it skips the step and backs off,
@@ -82,7 +83,7 @@ class _MicroBatch:
     batch_idx: int
     ids: tuple[Any, Any]  # patch_id [B], crop_yx [B, 2] (references)
     input_keys: list[str]
-    input_max: Sequence[torch.Tensor] | None = None  # max |x| of each floating-point batch tensor (0-d)
+    input_extremes: Sequence[torch.Tensor] | None = None  # min, max of each floating-point batch tensor (0-d)
     loss: torch.Tensor | None = None  # 0-d, unscaled
     batch: Any = None  # skip / raise only
 
@@ -127,6 +128,7 @@ class NonFiniteCallback(ScalingCallback):
         self._scaler: Any = None
         self._layout: Any = False
         self._micros: list[_MicroBatch] = []
+        self._input_keys: dict[tuple[Any, ...], list[str]] = {}
         self._pending: list[tuple[list[_MicroBatch], Any, tuple[int, int]]] = []
         self._rank = 0
         self._epoch = 0
@@ -168,14 +170,28 @@ class NonFiniteCallback(ScalingCallback):
         clear_grad_norm_cache()
         micro = _MicroBatch(len(self._micros), batch_idx, id_tensors(batch), [])
         if self.check_inputs:
-            keys, tensors = float_tensors(batch)
+            keys, tensors = self._inputs(batch)
             if tensors:
-                micro.input_keys = keys
-                micro.input_max = _max_abs(tensors)
+                micro.input_keys, micro.input_extremes = _extremes(keys, tensors)
         if self.policy != "log":
             micro.batch = batch
         self._micros.append(micro)
         self._stepped = False
+
+    def _inputs(self, batch: Any) -> tuple[list[str], list[torch.Tensor]]:
+        """The floating-point tensors of ``batch`` and their keys; the keys of a flat dict batch are cached."""
+        if isinstance(batch, dict):
+            names = tuple(batch)
+            cached = self._input_keys.get(names)
+            if cached is None:
+                keys, tensors = float_tensors(batch)
+                if all(k in batch for k in keys):  # flat: remember which keys hold floating-point tensors
+                    self._input_keys[names] = keys
+                return keys, tensors
+            tensors = [batch[k] for k in cached]
+            if all(isinstance(t, torch.Tensor) and t.is_floating_point() for t in tensors):
+                return cached, tensors
+        return float_tensors(batch)
 
     def _on_unscaled_loss(self, loss: torch.Tensor) -> None:
         """The loss before GradScaler scaling (16-mixed), called just before ``on_before_backward``."""
@@ -287,8 +303,8 @@ class NonFiniteCallback(ScalingCallback):
         )
         if micro_index is not None and input_ok is False:
             micro = micros[0]
-            rec.nonfinite_inputs = [k for k, ok in zip(micro.input_keys, _finite_flags(micro.input_max or []),
-                                                       strict=True) if not ok]
+            flags = _finite_flags(micro.input_extremes or [])
+            rec.nonfinite_inputs = [k for i, k in enumerate(micro.input_keys) if not all(flags[2 * i:2 * i + 2])]
         if self.policy != "log" and all(isinstance(m.batch, Mapping) for m in micros):
             bad = [i for m in micros for i in _sample_flags(m.batch)]  # per sample of the step's micro-batches
             if rec.patch_id is not None and len(bad) == len(rec.patch_id):
@@ -316,7 +332,7 @@ class NonFiniteCallback(ScalingCallback):
             loss_oks, input_oks = [], []
             for m in micros:
                 loss_oks.append(next(flags) if m.loss is not None else None)
-                inputs = [next(flags) for _ in (m.input_max or [])]
+                inputs = [next(flags) for _ in (m.input_extremes or [])]
                 input_oks.append(all(inputs) if inputs else None)
             for m, lo, io in zip(micros, loss_oks, input_oks, strict=True):
                 if lo is False:
@@ -340,22 +356,28 @@ class NonFiniteCallback(ScalingCallback):
         )
 
 
-def _max_abs(tensors: list[torch.Tensor]) -> Sequence[torch.Tensor]:
-    """Max |x| of each tensor (0-d, NaN/inf when it holds one): one ``_foreach_norm(inf)`` launch, no host read."""
-    tensors = [t.detach() for t in tensors]
-    try:
-        return torch._foreach_norm(tensors, math.inf)
-    except (RuntimeError, TypeError):  # mixed devices, no foreach kernel
-        return [torch.linalg.vector_norm(t, math.inf) for t in tensors]
+def _extremes(keys: list[str], tensors: list[torch.Tensor]) -> tuple[list[str], list[torch.Tensor]]:
+    """The keys of the non-empty tensors and ``[min_0, max_0, min_1, max_1, ...]`` of those; no host read.
+
+    The extremes are 0-d tensors, NaN/inf when the tensor holds one (``torch.aminmax`` propagates NaN).
+    """
+    kept: list[str] = []
+    out: list[torch.Tensor] = []
+    for key, t in zip(keys, tensors, strict=True):
+        if t.numel():
+            low, high = torch.aminmax(t.detach() if t.requires_grad else t)
+            kept.append(key)
+            out += [low, high]
+    return kept, out
 
 
 def _micro_values(micro: _MicroBatch) -> list[torch.Tensor]:
-    """The 0-d device values of a micro-batch whose finiteness is read: its loss, then its inputs' max |x|."""
-    return ([micro.loss] if micro.loss is not None else []) + list(micro.input_max or [])
+    """The 0-d device values of a micro-batch whose finiteness is read: its loss, then its inputs' min and max."""
+    return ([micro.loss] if micro.loss is not None else []) + list(micro.input_extremes or [])
 
 
 def _input_ok(micro: _MicroBatch, input_bad: int) -> bool | None:
-    return None if micro.input_max is None else not input_bad
+    return None if micro.input_extremes is None else not input_bad
 
 
 def _step_flags(micros: list[_MicroBatch], parts: Any, device: torch.device) -> torch.Tensor:
@@ -368,7 +390,7 @@ def _step_flags(micros: list[_MicroBatch], parts: Any, device: torch.device) -> 
         return (~torch.isfinite(torch.stack([v.reshape(()).float().to(device) for v in values]))).any().to(torch.int32)
 
     loss = [zero if m.loss is None else bad([m.loss]) for m in micros]
-    inputs = [bad(m.input_max or []) for m in micros]
+    inputs = [bad(m.input_extremes or []) for m in micros]
     return torch.stack([*loss, *inputs, bad(list(parts)) if parts else zero])
 
 
