@@ -24,7 +24,8 @@ Policies:
 
 - ``log`` (default): no host read per step. The flags and references to the micro-batches'
   ``patch_id`` / ``crop_yx`` tensors are kept and read at log steps (one device-to-host copy for the
-  losses and inputs, one for the gradient norms).
+  losses and inputs, one for the gradient norms). Each rank judges alone: under DDP a rank whose losses
+  were finite but whose averaged gradients were not records its step too (``loss_finite: true``).
 - ``skip``: one host read of the flags per optimizer step (the user asks for it). Under DDP the flags
   are first all-reduced (MAX) so that every rank skips the same optimizer step (a rank skipping alone
   would hang the others). Since DDP averages gradients, one rank's non-finite loss makes every rank's
@@ -237,8 +238,8 @@ class NonFiniteCallback(ScalingCallback):
         for micro, lb, ib in zip(micros, loss_bad, input_bad, strict=True):
             if lb:
                 records.append(self._record(meta, [micro], False, grad_ok, _input_ok(micro, ib), micro.index))
-        if not any(loss_bad) and grads_bad and not loss_bad_any:
-            records.append(self._record(meta, micros, True, False, not any(input_bad), None))
+        if grads_bad and not loss_bad_any:
+            records.append(self._record(meta, micros, True, False, _inputs_ok(micros, input_bad), None))
         if records:
             rec = records[0]
             where = (f"non-finite {'loss' if rec.loss_finite is False else 'gradients'} on rank {self._rank}"
@@ -338,7 +339,8 @@ class NonFiniteCallback(ScalingCallback):
                 if lo is False:
                     self._record(meta, [m], False, grad_ok, io, m.index)
             if grad_ok is False and not any(lo is False for lo in loss_oks):
-                self._record(meta, micros, True, False, all(io is not False for io in input_oks), None)
+                checked = [io for io in input_oks if io is not None]
+                self._record(meta, micros, True, False, all(checked) if checked else None, None)
 
     # ------------------------------------------------------------------ summary
     @override
@@ -378,6 +380,12 @@ def _micro_values(micro: _MicroBatch) -> list[torch.Tensor]:
 
 def _input_ok(micro: _MicroBatch, input_bad: int) -> bool | None:
     return None if micro.input_extremes is None else not input_bad
+
+
+def _inputs_ok(micros: list[_MicroBatch], input_bad: list[int]) -> bool | None:
+    """Whether the inputs of all ``micros`` were finite (``None`` when none was checked)."""
+    checked = [not bad for m, bad in zip(micros, input_bad, strict=True) if m.input_extremes is not None]
+    return all(checked) if checked else None
 
 
 def _step_flags(micros: list[_MicroBatch], parts: Any, device: torch.device) -> torch.Tensor:

@@ -93,6 +93,7 @@ def test_nan_gradients_with_a_finite_loss():
     assert rec.loss_finite is True and rec.grads_finite is False
     assert rec.patch_id == [1008, 1009, 1010, 1011] and rec.global_step == 3
     assert rec.nonfinite_input_patch_id == []
+    assert rec.micro_batch is None and rec.input_finite is True  # the step, not one micro-batch: inputs were fine
 
 
 def test_state_dict_round_trip_keeps_records():

@@ -100,7 +100,8 @@ def counter():
     c.uninstall()
 
 
-@pytest.mark.filterwarnings("ignore:.*LeafSpec", "ignore:The number of training batches", "ignore:.*num_workers")
+@pytest.mark.filterwarnings("ignore:.*LeafSpec", "ignore:The number of training batches", "ignore:.*num_workers",
+                            "ignore:You defined a `validation_step` but have no `val_dataloader`")
 def test_no_host_read_on_non_log_steps(counter, tmp_path):
     torch.manual_seed(0)
     batches = []
