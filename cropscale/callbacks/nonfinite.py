@@ -6,10 +6,13 @@ What is checked, per optimizer step (``docs/measuring.md``, "Gradient accumulati
 
 - **every micro-batch**: its loss (``on_before_backward``; under a GradScaler the loss *before* scaling,
   see :func:`~cropscale.callbacks._grads.watch_unscaled_loss`: a finite loss that overflows only once
-  multiplied by the scale is an AMP overflow, never a non-finite batch) and, with ``check_inputs``, its
-  floating-point batch tensors (``torch.aminmax`` of each: its min and max are both finite exactly when
-  every element is; a cheap reduction, e.g. about 35 µs for a ``[1, 3, 320, 320]`` high-grid target on one
-  CPU thread, where ``linalg.vector_norm(inf)`` takes 2.5 ms);
+  multiplied by the scale is an AMP overflow, never a non-finite batch);
+- **the inputs** (the floating-point batch tensors, inputs and targets) of a micro-batch whose loss was
+  non-finite: under ``skip``/``raise`` from the micro-batch itself, kept until the optimizer step (a rare
+  path, no per-step cost); under ``log`` only with ``check_inputs=True``, which adds per micro-batch one
+  ``torch.aminmax`` per tensor (min and max are both finite exactly when every element is; about 35 µs
+  for a ``[1, 3, 320, 320]`` target on one CPU thread, a few µs of launches on a GPU) — off by default
+  because it is per-step work in the mode that is meant to cost nothing;
 - **the gradients**, once, when no GradScaler is in use (``on_before_optimizer_step``; one device reduction
   shared with :class:`~cropscale.callbacks.GradNormCallback`). Under FP16 with a GradScaler, non-finite
   gradients with finite losses are the scaler's business (an overflow: it skips the step and backs off,
@@ -95,8 +98,10 @@ class NonFiniteCallback(ScalingCallback):
     Args:
         policy: ``"log"``, ``"skip"`` (skip the optimizer step on every rank) or ``"raise"``.
         check_grads: also check the gradients (only when no GradScaler is in use).
-        check_inputs: also check each micro-batch's floating-point tensors (inputs and targets), so that a
-            record says whether the input was non-finite (one ``_foreach_norm`` launch per micro-batch).
+        check_inputs: under ``log``, also reduce each micro-batch's floating-point tensors (inputs and targets)
+            so that a record says whether its input was non-finite (``torch.aminmax`` per tensor and micro-batch).
+            ``None`` (default): no per-step work; under ``skip``/``raise`` the inputs of a non-finite micro-batch
+            are examined anyway, on the rare path.
         max_records: keep at most this many records per rank (the counts go on).
 
     Logged (TensorBoard, at log steps): ``numerics/nonfinite_batches`` and
@@ -111,7 +116,7 @@ class NonFiniteCallback(ScalingCallback):
     summary_key = "nonfinite"
 
     def __init__(self, policy: Literal["log", "skip", "raise"] = "log", check_grads: bool = True,
-                 check_inputs: bool = True, max_records: int = 100) -> None:
+                 check_inputs: bool | None = None, max_records: int = 100) -> None:
         if policy not in ("log", "skip", "raise"):
             raise CropScaleError(f"NonFiniteCallback(policy={policy!r}): use 'log', 'skip' or 'raise'")
         if max_records < 0:
@@ -302,7 +307,12 @@ class NonFiniteCallback(ScalingCallback):
             patch_id=[v for d in ids for v in d.get("patch_id", [])] if any("patch_id" in d for d in ids) else None,
             crop_yx=[v for d in ids for v in d.get("crop_yx", [])] if any("crop_yx" in d for d in ids) else None,
         )
-        if micro_index is not None and input_ok is False:
+        if all(m.batch is not None for m in micros):  # skip / raise: examine the inputs themselves (rare path)
+            bad_keys = [k for m in micros for k in _nonfinite_keys(m.batch)]
+            rec.input_finite = not bad_keys
+            if micro_index is not None and bad_keys:
+                rec.nonfinite_inputs = bad_keys
+        elif micro_index is not None and input_ok is False:
             micro = micros[0]
             flags = _finite_flags(micro.input_extremes or [])
             rec.nonfinite_inputs = [k for i, k in enumerate(micro.input_keys) if not all(flags[2 * i:2 * i + 2])]
@@ -350,7 +360,8 @@ class NonFiniteCallback(ScalingCallback):
         return NonFiniteSummary(
             policy=self.policy,
             check_grads=self.check_grads and self._scaler is None,
-            check_inputs=self.check_inputs,
+            input_check=("every micro-batch" if self.check_inputs else
+                         ("non-finite micro-batches" if self.policy != "log" else "off")),
             nonfinite_batches_rank0=self.nonfinite_batches,
             skipped_steps_rank0=self.skipped_steps,
             per_rank=[RankCounts(nonfinite_batches=n, skipped_steps=s) for n, s in counts],
@@ -414,6 +425,15 @@ def _finite_flags(values: Sequence[torch.Tensor]) -> list[bool]:
     if bool(finite.all()):  # the common case: one read
         return [True] * len(values)
     return finite.cpu().tolist()
+
+
+def _nonfinite_keys(batch: Any) -> list[str]:
+    """Keys of the floating-point tensors of ``batch`` that hold NaN/inf (rare path: reads the device)."""
+    keys, tensors = float_tensors(batch)
+    if not tensors:
+        return []
+    finite = torch.stack([torch.isfinite(t).all().to(tensors[0].device) for t in tensors]).cpu().tolist()
+    return [k for k, ok in zip(keys, finite, strict=True) if not ok]
 
 
 def _sample_flags(batch: Mapping) -> list[bool]:

@@ -303,7 +303,7 @@ class NonFiniteSummary(Record):
     evidence: str = MEASURED_RUN
     policy: str = "log"
     check_grads: bool = True
-    check_inputs: bool | None = None
+    input_check: str | None = None
     nonfinite_batches_rank0: int = 0
     skipped_steps_rank0: int = 0
     per_rank: list[RankCounts] = field(default_factory=list)

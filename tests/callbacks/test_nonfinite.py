@@ -136,7 +136,7 @@ class StepParamSpy(Callback):
 @pytest.mark.parametrize("precision", ["32-true", "16-mixed"])
 def test_log_policy_names_the_micro_batch_under_accumulation(precision):
     torch.manual_seed(0)
-    nf = NonFiniteCallback(policy="log")
+    nf = NonFiniteCallback(policy="log", check_inputs=True)
     plugins = fp16_plugins() if precision == "16-mixed" else []
     run([nf], ToyTask(batch_size=2, nan_patch_ids={1010}), accumulate_grad_batches=ACC, plugins=plugins)
     assert nf.nonfinite_batches == 1 and len(nf.records) == 1
@@ -146,6 +146,18 @@ def test_log_policy_names_the_micro_batch_under_accumulation(precision):
     assert rec.loss_finite is False
     assert rec.input_finite is False and rec.nonfinite_inputs == ["s2"]
     assert rec.grads_finite is (None if precision == "16-mixed" else False)  # the scaler's business under fp16
+    assert nf.summary().input_check == "every micro-batch"
+
+
+def test_log_policy_examines_no_input_by_default():
+    """No per-step work on the inputs under ``log`` unless asked for: the record says the input was not examined."""
+    torch.manual_seed(0)
+    nf = NonFiniteCallback(policy="log")
+    run([nf], ToyTask(batch_size=2, nan_patch_ids={1010}), accumulate_grad_batches=ACC)
+    rec = nf.records[0]
+    assert (rec.patch_id, rec.micro_batch, rec.loss_finite) == (BAD_IDS, 1, False)
+    assert rec.input_finite is None and rec.nonfinite_inputs is None
+    assert nf.summary().input_check == "off"
 
 
 @pytest.mark.parametrize("precision", ["32-true", "16-mixed"])
@@ -160,6 +172,8 @@ def test_skip_drops_exactly_that_optimizer_step_under_accumulation(precision):
     rec = nf.records[0]
     assert (rec.patch_id, rec.micro_batch, rec.batch_idx) == (BAD_IDS, 1, 5)
     assert rec.nonfinite_input_patch_id == [1010] and rec.nonfinite_input_crop_yx == [[16, 16]]
+    assert rec.input_finite is False and rec.nonfinite_inputs == ["s2"]  # examined on the rare path
+    assert nf.summary().input_check == "non-finite micro-batches"
     changed = [not all(torch.equal(a, b) for a, b in zip(x, y, strict=True)) for x, y in zip(spy.before, spy.after,
                                                                                             strict=True)]
     assert changed == [True, False]  # step 1 updated the parameters, step 2 was dropped
