@@ -23,6 +23,7 @@ import sys
 from pathlib import Path
 
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+from typing_extensions import override
 
 from cropscale.data.datamodule import PastisHDDataModule
 from cropscale.distributed import finish_distributed
@@ -87,15 +88,18 @@ def check_checkpoint(path: str | None) -> None:
 
 
 class CropScaleCLI(LightningCLI):
-    """LightningCLI with the data module's class count and names linked into the task, and a
-    ``--ckpt_path`` checked before Lightning opens it (:func:`check_checkpoint`).
+    """LightningCLI that links the data module's class count and names into the task and checks ``--ckpt_path``.
+
+    The checkpoint path is checked before Lightning opens it (:func:`check_checkpoint`).
     """
 
+    @override
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         parser.link_arguments("data.num_classes", "model.num_classes", apply_on="instantiate")
         parser.link_arguments("data.class_names", "model.class_names", apply_on="instantiate")
         parser.link_arguments("data.ignore_index", "model.ignore_index")
 
+    @override
     def parse_arguments(self, parser: LightningArgumentParser, args) -> None:
         super().parse_arguments(parser, args)
         sub = self.config.get("subcommand")
@@ -171,10 +175,11 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def _user_error(err: Exception) -> str | None:
-    """One-paragraph text for errors that come from the user's arguments rather than from a bug:
-    Lightning's checks of Trainer arguments (ValueError; TypeError from its accelerator and connector
-    checks, e.g. ``devices=-5``), a checkpoint that is missing, not a
-    checkpoint, or of another model configuration. None for anything else (the traceback is kept).
+    """Return a one-paragraph text for an error that comes from the user's arguments rather than from a bug.
+
+    User errors are Lightning's checks of Trainer arguments (ValueError; TypeError from its accelerator and
+    connector checks, e.g. ``devices=-5``) and a checkpoint that is missing, not a checkpoint, or of another
+    model configuration. Returns None for anything else (the traceback is kept).
     """
     import pickle
 
@@ -201,8 +206,9 @@ def _user_error(err: Exception) -> str | None:
 
 
 def _name_trainer_argument(text: str) -> str:
-    """Prefix Lightning's message with the ``--trainer.<name>`` it is about, when it names one in
-    backquotes (as in ``Trainer(devices='0')`` or ``devices`` ... should be an int > 0).
+    """Prefix Lightning's message with the ``--trainer.<name>`` it is about, when it names one in backquotes.
+
+    Lightning names the argument as in ``Trainer(devices='0')`` or ``devices`` ... should be an int > 0.
     """
     import re
 

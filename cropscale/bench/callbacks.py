@@ -62,8 +62,10 @@ class _Probe(Callback):
 
 
 def _network(args: argparse.Namespace, steps: int) -> tuple[Any, Any]:
-    """The study's network (default CropMappingNet, multi-task loss, AdamW) and a loader of
-    pre-generated synthetic samples (:mod:`cropscale.testing.probe`).
+    """Build the study's network and a loader of pre-generated synthetic samples.
+
+    The network is the default CropMappingNet with the multi-task loss and AdamW; the samples come from
+    :mod:`cropscale.testing.probe`.
     """
     data = SyntheticSamples(steps * args.batch, pool=args.batch, t2=args.t2, t1=args.t1,
                             crop_size=args.crop_size, seed=0)
@@ -185,7 +187,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="cropscale callback-bench", description=__doc__.split("\n\n")[0])
     p.add_argument("--steps", type=int, default=None, help="measured optimizer steps per run (default 400; 30 "
                    "with --model network)")
-    p.add_argument("--warmup", type=int, default=None, help="warm-up steps left out (default 100; 5 with --model network)")
+    p.add_argument("--warmup", type=int, default=None,
+                   help="warm-up steps left out (default 100; 5 with --model network)")
     p.add_argument("--repeats", type=int, default=3, help="alternating runs per configuration (default 3)")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
     p.add_argument("--model", choices=("linear", "network"), default="linear",

@@ -1,5 +1,6 @@
-"""``PastisHDDataModule``: PASTIS-HD patches for training (random crops), validation and test
-(whole patches), normalised with statistics of the training folds.
+"""``PastisHDDataModule``: PASTIS-HD patches for training (random crops), validation and test (whole patches).
+
+Every split is normalised with statistics of the training folds.
 
 Built by LightningCLI from ``data:`` in ``configs/*.yaml`` (every constructor argument is type
 annotated for jsonargparse). ``num_classes`` and ``class_names`` come from ``classes.json`` and are
@@ -26,6 +27,7 @@ import torch
 from lightning.pytorch import LightningDataModule
 from lightning.pytorch.utilities import rank_zero_info
 from torch.utils.data import DataLoader, get_worker_info
+from typing_extensions import override
 
 from cropscale.data.collate import collate
 from cropscale.data.dataset import PastisHDDataset
@@ -39,8 +41,9 @@ _RANK_STRIDE = 1_000_003  # separates the seeds of different ranks
 
 
 def seed_worker(worker_id: int) -> None:
-    """DataLoader ``worker_init_fn``: seed Python, NumPy and the dataset's generator from the torch
-    worker seed (``base_seed + worker_id``, where ``base_seed`` comes from the loader's generator).
+    """DataLoader ``worker_init_fn``: seed Python, NumPy and the dataset's generator from the torch worker seed.
+
+    The torch worker seed is ``base_seed + worker_id``, where ``base_seed`` comes from the loader's generator.
     """
     info = get_worker_info()
     seed = int(info.seed) if info is not None else int(torch.initial_seed())
@@ -52,8 +55,9 @@ def seed_worker(worker_id: int) -> None:
 
 
 class PastisHDDataModule(LightningDataModule):
-    """PASTIS-HD (PASTIS + PASTIS-R + SPOT-6/7) and datasets in its layout, e.g. the bundled
-    ``worldcereal-flanders`` sample.
+    """LightningDataModule for PASTIS-HD (PASTIS + PASTIS-R + SPOT-6/7) and datasets in its layout.
+
+    An example of the layout is the bundled ``worldcereal-flanders`` sample.
 
     Args:
         root: dataset root (``metadata.geojson``, ``classes.json``, ``DATA_S2`` ...).
@@ -168,8 +172,10 @@ class PastisHDDataModule(LightningDataModule):
 
     # ------------------------------------------------------------------ stats
     def compute_stats(self, path: str | None = None) -> NormStats:
-        """Compute per-band statistics over ``train_folds`` (:func:`~cropscale.data.stats.compute_norm_stats`),
-        keep them for the datasets and save them as JSON to ``path`` (default ``stats_path``; None = not saved).
+        """Compute per-band statistics over ``train_folds``, keep them for the datasets and save them as JSON.
+
+        The statistics come from :func:`~cropscale.data.stats.compute_norm_stats`; they are saved to ``path``
+        (default ``stats_path``; None = not saved).
         """
         stats = compute_norm_stats(self.root, self.train_folds, s1_orbits=self.s1_orbits)
         target = path if path is not None else self.stats_path
@@ -215,6 +221,7 @@ class PastisHDDataModule(LightningDataModule):
             min_clear_fraction=self.min_clear_fraction, seed=self.seed + _RANK_STRIDE * rank, records=self._records,
         )
 
+    @override
     def setup(self, stage: str | None = None) -> None:
         """Check the files of the folds the stage needs, get the statistics, build the datasets.
 
@@ -261,6 +268,7 @@ class PastisHDDataModule(LightningDataModule):
             return 1, 0
         return int(self.trainer.world_size), int(self.trainer.global_rank)
 
+    @override
     def train_dataloader(self) -> DataLoader:
         if self.train_dataset is None:
             self.setup("fit")
@@ -277,16 +285,19 @@ class PastisHDDataModule(LightningDataModule):
         return DataLoader(dataset, batch_size=self.val_batch_size, shuffle=False, sampler=sampler,
                           **self._loader_kwargs())
 
+    @override
     def val_dataloader(self) -> DataLoader:
         if self.val_dataset is None:
             self.setup("validate")
         return self._eval_loader(self.val_dataset)
 
+    @override
     def test_dataloader(self) -> DataLoader:
         if self.test_dataset is None:
             self.setup("test")
         return self._eval_loader(self.test_dataset)
 
+    @override
     def predict_dataloader(self) -> DataLoader:
         if self.test_dataset is None:
             self.setup("predict")

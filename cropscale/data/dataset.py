@@ -1,5 +1,7 @@
-"""The PASTIS-HD patch dataset: memory-mapped NPY time series, validity masks, labels, parcel
-targets and the windowed high-grid image, one :mod:`cropscale.batch` sample per item.
+"""The PASTIS-HD patch dataset: one :mod:`cropscale.batch` sample per patch, read from memory-mapped files.
+
+Each sample holds the memory-mapped NPY time series, validity masks, labels, parcel targets and the windowed
+high-grid image.
 
 Layout read under ``root`` (PASTIS, Sainte Fare Garnot & Landrieu, ICCV 2021; PASTIS-R, ISPRS J.
 2022; PASTIS-HD adds ``DATA_SPOT``):
@@ -130,13 +132,16 @@ class PastisHDDataset(Dataset):
         self.num_classes = len(read_classes(self.root / "classes.json")) if num_classes is None else int(num_classes)
         self.ignore_index = ignore_index
         self.min_clear_fraction = float(min_clear_fraction)
-        self.patches = index_patches(root, folds, records=records, s1_orbits=s1_orbits, hr_dir=hr_dir, hr_pattern=hr_pattern)
+        self.patches = index_patches(root, folds, records=records, s1_orbits=s1_orbits, hr_dir=hr_dir,
+                                     hr_pattern=hr_pattern)
         if not self.patches:
             raise CropScaleError(f"no patches in folds {folds} under {self.root}")
         if self.train:
             for p in self.patches:
                 if min(p.hw) < self.crop_size:
-                    raise CropScaleError(f"patch {p.patch_id}: {p.hw[0]}x{p.hw[1]} pixels, smaller than crop_size {self.crop_size}")
+                    raise CropScaleError(
+                        f"patch {p.patch_id}: {p.hw[0]}x{p.hw[1]} pixels, smaller than crop_size {self.crop_size}"
+                    )
         if len(hr_bands) != 3:
             raise CropScaleError(f"hr_bands must name 3 bands (R, G, B), got {list(hr_bands)}")
         self.augment = RandomDihedral() if (self.train if augment is None else augment) else None
@@ -282,8 +287,9 @@ class PastisHDDataset(Dataset):
         if bad.any():
             r, c = np.argwhere(bad)[0]
             raise CropScaleError(
-                f"patch {p.patch_id}: TARGET file {p.target}: class id {int(labels[r, c])} at pixel ({int(r)}, {int(c)}) "
-                f"is outside 0..{self.num_classes - 1} (num_classes {self.num_classes}, ignore_index {self.ignore_index})"
+                f"patch {p.patch_id}: TARGET file {p.target}: class id {int(labels[r, c])} "
+                f"at pixel ({int(r)}, {int(c)}) is outside 0..{self.num_classes - 1} "
+                f"(num_classes {self.num_classes}, ignore_index {self.ignore_index})"
             )
         h, w = hw
         return labels[y:y + h, x:x + w]

@@ -87,7 +87,9 @@ def open_npy(path: Path, *, patch_id: int, what: str) -> np.ndarray:
     try:
         arr = np.load(path, mmap_mode="r", allow_pickle=False)
     except (OSError, ValueError, EOFError, pickle.UnpicklingError) as err:
-        raise CropScaleError(f"patch {patch_id}: cannot read {what} file {path} (truncated or corrupt .npy?): {err}") from None
+        raise CropScaleError(
+            f"patch {patch_id}: cannot read {what} file {path} (truncated or corrupt .npy?): {err}"
+        ) from None
     if not isinstance(arr, np.ndarray) or arr.dtype.kind not in "biuf":
         raise CropScaleError(f"patch {patch_id}: {what} file {path} is not a numeric array")
     return arr

@@ -70,11 +70,15 @@ def _parse_dates(raw: Any, *, patch_id: int, key: str, path: Path) -> np.ndarray
         try:
             raw = json.loads(raw)
         except json.JSONDecodeError as err:
-            raise CropScaleError(f"{path}: patch {patch_id}: {key} is not a mapping {{index: yyyymmdd}}: {err}") from None
+            raise CropScaleError(
+                f"{path}: patch {patch_id}: {key} is not a mapping {{index: yyyymmdd}}: {err}"
+            ) from None
     if isinstance(raw, list):
         raw = {str(i): v for i, v in enumerate(raw)}
     if not isinstance(raw, dict):
-        raise CropScaleError(f"{path}: patch {patch_id}: {key} must be a mapping {{index: yyyymmdd}}, got {type(raw).__name__}")
+        raise CropScaleError(
+            f"{path}: patch {patch_id}: {key} must be a mapping {{index: yyyymmdd}}, got {type(raw).__name__}"
+        )
     try:
         items = sorted((int(k), int(v)) for k, v in raw.items())
     except (TypeError, ValueError):
@@ -85,7 +89,9 @@ def _parse_dates(raw: Any, *, patch_id: int, key: str, path: Path) -> np.ndarray
         try:
             _parse_date(v)
         except ValueError:
-            raise CropScaleError(f"{path}: patch {patch_id}: {key} has an invalid date {v} (expected yyyymmdd)") from None
+            raise CropScaleError(
+                f"{path}: patch {patch_id}: {key} has an invalid date {v} (expected yyyymmdd)"
+            ) from None
     return np.array([v for _, v in items], dtype=np.int64)
 
 

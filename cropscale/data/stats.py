@@ -1,5 +1,7 @@
-"""Per-band normalisation statistics computed over the **training folds only** and applied the same
-way to every sample (training crops, validation and test patches); never per tile or per batch.
+"""Per-band normalisation statistics, computed over the **training folds only** and applied to every sample.
+
+They are applied the same way to every sample (training crops, validation and test patches); never per tile
+or per batch.
 
 Sentinel-2: mean and standard deviation of each band B02 ... B12 (reflectance x 1e4) over every
 clear pixel of every date of every training patch (clear = ``DATA_S2_MASK`` when present, else not
@@ -210,10 +212,14 @@ def compute_norm_stats(
                 valid = s1_pixel_validity(x)
                 acc.update(np.where(np.isfinite(x), x, 0.0), valid)
     if s2m.n == 0:
-        raise CropScaleError(f"{root}: no clear Sentinel-2 observation in folds {list(folds)}; cannot compute statistics")
+        raise CropScaleError(
+            f"{root}: no clear Sentinel-2 observation in folds {list(folds)}; cannot compute statistics"
+        )
     s2_mean, s2_std = s2m.result()
     if not (s2_std > 0).all():
-        raise CropScaleError(f"{root}: a Sentinel-2 band has zero variance over folds {list(folds)}: std {s2_std.tolist()}")
+        raise CropScaleError(
+            f"{root}: a Sentinel-2 band has zero variance over folds {list(folds)}: std {s2_std.tolist()}"
+        )
     s1 = {}
     counts = {"S2": s2m.n}
     for orbit, acc in s1m.items():

@@ -21,6 +21,7 @@ from lightning.pytorch import LightningModule
 from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities import rank_zero_info
 from torch.optim.lr_scheduler import LambdaLR
+from typing_extensions import override
 
 from cropscale.batch import model_inputs
 from cropscale.errors import CropScaleError
@@ -108,6 +109,7 @@ class CropMappingTask(LightningModule):
         self._last_train_loss: float | None = None
 
     # ------------------------------------------------------------------ set-up
+    @override
     def setup(self, stage: str) -> None:
         if self.hparams.allow_tf32 is not None:
             torch.backends.cuda.matmul.allow_tf32 = bool(self.hparams.allow_tf32)
@@ -143,6 +145,7 @@ class CropMappingTask(LightningModule):
         return self.net(**inputs)
 
     # ---------------------------------------------------------------- training
+    @override
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
         outputs = self.net(**model_inputs(batch))
         loss, terms = self.loss_fn(outputs, batch)
@@ -152,6 +155,7 @@ class CropMappingTask(LightningModule):
             self.log(f"train/loss_{name}", value, on_step=True, on_epoch=False, batch_size=bs)
         return loss
 
+    @override
     def on_train_epoch_end(self) -> None:
         value = self.trainer.callback_metrics.get("train/loss_epoch")
         if value is not None:
@@ -167,6 +171,7 @@ class CropMappingTask(LightningModule):
             tile_batch_size=self.hparams.tile_batch_size,
         )
 
+    @override
     def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
         outputs = self._tiled_forward(batch)
         loss, _ = self.loss_fn(outputs, batch)
@@ -175,6 +180,7 @@ class CropMappingTask(LightningModule):
         self.val_parcel.update(outputs["parcel"].detach(), batch["parcel"], batch["parcel_present"])
         self.val_hr.update(outputs["hr"].detach(), batch["hr"], batch["hr_present"])
 
+    @override
     def on_validation_epoch_end(self) -> None:
         seg = self.val_seg.compute()
         miou = float(seg["mIoU"])
@@ -218,10 +224,12 @@ class CropMappingTask(LightningModule):
             "hr": outputs["hr"],
         }
 
+    @override
     def test_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
         outputs = self._tiled_forward(batch)
         self.test_seg.update(outputs["semantic"].detach(), batch["semantic"])
 
+    @override
     def on_test_epoch_end(self) -> None:
         seg = self.test_seg.compute()
         self.log("test/mIoU", seg["mIoU"].float())
@@ -229,6 +237,7 @@ class CropMappingTask(LightningModule):
         self.test_seg.reset()
 
     # --------------------------------------------------------------- optimiser
+    @override
     def configure_optimizers(self):
         hp = self.hparams
         dm = getattr(self.trainer, "datamodule", None)
@@ -248,23 +257,28 @@ class CropMappingTask(LightningModule):
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
     def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None) -> None:
-        """Clip by global norm; under FSDP through the root module's ``clip_grad_norm_`` (which reduces the
-        norm over all shards), since Lightning's FSDP precision plugin refuses norm clipping.
+        """Clip gradients by global norm; under FSDP through the root module's ``clip_grad_norm_``.
+
+        FSDP's ``clip_grad_norm_`` reduces the norm over all shards; it is used because Lightning's FSDP precision
+        plugin refuses norm clipping.
         """
         from torch.distributed.fsdp import FullyShardedDataParallel
 
         root = getattr(self.trainer.strategy, "model", None)
-        if isinstance(root, FullyShardedDataParallel) and gradient_clip_val and gradient_clip_algorithm in (None, "norm"):
+        if (isinstance(root, FullyShardedDataParallel) and gradient_clip_val
+                and gradient_clip_algorithm in (None, "norm")):
             root.clip_grad_norm_(float(gradient_clip_val))
             return
         self.clip_gradients(optimizer, gradient_clip_val, gradient_clip_algorithm)
 
+    @override
     def on_train_start(self) -> None:
         if self.logger is not None:
             self.logger.log_metrics(
                 {"optim/global_batch": float(self.global_batch or 0), "optim/lr_scaled": self.lr_effective}, step=0
             )
 
+    @override
     def on_fit_end(self) -> None:
         if isinstance(self.logger, TensorBoardLogger):
             metrics = {"hp/val_mIoU_best": self.best_miou, "hp/best_epoch": float(self.best_epoch)}
@@ -276,9 +290,11 @@ class CropMappingTask(LightningModule):
             self.logger.log_hyperparams(self.hparams, metrics=metrics)
 
     # ------------------------------------------------------------- checkpoint
+    @override
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         checkpoint["cropscale"] = {"best_miou": self.best_miou, "best_epoch": self.best_epoch}
 
+    @override
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         state = checkpoint.get("cropscale", {})
         self.best_miou = float(state.get("best_miou", float("nan")))

@@ -56,7 +56,8 @@ def test_rank_stats_names_the_slowest_rank():
 
 
 def test_total_norms_combine_parts_exactly():
-    steps = [[torch.tensor(3.0), torch.tensor(4.0)], [torch.tensor(1.0)], [torch.tensor(float("nan")), torch.tensor(1.0)]]
+    steps = [[torch.tensor(3.0), torch.tensor(4.0)], [torch.tensor(1.0)],
+             [torch.tensor(float("nan")), torch.tensor(1.0)]]
     out = total_norms(steps, 2.0)
     assert out[0] == pytest.approx(5.0) and out[1] == pytest.approx(1.0) and math.isnan(out[2])
     assert total_norms([[torch.tensor(3.0), torch.tensor(4.0)]], float("inf")) == [4.0]

@@ -170,7 +170,8 @@ def test_plugin_marker_and_fixture_end_to_end(pytester):
     result = pytester.runpytest_inprocess("-p", "no:cacheprovider", "--strict-markers")
     result.assert_outcomes(passed=1, failed=1)
     result.stdout.fnmatch_lines(["*fitted   : f(x) = 3 + 1 * x*", "*scaling assertions*",
-                                 "*test_linear_is_o_n: PASS expected O(x)*", "*test_linear_is_not_o_1: FAIL expected O(1)*"])
+                                 "*test_linear_is_o_n: PASS expected O(x)*",
+                                 "*test_linear_is_not_o_1: FAIL expected O(1)*"])
 
 
 def test_plugin_fixture_with_explicit_expectation_records_the_verdict(scaling, request):
