@@ -48,7 +48,13 @@ from cropscale.scaling.assertions import (
     assert_scaling,
     check_scaling,
 )
-from cropscale.scaling.extrap import read_extrap_jsonl, write_extrap_jsonl
+from cropscale.scaling.extrap import (
+    read_extrap_jsonl,
+    read_extrap_jsonl_series,
+    read_extrap_text,
+    write_extrap_jsonl,
+    write_extrap_jsonl_by_points,
+)
 from cropscale.scaling.landau import LADDER, excess_factor, parse_order
 from cropscale.scaling.pmnf import PMNFModel, PMNFWarning, Term, fit_pmnf, hypotheses
 from cropscale.scaling.series import ScalingSeries
@@ -60,7 +66,7 @@ __all__ = [
     "ddp_allreduce_time", "ddp_buckets", "efficiency", "estimated_bucket_count", "excess_factor",
     "fit_pmnf", "format_allreduce_table", "format_amdahl_table", "fsdp_send_bytes", "gradient_payload",
     "gustafson_speedup", "hypotheses", "judge", "karp_flatt", "parse_order",
-    "read_extrap_jsonl", "reduce_scatter_send_bytes", "reduce_scatter_time", "ring_allreduce_send_bytes",
+    "read_extrap_jsonl", "read_extrap_jsonl_series", "read_extrap_text", "reduce_scatter_send_bytes", "reduce_scatter_time", "ring_allreduce_send_bytes",
     "ring_allreduce_time",
-    "write_extrap_jsonl",
+    "write_extrap_jsonl", "write_extrap_jsonl_by_points",
 ]
