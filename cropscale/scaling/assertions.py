@@ -97,8 +97,11 @@ class ScalingVerdict:
         """One line: status, what, expectation, the verdict in class terms, evidence label."""
         what = f"{self.label}: " if self.label else ""
         ev = f" [{self.evidence}]" if self.evidence else ""
-        return (f"{self.status.upper()} {what}expected {self.expected.big_o(self.variable)}; "
-                f"{self.classes.describe(self.variable)}{ev}")
+        return f"{self.status.upper()} {what}expected {self.expected.big_o(self.variable)}; {self._verdict_text()}{ev}"
+
+    def _verdict_text(self) -> str:
+        """The class verdict's sentence (its reason alone when inconclusive: the status says it)."""
+        return self.classes.reason if self.inconclusive else self.classes.describe(self.variable)
 
     def message(self) -> str:
         """Multi-line explanation, used as the message of :func:`assert_scaling`'s errors."""
@@ -109,7 +112,7 @@ class ScalingVerdict:
             f"performance assertion {held}" + (f" for {self.label}" if self.label else "")
             + (f" [{self.evidence}]" if self.evidence else ""),
             f"  expected : {self.expected_text} -> {self.expected.big_o(var)}",
-            f"  verdict  : {self.status.upper()}: {c.describe(var)}",
+            f"  verdict  : {self.status.upper()}: {self._verdict_text()}",
             f"  within   : best model of {self.expected.big_o(var)} or below: f({var}) = {c.within.formula(var)} "
             f"({c.within.order_text(var)}, chi2 {c.within.chi2:.3g})",
             f"  above    : best growing model above it: f({var}) = {c.above.formula(var)} "
