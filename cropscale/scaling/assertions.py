@@ -216,6 +216,7 @@ def check_scaling(
     fit_options, judge_options = _split_kwargs(fit_kwargs)
     if model is None:
         model = fit_pmnf(x, y, **fit_options)
+    judge_options["variable"] = model.variable
     classes = judge(x, y, order, resolution=resolution, resamples=resamples, seed=seed, **judge_options)
     text = expected if isinstance(expected, str) else order.big_o(model.variable)
     return ScalingVerdict(classes.status, order, text, classes, model, label, evidence)

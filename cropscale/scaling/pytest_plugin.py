@@ -130,13 +130,13 @@ class ScalingStatement:
             CropScaleError: fewer than 3 ``x`` values, ``repetitions < 1``, ``warmup < 0``, ``use``
                 not ``"time"`` or ``"return"``, or a non-numeric return value with ``use="return"``.
         """
-        xs = [float(v) for v in xs]
+        xs = list(xs)
         if len(xs) < 3 or repetitions < 1 or warmup < 0 or use not in ("time", "return"):
             raise CropScaleError(
                 f"measure: need >= 3 x values, repetitions >= 1, warmup >= 0, use 'time' or 'return'; got "
                 f"{len(xs)} x values, repetitions={repetitions}, warmup={warmup}, use={use!r}"
             )
-        args = [setup(x) if setup is not None else x for x in xs]
+        args = [setup(x) if setup is not None else x for x in xs]  # the caller's own x values
         rows: list[list[float]] = [[] for _ in xs]
         for rnd in range(warmup + repetitions):
             for k, arg in enumerate(args):
@@ -146,7 +146,7 @@ class ScalingStatement:
                 if rnd >= warmup:
                     rows[k].append(elapsed if use == "time" else _number(out))
         kwargs.setdefault("evidence", "measured-microbenchmark" if use == "time" else "count")
-        return self(xs, rows, **kwargs)
+        return self([float(x) for x in xs], rows, **kwargs)
 
 
 def _number(value) -> float:

@@ -228,6 +228,21 @@ def test_plugin_fails_the_test_with_the_message():
     assert node.user_properties and node.user_properties[0][1].startswith("FAIL")
 
 
+def test_plugin_measure_passes_the_callers_own_values(scaling):
+    seen = []
+    verdict = scaling.measure(lambda n: seen.append(n) or n * n, [4, 8, 16, 32, 64], use="return", repetitions=1, warmup=0,
+                              setup=lambda n: n, expected="O(n^2)")
+    assert verdict.passed and seen == [4, 8, 16, 32, 64] and all(type(v) is int for v in seen)
+
+
+def test_the_reason_speaks_of_the_fitted_variable():
+    x = np.array([100, 102, 104, 106, 108, 110], dtype=float)
+    y = _noisy(5 + x * np.log2(x), 0.03, seed=5)
+    reason = check_scaling(x, y, "O(n)").classes.reason
+    assert "max x / min x" in reason and "separate O(x) from O(x" in reason and "over x in [100, 110]" in reason
+    assert "max batch / min batch" in check_scaling(x, y, "O(n)", variable="batch").classes.reason
+
+
 def test_plugin_usage_errors(scaling):
     with pytest.raises(pytest.UsageError, match="no expectation"):
         scaling(X, X)
