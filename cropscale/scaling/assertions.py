@@ -26,7 +26,7 @@ import math
 from dataclasses import dataclass
 
 from cropscale.errors import CropScaleError
-from cropscale.scaling.landau import parse_order
+from cropscale.scaling.landau import order_variable, parse_order
 from cropscale.scaling.pmnf import PMNFModel, Term, fit_pmnf
 from cropscale.scaling.verdict import (
     DEFAULT_RESAMPLES,
@@ -190,7 +190,8 @@ def check_scaling(
         model: a PMNF model already fitted to these measurements, reported instead of a new fit;
             with ``y`` omitted its medians (one value per ``x``) are judged.
         resamples, seed: of the bootstrap (the verdict is reproducible for a seed).
-        **fit_kwargs: ``variable``, ``negative_exponents``, ``log_terms`` (fit and verdict),
+        **fit_kwargs: ``variable`` (default: a series' parameter, else the name in ``expected``,
+            else ``"x"``), ``negative_exponents``, ``log_terms`` (fit and verdict),
             ``min_term_contribution`` (fit only; :func:`cropscale.scaling.pmnf.fit_pmnf`),
             ``alpha_fail``, ``alpha_pass`` (verdict only; :func:`cropscale.scaling.verdict.judge`).
 
@@ -213,6 +214,8 @@ def check_scaling(
     if expected is None:
         raise CropScaleError("state the expectation: expected='O(1)', 'O(n)', 'O(n log n)' ...")
     order = parse_order(expected)
+    if "variable" not in fit_kwargs and order_variable(expected):
+        fit_kwargs["variable"] = order_variable(expected)  # the name the expectation uses
     fit_options, judge_options = _split_kwargs(fit_kwargs)
     if model is None:
         model = fit_pmnf(x, y, **fit_options)

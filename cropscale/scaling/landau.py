@@ -134,10 +134,10 @@ def _read_factor(inner: str, pos: int) -> tuple[int, str, Fraction, int]:
     raise ValueError(f"cannot read {rest!r}")
 
 
-def _parse_product(inner: str) -> tuple[Fraction, int]:
-    """``(i, j)`` of the product of factors in ``inner`` (the text between ``O(`` and ``)``)."""
+def _parse_product(inner: str) -> tuple[Fraction, int, str | None]:
+    """``(i, j, variable)`` of the product of factors in ``inner`` (the text between ``O(`` and ``)``)."""
     if inner.strip() == "1":
-        return Fraction(0), 0
+        return Fraction(0), 0, None
     if not inner.strip():
         raise ValueError("empty O()")
     i, j, var, pos = Fraction(0), 0, None, 0
@@ -149,7 +149,17 @@ def _parse_product(inner: str) -> tuple[Fraction, int]:
         if var is not None and name != var:
             raise ValueError(f"more than one variable ({var!r} and {name!r}); only one parameter is modelled")
         var, i, j = name, i + di, j + dj
-    return i, j
+    return i, j, var
+
+
+def _parse(expected: str) -> tuple[Fraction, int, str | None]:
+    m = re.fullmatch(r"\s*[Oo]\s*\((.*)\)\s*", expected)
+    if not m:
+        raise CropScaleError(f"expected {expected!r}: write it as O(...), e.g. 'O(1)', 'O(n)', 'O(n log n)'")
+    try:
+        return _parse_product(m.group(1))
+    except ValueError as err:
+        raise CropScaleError(f"expected {expected!r}: {err}") from None
 
 
 def parse_order(expected: str | Term) -> Term:
@@ -169,14 +179,21 @@ def parse_order(expected: str | Term) -> Term:
         return expected.order
     if not isinstance(expected, str):
         raise CropScaleError(f"expected must be a string such as 'O(n)' or a Term, got {expected!r}")
-    m = re.fullmatch(r"\s*[Oo]\s*\((.*)\)\s*", expected)
-    if not m:
-        raise CropScaleError(f"expected {expected!r}: write it as O(...), e.g. 'O(1)', 'O(n)', 'O(n log n)'")
-    try:
-        i, j = _parse_product(m.group(1))
-    except ValueError as err:
-        raise CropScaleError(f"expected {expected!r}: {err}") from None
+    i, j, _ = _parse(expected)
     return CONSTANT if i < 0 else Term(i, j)
+
+
+def order_variable(expected: str | Term) -> str | None:
+    """The variable named in Landau notation (``"batch"`` for ``"O(batch log batch)"``); ``None``
+    for ``"O(1)"`` or a :class:`Term`.
+
+    Raises:
+        CropScaleError: as :func:`parse_order`.
+    """
+    if isinstance(expected, Term):
+        return None
+    parse_order(expected)
+    return _parse(expected)[2]
 
 
 def order_text(term: Term, var: str = "n") -> str:

@@ -203,7 +203,7 @@ def test_plugin_marker_fixture_and_inconclusive_policies_end_to_end(pytester):
     result.stdout.fnmatch_lines([
         "*exceeds O(1) by a factor x*",
         "*scaling assertions*",
-        "*test_linear_is_o_n: PASS expected O(x)*",
+        "*test_linear_is_o_n: PASS expected O(n)*",
         "*test_linear_is_not_o_1: FAIL expected O(1)*",
         "*SKIPPED*scaling verdict inconclusive: too narrow a range*",
         "*XFAIL*scaling verdict inconclusive: too narrow a range*",
@@ -235,12 +235,14 @@ def test_plugin_measure_passes_the_callers_own_values(scaling):
     assert verdict.passed and seen == [4, 8, 16, 32, 64] and all(type(v) is int for v in seen)
 
 
-def test_the_reason_speaks_of_the_fitted_variable():
+def test_messages_use_the_expectations_variable_unless_told_otherwise():
     x = np.array([100, 102, 104, 106, 108, 110], dtype=float)
     y = _noisy(5 + x * np.log2(x), 0.03, seed=5)
-    reason = check_scaling(x, y, "O(n)").classes.reason
-    assert "max x / min x" in reason and "separate O(x) from O(x" in reason and "over x in [100, 110]" in reason
+    v = check_scaling(x, y, "O(p)")
+    assert v.model.variable == "p" and "max p / min p" in v.classes.reason and "over p in [100, 110]" in v.classes.reason
+    assert "separate O(p) from O(p" in v.classes.reason
     assert "max batch / min batch" in check_scaling(x, y, "O(n)", variable="batch").classes.reason
+    assert check_scaling(x, y, "O(1)").model.variable == "x"
 
 
 def test_plugin_usage_errors(scaling):

@@ -7,7 +7,15 @@ from fractions import Fraction
 import pytest
 
 from cropscale import CropScaleError
-from cropscale.scaling.landau import FACTORS, LADDER, excess_factor, ladder_index, parse_order, search_space
+from cropscale.scaling.landau import (
+    FACTORS,
+    LADDER,
+    excess_factor,
+    ladder_index,
+    order_variable,
+    parse_order,
+    search_space,
+)
 from cropscale.scaling.pmnf import CONSTANT, Term
 
 
@@ -67,6 +75,13 @@ def test_parse_order_rejects_malformed_text_quoting_it(text, why):
     with pytest.raises(CropScaleError, match=re.escape(f"expected {text!r}")) as info:
         parse_order(text)
     assert re.search(why, str(info.value)), str(info.value)
+
+
+@pytest.mark.parametrize("text, var", [("O(1)", None), ("O(n)", "n"), ("O(batch_size log2(batch_size))", "batch_size"),
+                                       ("O(sqrt(p))", "p"), ("O(N^2)", "N")])
+def test_order_variable(text, var):
+    assert order_variable(text) == var
+    assert order_variable(Term(1)) is None
 
 
 def test_parse_order_of_a_term_is_its_order_and_other_types_are_refused():
