@@ -16,7 +16,8 @@ Statistic
     robust to an outlier like a median, closer to a mean in efficiency. Each model is fitted by
     weighted least squares with weights ``1 / se^2``, ``se = c(r) sigma |centre| / sqrt(r)``:
     ``sigma`` is the relative noise of one repetition pooled over every point (noise proportional
-    to the value, as for times), ``c(r)`` the standard error of the interquartile mean over that of
+    to the value, as for times; the root mean square of the pooled deviations below, each clipped
+    at :data:`CLIP` robust standard deviations so that an outlier does not inflate it), ``c(r)`` the standard error of the interquartile mean over that of
     a plain mean for Gaussian noise (1.065 for ``r = 5``; :func:`iqm_se_factor`). Without
     repetitions ``sigma`` is the relative residual scatter of the best model of the search space.
     ``sigma`` has a floor of :data:`NOISE_FLOOR`, so exact counts give decisive verdicts. With
@@ -247,19 +248,36 @@ def _rows(x, y) -> tuple[np.ndarray, list[np.ndarray]]:
     return ux, grouped
 
 
+MAD_TO_SD = 1.4826
+"""Median absolute deviation to standard deviation for Gaussian noise."""
+CLIP = 4.0
+"""Deviations beyond ``CLIP`` robust standard deviations count as that many in the noise estimate."""
+
+
+def _deviations(reps: np.ndarray, scale) -> np.ndarray:
+    """Relative deviations of repetitions ``[..., r]`` from their mean, times ``sqrt(r / (r - 1))``
+    (so that their mean square is the noise variance)."""
+    r = reps.shape[-1]
+    return (reps - reps.mean(axis=-1, keepdims=True)) / scale * math.sqrt(r / (r - 1))
+
+
+def _noise_of(pool: np.ndarray) -> np.ndarray:
+    """Relative noise of one repetition from pooled deviations ``[..., m]``: their root mean square
+    after clipping at ``CLIP`` robust standard deviations (``MAD_TO_SD`` times the median absolute
+    deviation), so that one outlier does not inflate it; Gaussian noise is almost never clipped."""
+    a = np.abs(pool)
+    limit = CLIP * MAD_TO_SD * np.median(a, axis=-1, keepdims=True)
+    return np.sqrt(np.mean(np.minimum(a, limit) ** 2, axis=-1))
+
+
 def _pooled_noise(rows: list[np.ndarray], scale: np.ndarray) -> tuple[float, np.ndarray]:
-    """Pooled relative noise of one repetition and the pool of relative deviations (empty: none)."""
-    devs, ss, dof = [], 0.0, 0
-    for r, s in zip(rows, scale, strict=True):
-        if r.size < 2:
-            continue
-        d = (r - r.mean()) / s
-        ss += float(np.sum(d * d))
-        dof += r.size - 1
-        devs.append(d * math.sqrt(r.size / (r.size - 1)))
-    if dof == 0:
+    """Relative noise of one repetition (:func:`_noise_of`) and the pool of relative deviations
+    (empty: no repetitions)."""
+    devs = [_deviations(r, s) for r, s in zip(rows, scale, strict=True) if r.size > 1]
+    if not devs:
         return 0.0, np.zeros(0)
-    return math.sqrt(ss / dof), np.concatenate(devs)
+    pool = np.concatenate(devs)
+    return float(_noise_of(pool)), pool
 
 
 # ----------------------------------------------------------------------------- fits
@@ -475,18 +493,15 @@ class _State:
     def draw(self, model: ClassFit) -> np.ndarray:
         """chi2 and within-membership of ``resamples`` series drawn from ``model`` (pooled deviations)."""
         b, n = self.resamples, self.xs.size
-        centres, ss, dof = np.empty((b, n)), np.zeros(b), 0
+        centres, devs = np.empty((b, n)), []
         m = model(self.xs)
         for k, r in enumerate(self.counts):
             reps = m[k] * (1.0 + self.pool[self.rng.integers(0, self.pool.size, (b, r))])
             centres[:, k] = interquartile_mean(reps)
             if r > 1:
-                d = (reps - reps.mean(axis=1, keepdims=True)) / self.scale[k]
-                ss += np.sum(d * d, axis=1)
-                dof += r - 1
-        sigma = np.sqrt(ss / dof) if dof else np.zeros(b)
-        c, within = self.chi2(centres, sigma)
-        return c, within
+                devs.append(_deviations(reps, self.scale[k]))
+        sigma = _noise_of(np.concatenate(devs, axis=1)) if devs else np.zeros(b)
+        return self.chi2(centres, sigma)
 
     def support(self) -> float:
         """Plain bootstrap of the repetitions: fraction of resamples with ``D > 0``."""

@@ -39,15 +39,34 @@ def test_iqm_se_factor_matches_a_simulation(r):
     assert iqm_se_factor(r) == pytest.approx(float(interquartile_mean(z).std() * math.sqrt(r)), rel=0.02)
 
 
+def _noise_by_hand(y: np.ndarray) -> float:
+    """Relative deviations from the mean, times sqrt(r / (r - 1)), clipped at 4 robust standard
+    deviations (1.4826 x median absolute deviation), root mean square."""
+    r = y.shape[1]
+    centres = np.array([interquartile_mean(row) for row in y])
+    dev = ((y - y.mean(axis=1, keepdims=True)) / centres[:, None] * math.sqrt(r / (r - 1))).ravel()
+    limit = 4.0 * 1.4826 * np.median(np.abs(dev))
+    return math.sqrt(np.mean(np.minimum(np.abs(dev), limit) ** 2))
+
+
 def test_the_noise_is_the_pooled_relative_scatter_of_the_repetitions():
     y = _noisy(3 + X, 0.04, seed=1)
     v = judge(X, y, Term(1), resamples=200)
-    centres = np.array([interquartile_mean(r) for r in y])
-    dev = (y - y.mean(axis=1, keepdims=True)) / centres[:, None]
-    expected = math.sqrt(np.sum(dev**2) / (X.size * (y.shape[1] - 1)))
-    assert v.noise == pytest.approx(expected, rel=1e-12) and v.noise_source == "repetitions"
+    assert v.noise == pytest.approx(_noise_by_hand(y), rel=1e-12) and v.noise_source == "repetitions"
     assert v.noise == pytest.approx(0.04, rel=0.3)
-    np.testing.assert_allclose(v.centres, centres)
+    np.testing.assert_allclose(v.centres, [interquartile_mean(r) for r in y])
+
+
+def test_one_outlier_barely_moves_the_centre_and_the_noise_is_clipped():
+    y = _noisy(3 + X, 0.02, seed=2)
+    z = y.copy()
+    z[3, 0] *= 10  # one repetition ten times too slow
+    a, b = judge(X, y, Term(1), resamples=200), judge(X, z, Term(1), resamples=200)
+    assert b.noise == pytest.approx(_noise_by_hand(z), rel=1e-12)
+    unclipped = math.sqrt(np.mean(((z - z.mean(axis=1, keepdims=True)) / b.centres[:, None]) ** 2) * 5 / 4)
+    assert b.noise < 0.5 * unclipped  # the outlier would have tripled the plain estimate
+    assert b.noise < 3 * a.noise  # about 2x: the outlier's point still deviates from its mean
+    assert b.centres[3] == pytest.approx(a.centres[3], rel=0.01) and b.status != FAIL
 
 
 def test_exact_data_is_decided_exactly():
