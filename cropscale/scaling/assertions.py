@@ -115,8 +115,8 @@ class ScalingVerdict:
             f"  verdict  : {self.status.upper()}: {self._verdict_text()}",
             f"  within   : best model of {self.expected.big_o(var)} or below: f({var}) = {c.within.formula(var)} "
             f"({c.within.order_text(var)}, chi2 {c.within.chi2:.3g})",
-            f"  above    : best growing model above it: f({var}) = {c.above.formula(var)} "
-            f"({c.above.term.order.big_o(var)}, chi2 {c.above.chi2:.3g})",
+            f"  above    : best {'growing ' if c.above.c1 > 0 else ''}model above it: f({var}) = "
+            f"{c.above.formula(var)} ({c.above.order_text(var)}, chi2 {c.above.chi2:.3g})",
             f"  evidence : D = {c.statistic:.3g}; excess reached by {100 * c.p_within:.1f} % of {c.resamples} "
             f"series drawn from the within model; data matched by at most {100 * c.p_above:.1f} % of those drawn "
             f"from the alternatives; bootstrap support for a class above: {sup}",

@@ -154,7 +154,8 @@ class ClassVerdict:
     Attributes:
         status: ``"pass"``, ``"fail"`` or ``"inconclusive"``.
         expected: the expected order.
-        within: the best within model; above: the best growing model above the expectation.
+        within: the best within model; above: the best model above the expectation (free fit; the
+            alternatives of the exclusion tests, raised to ``resolution``, are in ``excluded``).
         statistic: ``D``, noise units (``-inf`` when nothing above grows).
         p_within: bootstrap fraction under ``within`` (0..1).
         p_above: the largest bootstrap fraction under the alternatives; excluded: each alternative
@@ -536,6 +537,8 @@ class _State:
             c_1, in_1 = self.draw(alt)
             excluded.append((alt, float(np.mean(self.design.statistic(c_1, in_1, self.dof) <= d_obs + _TIE))))
         p_above = max(p for _, p in excluded)
+        t_up = self.design.terms[k_up]
+        above = ClassFit(t_up, *_wls(self.xs, self.design.sw**2, t_up, self.centres), float(c[0, k_up]))
         support = self.support()
         status = INCONCLUSIVE
         if d_obs > 0 and p_within < alpha_fail and (math.isnan(support) or support >= 0.5):
@@ -544,7 +547,7 @@ class _State:
             status = PASS
         reason = self.reason(within, excluded[0][0], adequacy, p_within, p_above) if status == INCONCLUSIVE else ""
         return ClassVerdict(
-            status, self.expected, within, excluded[0][0], d_obs, p_within, p_above, tuple(excluded), support,
+            status, self.expected, within, above, d_obs, p_within, p_above, tuple(excluded), support,
             adequacy, max(self.sigma, NOISE_FLOOR), "repetitions" if self.replicated else "residuals",
             self.resamples, self.resolution, reason, self.xs, self.centres, self.counts,
         )

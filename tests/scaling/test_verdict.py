@@ -79,6 +79,17 @@ def test_exact_data_is_decided_exactly():
     assert const.status == PASS and const.within.term == CONSTANT and const.statistic == -math.inf
 
 
+def test_the_reported_models_are_the_free_fits():
+    """The excess is reported as fitted (10000 + n^2), not as the alternative raised to the resolution."""
+    x = 2.0 ** np.arange(0, 5)
+    v = judge(x, 10000 + x**2, CONSTANT)
+    assert v.status == FAIL and v.above.term == Term(2)
+    assert (v.above.c0, v.above.c1) == (pytest.approx(10000.0), pytest.approx(1.0))
+    assert "f(n) = 1e+04 + 1 * n^2 explains the data" in v.describe()
+    raised, _ = v.excluded[0]
+    assert raised.c1 * (x[-1] ** 2 - 1) == pytest.approx(0.1 * (10000 + 256))  # the pass test's alternative
+
+
 def test_the_within_model_is_the_weighted_least_squares_fit():
     y = _noisy(10 + 2 * X, 0.02, seed=3)
     v = judge(X, y, Term(1))
