@@ -36,7 +36,7 @@ data:
 fit: install data
 	$(PY) -m cropscale fit $(ARGS)
 
-test: install data
+test: install data lint
 	$(PY) -m pytest -q $(ARGS)
 
 test-slow: install data

@@ -1,5 +1,6 @@
-"""Count-based scaling series of the real code: exact counts instead of wall time, for performance
-assertions that hold on a busy machine (:func:`cropscale.scaling.assertions.check_scaling`).
+"""Count-based scaling series of the real code: exact counts instead of wall time.
+
+Performance assertions on counts hold on a busy machine (:func:`cropscale.scaling.assertions.check_scaling`).
 
 - :func:`flops_vs_batch`: FLOPs of one training step (forward, loss, backward) of
   :class:`~cropscale.model.network.CropMappingNet` vs the batch size, counted by
@@ -154,7 +155,10 @@ def flops_vs_batch(
     Args:
         batch_sizes: the ``x`` values (>= 1).
         net: the network (default ``CropMappingNet()`` seeded with 0).
-        t2, t1, crop_size: shapes of the synthetic batch.
+        t2: Sentinel-2 dates of the synthetic batch.
+        t1: dates per Sentinel-1 orbit of the synthetic batch.
+        crop_size: 10 m crop side of the synthetic batch (pixels).
+        per_sample: divide each step's FLOPs by the batch size.
         threads: torch intra-op threads while counting.
 
     Returns:

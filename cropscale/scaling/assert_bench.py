@@ -116,10 +116,12 @@ class BenchResult:
     seconds: float = 0.0
 
     def total(self, kind: str, status: str | None = None) -> int:
+        """Assertions of ``kind`` (``true``, ``next-lower``, ``two-or-more-lower``), or those with ``status``."""
         rows = self.counts[kind]
         return sum(sum(r.values()) if status is None else r.get(status, 0) for r in rows)
 
     def rate(self, kind: str, status: str) -> float:
+        """Fraction of the assertions of ``kind`` whose verdict is ``status`` (0 when there are none)."""
         n = self.total(kind)
         return self.total(kind, status) / n if n else 0.0
 

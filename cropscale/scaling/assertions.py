@@ -91,6 +91,7 @@ class ScalingVerdict:
 
     @property
     def variable(self) -> str:
+        """Name of the fitted parameter (``n``, ``batch`` ...)."""
         return self.model.variable
 
     def summary(self) -> str:
@@ -186,10 +187,12 @@ def check_scaling(
         expected: Landau notation (``"O(n)"``, ``"O(1)"``, ``"O(n log n)"`` ...) or a ``Term``
             (required).
         resolution: smallest excess a pass vouches for, a fraction of the largest value (0.1 = 10 %).
-        label, evidence: descriptions carried into the messages.
+        label: what was measured, carried into the messages.
+        evidence: the measurements' evidence label, carried into the messages.
         model: a PMNF model already fitted to these measurements, reported instead of a new fit;
             with ``y`` omitted its medians (one value per ``x``) are judged.
-        resamples, seed: of the bootstrap (the verdict is reproducible for a seed).
+        resamples: bootstrap resamples of the verdict.
+        seed: seed of the bootstrap (the verdict is reproducible for a seed).
         **fit_kwargs: ``variable`` (default: a series' parameter, else the name in ``expected``,
             else ``"x"``), ``negative_exponents``, ``log_terms`` (fit and verdict),
             ``min_term_contribution`` (fit only; :func:`cropscale.scaling.pmnf.fit_pmnf`),
@@ -237,9 +240,13 @@ def assert_scaling(
     """Assert that measurements scale no worse than ``expected`` (see :func:`check_scaling`).
 
     Args:
+        x: parameter values, or a series (as for :func:`check_scaling`).
+        y: measurements (as for :func:`check_scaling`).
+        expected: the expected order in Landau notation (as for :func:`check_scaling`).
+        resolution: smallest excess a pass vouches for (as for :func:`check_scaling`).
         inconclusive: ``"fail"`` (default) raises :class:`ScalingInconclusiveError` when the data
             cannot decide; ``"pass"`` returns the inconclusive verdict.
-        x, y, expected, resolution, **kwargs: as for :func:`check_scaling`.
+        **kwargs: further arguments of :func:`check_scaling`.
 
     Returns:
         The :class:`ScalingVerdict` (status ``"pass"``, or ``"inconclusive"`` when accepted).

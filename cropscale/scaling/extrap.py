@@ -92,17 +92,20 @@ def _write_atomic(path: Path, text: str) -> None:
 
 
 def _check_one_experiment(items: list[tuple[str, tuple[float, ...], str]], where: str) -> None:
-    """Refuse ``(parameter, points, callpath/metric)`` items that Extra-P could not read as one
-    experiment (module docstring).
+    """Refuse ``(parameter, points, callpath/metric)`` items that Extra-P could not read as one experiment.
+
+    The rules are in the module docstring.
     """
     params = sorted({p for p, _, _ in items})
     if len(params) != 1:
-        raise CropScaleError(f"{where}: Extra-P needs one parameter per file, got {params}; write one file per parameter")
+        raise CropScaleError(
+            f"{where}: Extra-P needs one parameter per file, got {params}; write one file per parameter")
     sets: dict[tuple[float, ...], list[str]] = {}
     for _, pts, name in items:
         sets.setdefault(pts, []).append(name)
     if len(sets) > 1:
-        detail = "; ".join(f"{', '.join(names)} at {params[0]} = {[_number(x) for x in pts]}" for pts, names in sets.items())
+        detail = "; ".join(f"{', '.join(names)} at {params[0]} = {[_number(x) for x in pts]}"
+                           for pts, names in sets.items())
         raise CropScaleError(
             f"{where}: series with different point sets cannot share an Extra-P file (Extra-P requires every "
             f"callpath and metric at every point of the file): {detail}. Use write_extrap_jsonl_by_points"
@@ -133,7 +136,8 @@ def write_extrap_jsonl(path: str | Path, series: Iterable, append: bool = False)
     existing = ""
     if append and path.exists():
         param = _parameter_of(path)
-        old = [(param, tuple(sorted(pts)), f"{cp}/{m} (in the file)") for (cp, m), pts in read_extrap_jsonl(path).items()]
+        old = [(param, tuple(sorted(pts)), f"{cp}/{m} (in the file)")
+               for (cp, m), pts in read_extrap_jsonl(path).items()]
         _check_one_experiment(old + items, f"appending to {path}")
         existing = path.read_text(encoding="utf-8")
         if existing and not existing.endswith("\n"):
@@ -276,7 +280,8 @@ class _TextReader:
     def parameter(self, ln: int, value: str) -> None:
         self.parameters += value.split()
         if len(self.parameters) != 1:
-            raise self.error(ln, f"only files with one parameter can be read, got PARAMETER {' '.join(self.parameters)}")
+            got = " ".join(self.parameters)
+            raise self.error(ln, f"only files with one parameter can be read, got PARAMETER {got}")
 
     def points_line(self, ln: int, value: str) -> None:
         if not self.parameters:

@@ -184,8 +184,9 @@ def parse_order(expected: str | Term) -> Term:
 
 
 def order_variable(expected: str | Term) -> str | None:
-    """The variable named in Landau notation (``"batch"`` for ``"O(batch log batch)"``); ``None``
-    for ``"O(1)"`` or a :class:`Term`.
+    """The variable named in Landau notation (``"batch"`` for ``"O(batch log batch)"``).
+
+    ``None`` for ``"O(1)"`` or a :class:`Term`.
 
     Raises:
         CropScaleError: as :func:`parse_order`.

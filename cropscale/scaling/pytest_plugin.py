@@ -46,6 +46,7 @@ POLICIES: tuple[str, ...] = ("fail", "skip", "xfail", "pass")
 
 
 def pytest_addoption(parser) -> None:
+    """Add ``--scaling-inconclusive`` (the default policy for undecided verdicts) to pytest's options."""
     group = parser.getgroup("scaling", "performance assertions (cropscale)")
     group.addoption(
         "--scaling-inconclusive", choices=POLICIES, default=None,
@@ -55,6 +56,7 @@ def pytest_addoption(parser) -> None:
 
 
 def pytest_configure(config) -> None:
+    """Register the ``scaling`` marker."""
     config.addinivalue_line(
         "markers",
         "scaling(expected, inconclusive=None, resolution=0.1, **options): the test states that its measurements "
@@ -163,6 +165,7 @@ def scaling(request) -> ScalingStatement:
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
+    """Print every scaling verdict of the run in a "scaling assertions" section."""
     lines = []
     for reports in terminalreporter.stats.values():
         for rep in reports:

@@ -17,8 +17,9 @@ Statistic
     weighted least squares with weights ``1 / se^2``, ``se = c(r) sigma |centre| / sqrt(r)``:
     ``sigma`` is the relative noise of one repetition pooled over every point (noise proportional
     to the value, as for times; the root mean square of the pooled deviations below, each clipped
-    at :data:`CLIP` robust standard deviations so that an outlier does not inflate it), ``c(r)`` the standard error of the interquartile mean over that of
-    a plain mean for Gaussian noise (1.065 for ``r = 5``; :func:`iqm_se_factor`). Without
+    at :data:`CLIP` robust standard deviations so that an outlier does not inflate it), ``c(r)`` the
+    standard error of the interquartile mean over that of a plain mean for Gaussian noise (1.065 for
+    ``r = 5``; :func:`iqm_se_factor`). Without
     repetitions ``sigma`` is the relative residual scatter of the best model of the search space.
     ``sigma`` has a floor of :data:`NOISE_FLOOR`, so exact counts give decisive verdicts. With
     ``chi2`` a fit's weighted residual sum of squares, the statistic is
@@ -129,6 +130,7 @@ class ClassFit:
     chi2: float
 
     def __call__(self, x) -> np.ndarray:
+        """The fitted model at ``x`` (array of the same shape)."""
         x = np.asarray(x, dtype=np.float64)
         if self.term.is_constant:
             return np.full_like(x, self.c0)
@@ -256,17 +258,20 @@ CLIP = 4.0
 
 
 def _deviations(reps: np.ndarray, scale) -> np.ndarray:
-    """Relative deviations of repetitions ``[..., r]`` from their mean, times ``sqrt(r / (r - 1))``
-    (so that their mean square is the noise variance).
+    """Relative deviations of repetitions ``[..., r]`` from their mean, times ``sqrt(r / (r - 1))``.
+
+    The factor makes their mean square the noise variance.
     """
     r = reps.shape[-1]
     return (reps - reps.mean(axis=-1, keepdims=True)) / scale * math.sqrt(r / (r - 1))
 
 
 def _noise_of(pool: np.ndarray) -> np.ndarray:
-    """Relative noise of one repetition from pooled deviations ``[..., m]``: their root mean square
-    after clipping at ``CLIP`` robust standard deviations (``MAD_TO_SD`` times the median absolute
-    deviation), so that one outlier does not inflate it; Gaussian noise is almost never clipped.
+    """Relative noise of one repetition from pooled deviations ``[..., m]``.
+
+    Their root mean square after clipping at ``CLIP`` robust standard deviations (``MAD_TO_SD`` times
+    the median absolute deviation), so that one outlier does not inflate it; Gaussian noise is almost
+    never clipped.
     """
     a = np.abs(pool)
     limit = CLIP * MAD_TO_SD * np.median(a, axis=-1, keepdims=True)
@@ -274,8 +279,9 @@ def _noise_of(pool: np.ndarray) -> np.ndarray:
 
 
 def _pooled_noise(rows: list[np.ndarray], scale: np.ndarray) -> tuple[float, np.ndarray]:
-    """Relative noise of one repetition (:func:`_noise_of`) and the pool of relative deviations
-    (empty: no repetitions).
+    """Relative noise of one repetition (:func:`_noise_of`) and the pool of relative deviations.
+
+    The pool is empty without repetitions.
     """
     devs = [_deviations(r, s) for r, s in zip(rows, scale, strict=True) if r.size > 1]
     if not devs:
@@ -315,8 +321,10 @@ class _Design:
         return cls(terms, within, resid, slope, sw)
 
     def chi2(self, centres: np.ndarray, sigma: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """``[B, T]`` chi2 of every term for centres ``[B, n]`` and noise ``[B]``, and the ``[B, T]``
-        membership of the within family (a falling fit above the expectation counts as within).
+        """``[B, T]`` chi2 of every term for centres ``[B, n]`` and noise ``[B]``, and within-membership.
+
+        The ``[B, T]`` membership of the within family: a falling fit above the expectation counts as
+        within.
         """
         z = centres * self.sw[None, :]
         res = np.einsum("tij,bj->bti", self.resid, z)
@@ -336,8 +344,9 @@ class _Design:
         return out
 
     def best(self, c: np.ndarray, within: np.ndarray, family: bool) -> int:
-        """Index of the best term of the within (``family=True``) or the above family. Within, a
-        falling term above the expectation is preferred to the best term of order <= the
+        """Index of the best term of the within (``family=True``) or the above family.
+
+        Within, a falling term above the expectation is preferred to the best term of order <= the
         expectation only if it lowers chi2 by more than 1 (a noise unit). Above: the lowest class
         above the expectation when no term above grows.
         """
@@ -412,7 +421,8 @@ def judge(
         log_terms: search the log classes; default: when every ``x >= 1``.
         resolution: smallest excess a pass vouches for, a fraction of the largest centre (0.1 = 10 %).
         resamples: synthetic series per bootstrap (>= 100).
-        alpha_fail, alpha_pass: levels of the failure and the exclusion tests, in (0, 0.5).
+        alpha_fail: level of the failure test, in (0, 0.5).
+        alpha_pass: level of the exclusion tests behind a pass, in (0, 0.5).
         seed: seed of the bootstrap: the verdict is reproducible.
         variable: the parameter's name in the reason of an inconclusive verdict.
 
@@ -488,8 +498,9 @@ class _State:
         return self.resolution * float(np.max(np.abs(self.centres)))
 
     def chi2(self, centres: np.ndarray, sigma: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """chi2 and within-membership; without repetitions each series' noise is its best model's
-        residual scatter.
+        """chi2 and within-membership of every term (see :meth:`_Design.chi2`).
+
+        Without repetitions each series' noise is its best model's residual scatter.
         """
         if self.replicated:
             return self.design.chi2(centres, sigma)

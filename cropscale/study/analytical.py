@@ -36,7 +36,8 @@ def _parser() -> argparse.ArgumentParser:
         prog="python -m cropscale scaling",
         description="Analytical Amdahl (speed-up / efficiency) and ring all-reduce (volume / time) tables; "
         "every row is an analytical-scenario.",
-        epilog="python -m cropscale scaling assert-bench --help: error rates of the scaling verdict on synthetic series.",
+        epilog="python -m cropscale scaling assert-bench --help: error rates of the scaling verdict on synthetic"
+        " series.",
     )
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--params", type=int, help="trainable parameter count P (e.g. 1947456)")

@@ -3,9 +3,9 @@
 Each test measures a series with :mod:`cropscale.bench.measure`, prints its table (every row
 labelled with its evidence) and states its asymptotic trend through the ``scaling`` fixture of the
 pytest plugin (cropscale.scaling.pytest_plugin, loaded through its pytest11 entry point); an
-inconclusive verdict skips (a noisy shared machine is not a regression). Sizes are kept small for a 2-core CPU machine shared with other jobs:
-crops of 8 x 8 pixels (high grid 80 x 80), 4 x 4 tiles, one torch thread, 5 repetitions
-(median), warm-up excluded.
+inconclusive verdict skips (a noisy shared machine is not a regression). Sizes are kept small for a
+2-core CPU machine shared with other jobs: crops of 8 x 8 pixels (high grid 80 x 80), 4 x 4 tiles,
+one torch thread, 5 repetitions (median), warm-up excluded.
 """
 
 import os
