@@ -59,6 +59,7 @@ class RunRecord:
         warmup_epochs: the epochs left out of every figure.
         pair_key: equal for two records that may form a precision pair.
         training_run, skip_reason: False and why for a folder that holds no training run.
+        data_warnings: ``run.json["data_warnings"]``: what the data checks found (``[]`` without ``run.json``).
         run_json, config: the parsed ``run.json`` and configuration.
     """
 
@@ -86,6 +87,7 @@ class RunRecord:
     pair_key: str = ""
     training_run: bool = True
     skip_reason: str | None = None
+    data_warnings: list[str] = field(default_factory=list)
     run_json: RunJson | None = field(default=None, repr=False)
     config: dict[str, Any] | None = field(default=None, repr=False)
     scalar_tags: list[str] = field(default_factory=list, repr=False)
@@ -259,6 +261,16 @@ def _training(run_json: RunJson | None, scalars: Scalars) -> tuple[bool, str | N
                    f" (status {run_json.status!r})")
 
 
+def _data_warning_cell(run_json: RunJson | None) -> Figure:
+    """The count of ``run.json["data_warnings"]``, the lines themselves as the note; n/a without them."""
+    if run_json is None:
+        return Figure(None, None, NO_RUN_JSON)
+    if run_json.data_warnings is None:
+        return Figure(None, None, "run.json has no data_warnings (written before the data checks recorded them)")
+    found = list(run_json.data_warnings)
+    return Figure(len(found), None, note="; ".join(found) or None)
+
+
 def load_run(path: str | Path, warmup_epochs: int | None = None) -> RunRecord:
     """Read one run folder into a :class:`RunRecord`; every figure ``measured-run`` or n/a with the reason.
 
@@ -295,6 +307,7 @@ def load_run(path: str | Path, warmup_epochs: int | None = None) -> RunRecord:
     }
     if batch.value is None:
         descriptive["global_batch"] = Figure(None, None, batch.note)
+    descriptive["data_warning_count"] = _data_warning_cell(run_json)
     figures = _figures(summary, scalars, warmup, no_json)
     windows, source = rules.step_windows(summary, STEP_WINDOWS, warmup, scalars)
     training, skip_reason = _training(run_json, scalars)
@@ -310,6 +323,7 @@ def load_run(path: str | Path, warmup_epochs: int | None = None) -> RunRecord:
         updates_per_epoch=rules.updates_per_epoch(run_json), warmup_epochs=warmup,
         pair_key=pair_key(config, {"strategy": strategy.value, "devices": devices.value, "global_batch": batch.value}),
         training_run=training, skip_reason=skip_reason, run_json=run_json, config=config, scalar_tags=sorted(scalars),
+        data_warnings=list(run_json.data_warnings or []) if run_json is not None else [],
     )
 
 
@@ -367,6 +381,7 @@ def load_benchmark(path: str | Path) -> list[RunRecord]:
             evidence=MEASURED_MICROBENCHMARK, status=row.get("status"), precision=precision,
             strategy=f"single device, compute-only ({device})", devices=1, global_batch=batch,
             figures=_benchmark_figures(row), pair_key=f"bench:{path.resolve()}:{batch}",
+            descriptive={"data_warning_count": Figure(None, None, "synthetic tensors: no data read")},
         ))
     return records
 
