@@ -193,7 +193,7 @@ class PastisHDDataModule(LightningDataModule):
             return
         self.data_warnings.append(message)
         if warn:
-            warnings.warn(message, stacklevel=3)
+            warnings.warn(message, stacklevel=2)
 
     def _check_folds(self, allow_overlap: bool) -> None:
         """Refuse training folds that are also validation or test folds, unless ``allow_overlap``."""
