@@ -17,7 +17,8 @@ from cropscale.testing.toy import ToyDataset, ToyTask
 from tests.report.test_report import _footnote
 
 pytestmark = [pytest.mark.filterwarnings("ignore:.*LeafSpec"),
-              pytest.mark.filterwarnings("ignore:The number of training batches")]
+              pytest.mark.filterwarnings("ignore:The number of training batches"),
+              pytest.mark.filterwarnings("ignore:You defined a `validation_step` but have no `val_dataloader`")]
 
 
 class WarningData(LightningDataModule):
