@@ -27,6 +27,51 @@ def global_batch_size(local_batch: int, world_size: int, accumulation: int = 1) 
     return int(local_batch) * int(world_size) * int(accumulation)
 
 
+def formed_global_batch(local_batch: int, world_size: int, accumulation: int = 1, *,
+                        samples_per_rank: int | None = None, batches_per_epoch: int | None = None) -> int:
+    """The global batch that really forms: :func:`global_batch_size`, or an error with the numbers.
+
+    With ``drop_last=False`` a rank's batches hold ``local_batch`` samples, the last one possibly fewer; an
+    epoch of fewer samples than ``local_batch`` makes every batch smaller, and an accumulation window longer
+    than the epoch steps the optimiser at the epoch's end on fewer batches (Lightning). In both cases the
+    product ``local x world x accumulation`` is not what an update holds, and an LR rule scaled by it is
+    wrong.
+
+    Args:
+        local_batch: ``data.batch_size`` (samples per rank per forward pass).
+        world_size: ranks.
+        accumulation: ``trainer.accumulate_grad_batches``.
+        samples_per_rank: training samples each rank draws per epoch (``len`` of its sampler); None = unknown.
+        batches_per_epoch: training batches per rank per epoch after ``limit_train_batches``; None = unknown.
+
+    Returns:
+        ``local_batch x world_size x accumulation``.
+
+    Raises:
+        CropScaleError: a factor < 1, a local batch larger than the samples per rank, or an accumulation
+            window longer than the batches per epoch (each message gives the numbers and the batch that
+            would form).
+    """
+    product = global_batch_size(local_batch, world_size, accumulation)
+    if samples_per_rank is not None and 0 < samples_per_rank < local_batch:
+        formed = samples_per_rank * world_size * accumulation
+        raise CropScaleError(
+            f"data.batch_size={local_batch} is larger than the {samples_per_rank} training samples per rank and"
+            f" epoch (world size {world_size}): every batch would hold {samples_per_rank}, global batch {formed},"
+            f" not {product}, and the printed global batch and the LR rule would use {product}; use"
+            f" data.batch_size <= {samples_per_rank} or more samples per epoch (data.samples_per_patch)"
+        )
+    if batches_per_epoch is not None and 0 < batches_per_epoch < accumulation:
+        formed = local_batch * world_size * batches_per_epoch
+        raise CropScaleError(
+            f"trainer.accumulate_grad_batches={accumulation} is longer than the {batches_per_epoch} batches per"
+            f" rank and epoch: Lightning steps at the end of the epoch, so every update would hold global batch"
+            f" {formed}, not {product}, and the printed global batch and the LR rule would use {product}; use"
+            f" accumulate_grad_batches <= {batches_per_epoch} or more batches per epoch"
+        )
+    return product
+
+
 def scale_learning_rate(base_lr: float, global_batch: int, reference_batch: int, rule: LRScaling = "none") -> float:
     """Learning rate for ``global_batch`` given ``base_lr`` tuned at ``reference_batch``.
 

@@ -29,7 +29,7 @@ from cropscale.metrics import HighGridMetrics, ParcelMetrics, SegmentationMetric
 from cropscale.model.flops import flops_per_sample
 from cropscale.model.losses import MultiTaskLoss
 from cropscale.model.network import CropMappingNet
-from cropscale.model.optim import LRScaling, global_batch_size, scale_learning_rate, warmup_factor
+from cropscale.model.optim import LRScaling, formed_global_batch, scale_learning_rate, warmup_factor
 from cropscale.model.synthetic import synthetic_batch
 from cropscale.tiling import sliding_window_inference
 
@@ -52,7 +52,10 @@ class CropMappingTask(LightningModule):
         warmup_steps: optimiser steps of linear LR warm-up (0 = none).
         schedule: ``constant`` or ``cosine`` decay to 0 over the run after warm-up.
         lr_scaling: ``none | linear | sqrt``: LR scaled by the ratio of the global batch
-            (local batch x world size x accumulation) to ``reference_batch_size``.
+            (local batch x world size x accumulation) to ``reference_batch_size``. A run whose batches
+            cannot hold the local batch (fewer training samples per rank) or whose epoch is shorter than
+            the accumulation window is refused with the numbers, whatever the rule
+            (:func:`~cropscale.model.optim.formed_global_batch`).
         reference_batch_size: global batch at which ``lr`` was tuned.
         val_window: tile size (10 m pixels) of tiled validation; usually the training crop size.
         val_stride: tile stride; None = ``val_window // 2``.
@@ -242,7 +245,7 @@ class CropMappingTask(LightningModule):
         hp = self.hparams
         dm = getattr(self.trainer, "datamodule", None)
         local = int(getattr(dm, "batch_size", 1))
-        self.global_batch = global_batch_size(local, self.trainer.world_size, self.trainer.accumulate_grad_batches)
+        self.global_batch = self._formed_global_batch(local)
         self.lr_effective = scale_learning_rate(hp.lr, self.global_batch, hp.reference_batch_size, hp.lr_scaling)
         rank_zero_info(
             f"cropscale: global batch {self.global_batch} = local {local} x world size {self.trainer.world_size}"
@@ -255,6 +258,32 @@ class CropMappingTask(LightningModule):
         total = int(self.trainer.estimated_stepping_batches)
         scheduler = LambdaLR(optimizer, lambda step: warmup_factor(step, hp.warmup_steps, total, hp.schedule))
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+    def _formed_global_batch(self, local: int) -> int:
+        """``local x world size x accumulation``, checked against the batches this epoch really forms.
+
+        Reads the training loader Lightning builds for this rank (built here as
+        ``trainer.estimated_stepping_batches`` does, and reused by the fit loop): the samples its sampler
+        draws and ``trainer.num_training_batches`` (after ``limit_train_batches``).
+
+        Raises:
+            CropScaleError: the batch or the accumulation window does not form
+                (:func:`~cropscale.model.optim.formed_global_batch`).
+        """
+        trainer = self.trainer
+        samples = batches = None
+        try:
+            if trainer.train_dataloader is None:
+                trainer.fit_loop.setup_data()
+            loader = trainer.train_dataloader
+            sampler = getattr(loader, "sampler", None)
+            samples = len(sampler) if sampler is not None else None
+            batches = trainer.num_training_batches
+        except (TypeError, AttributeError):  # an iterable loader without a length: nothing to check
+            pass
+        finite = isinstance(batches, int) or (isinstance(batches, float) and batches != float("inf"))
+        return formed_global_batch(local, trainer.world_size, trainer.accumulate_grad_batches,
+                                   samples_per_rank=samples, batches_per_epoch=int(batches) if finite else None)
 
     def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None) -> None:
         """Clip gradients by global norm; under FSDP through the root module's ``clip_grad_norm_``.

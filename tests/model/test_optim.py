@@ -31,3 +31,35 @@ def test_warmup_then_constant_and_cosine():
     assert warmup_factor(3, 3, total_steps=13, schedule="cosine") == pytest.approx(1.0)
     assert warmup_factor(8, 3, total_steps=13, schedule="cosine") == pytest.approx(0.5)
     assert warmup_factor(13, 3, total_steps=13, schedule="cosine") == pytest.approx(0.0, abs=1e-12)
+
+
+# ------------------------------------------------------------------ the batch that really forms (issue 17, case 7)
+def test_formed_global_batch_is_the_product_when_batches_fill():
+    from cropscale.model.optim import formed_global_batch
+
+    # 16 samples on one rank, batches of 4, 4 batches per epoch, accumulation 2: every update holds 8
+    assert formed_global_batch(4, 1, 2, samples_per_rank=16, batches_per_epoch=4) == 8
+    # unknown epoch shape (an iterable loader): the product, unchecked
+    assert formed_global_batch(4, 2, 1) == 8
+    # a last partial batch is normal (10 = 4 + 4 + 2): the rule uses the full batch
+    assert formed_global_batch(4, 1, 1, samples_per_rank=10, batches_per_epoch=3) == 4
+
+
+def test_batch_larger_than_the_epoch_is_refused_with_the_numbers():
+    from cropscale.model.optim import formed_global_batch
+
+    with pytest.raises(CropScaleError) as err:
+        formed_global_batch(64, 1, 1, samples_per_rank=4, batches_per_epoch=1)
+    msg = str(err.value)
+    for needle in ("data.batch_size=64", "4 training samples per rank", "global batch 4, not 64"):
+        assert needle in msg, (needle, msg)
+
+
+def test_accumulation_longer_than_the_epoch_is_refused_with_the_numbers():
+    from cropscale.model.optim import formed_global_batch
+
+    with pytest.raises(CropScaleError) as err:
+        formed_global_batch(2, 2, 4, samples_per_rank=6, batches_per_epoch=3)
+    msg = str(err.value)
+    for needle in ("trainer.accumulate_grad_batches=4", "3 batches per rank", "global batch 12, not 16"):
+        assert needle in msg, (needle, msg)

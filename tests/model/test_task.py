@@ -31,7 +31,8 @@ class GradProbe(Callback):
 
 
 def _datamodule(root, **kw):
-    return PastisHDDataModule(str(root), batch_size=2, samples_per_patch=1, t2=8, t1=2, **kw)
+    kw.setdefault("samples_per_patch", 1)
+    return PastisHDDataModule(str(root), batch_size=2, t2=8, t1=2, **kw)
 
 
 @pytest.mark.parametrize("precision", ["32-true", "bf16-mixed"])
@@ -55,7 +56,9 @@ def test_one_real_step_gives_every_parameter_a_finite_gradient(flanders_root, tm
 
 @pytest.mark.parametrize("rule,expected", [("none", 1e-3), ("linear", 2e-3), ("sqrt", 1e-3 * math.sqrt(2))])
 def test_lr_rule_applied_to_global_batch(flanders_root, tmp_path, rule, expected):
-    dm = _datamodule(flanders_root)
+    # 2 patches x 2 crops = 2 batches of 2 per epoch: the accumulation window of 2 fills (with 1 crop per patch
+    # the epoch held 1 batch, Lightning stepped after it and every update held 2 samples, not 4)
+    dm = _datamodule(flanders_root, samples_per_patch=2)
     task = CropMappingTask(num_classes=dm.num_classes, lr=1e-3, lr_scaling=rule, reference_batch_size=2)
     trainer = Trainer(
         accelerator="cpu", max_steps=1, limit_val_batches=0, logger=False, enable_checkpointing=False,
@@ -103,3 +106,19 @@ def test_bad_task_arguments_name_the_option(kwargs, needle):
 
     with pytest.raises(CropScaleError, match=needle):
         CropMappingTask(**kwargs)
+
+
+def test_lr_rule_refuses_a_batch_that_does_not_form(flanders_root, tmp_path):
+    """Issue 17, case 7: batch 64 with 4 training samples would print "global batch 64" and scale the LR x16
+    while every batch holds 4 samples."""
+    from cropscale import CropScaleError
+
+    dm = PastisHDDataModule(str(flanders_root), batch_size=64, samples_per_patch=2, t2=8, t1=2)
+    task = CropMappingTask(num_classes=dm.num_classes, lr=1e-3, lr_scaling="linear", reference_batch_size=4)
+    trainer = Trainer(accelerator="cpu", max_steps=1, limit_val_batches=0, logger=False, enable_checkpointing=False,
+                      enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path)
+    with pytest.raises(CropScaleError) as err:
+        trainer.fit(task, datamodule=dm)
+    msg = str(err.value)
+    for needle in ("data.batch_size=64", "4 training samples per rank", "global batch 4, not 64"):
+        assert needle in msg, (needle, msg)

@@ -178,7 +178,7 @@ def test_main_writes_tables_and_figures(fake_inputs, capsys):
     row_a = next(line for line in md.splitlines() if line.startswith("| fp32/version_0 |"))
     cells = [x.strip() for x in row_a.strip("|").split("|")]
     assert cells[6] == "0.3500" and cells[7] == "1" and cells[-1] == "measured-run"
-    assert cells[11].startswith("10.00")
+    assert cells[11].startswith("10.00") and cells[-3] == "finished"
     oom = next(line for line in md.splitlines() if line.startswith("| bench.json: AMP FP16 b64 |"))
     assert "n/a [" in oom
     assert "configuration oom: out of memory at batch 64" in md  # the reason is in the notes
@@ -443,9 +443,14 @@ def test_validate_folders_are_skipped(tmp_path, capsys):
     (val / "run.json").write_text(json.dumps({"schema": "cropscale.run/1", "status": "finished",
                                               "summary": {"throughput": {"samples_per_s": 1.0}}}))
     assert load_run(val).training_run is True
+    (val / "run.json").write_text(json.dumps({"schema": "cropscale.run/1", "status": "finished", "summary": {}}))
+    r = load_run(val)
+    assert r.training_run is False and "status 'finished'" in r.skip_reason
+    # run.json exists only for a fit: status failed is a fit that failed, kept and marked (tests/report/
+    # test_failed_runs.py), not skipped as "no training run"
     (val / "run.json").write_text(json.dumps({"schema": "cropscale.run/1", "status": "failed", "summary": {}}))
     r = load_run(val)
-    assert r.training_run is False and "status 'failed'" in r.skip_reason
+    assert r.training_run is True and r.descriptive["status"].value == "failed"
 
 
 # ------------------------------------------------------------------------------ end to end (slow)
