@@ -222,3 +222,40 @@ def test_sweep_end_to_end_with_a_mocked_fit(tmp_path):
     assert g16["updates_total"] == "6"  # 2 per epoch x 3 epochs
     assert (tmp_path / "s" / "figures" / "batch_sweep.png").stat().st_size > 10_000
     assert not (tmp_path / "s" / "figures" / "scaling.png").exists()
+
+
+# ------------------------------------------------------------------ the CPU sweep end to end (real fits)
+@pytest.mark.slow
+def test_cpu_batch_sweep_end_to_end(tmp_path, flanders_root):
+    """configs/study/batch_cpu.yaml shortened to AdamW at G = 4 and 32, one seed, 2 epochs, through the CLI:
+    each point a real fit whose printed batch line and global step match the plan."""
+    import os
+    import subprocess
+    import sys
+
+    import yaml
+
+    data = yaml.safe_load((REPO_ROOT / "configs/study/batch_cpu.yaml").read_text())
+    data["protocols"][0].update(global_batches=[4, 32, 64], optimizers=[{"name": "adamw", "lr": 0.001}])
+    data.update(seeds=[0], warmup_epochs=1, measured_epochs=1)
+    spec_path = tmp_path / "batch_short.yaml"
+    spec_path.write_text(yaml.safe_dump(data))
+    env = dict(os.environ, PYTHONPATH=str(REPO_ROOT))
+    res = subprocess.run(
+        [sys.executable, "-m", "cropscale", "study", "--config", str(spec_path), "--out", str(tmp_path / "s"),
+         "--data-root", str(flanders_root)],
+        cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=1200,
+    )
+    assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-4000:]
+    doc = json.loads((tmp_path / "s" / "study.json").read_text())
+    assert [(r["config"], r["returncode"], r["batch_check"]["ok"]) for r in doc["runs"]] == [
+        ("batch-sweep_adamw_sqrt_fp32_g4", 0, True), ("batch-sweep_adamw_sqrt_fp32_g32", 0, True)]
+    rows = {r["global_batch"]: r for r in doc["rows"]}
+    # 32 samples per epoch at local batch 4 on 1 process: 8 updates (A = 1) and 1 update (A = 8)
+    assert (rows[4]["accumulation"], rows[4]["updates_per_epoch"]) == (1, 8)
+    assert (rows[32]["accumulation"], rows[32]["updates_per_epoch"]) == (8, 1)
+    for row in rows.values():
+        assert not any("planned" in n for n in row["notes"]), row["notes"]  # the run's global step agrees
+        assert 0 <= row["miou_best"] <= 1 and row["samples_per_s"] > 0
+    assert [n[1] for n in doc["batch_sweep"]["not_run"]] == [64]
+    assert "## Batch sweep" in res.stdout and (tmp_path / "s" / "figures" / "batch_sweep.png").is_file()
