@@ -1,9 +1,10 @@
 """The LightningModule that trains :class:`~cropscale.model.network.CropMappingNet`.
 
 Training: random crops (see :mod:`cropscale.data`), weighted multi-task loss
-(:class:`~cropscale.model.losses.MultiTaskLoss`), AdamW with an optional linear warm-up and cosine
-decay, an LR scaling rule relative to a reference global batch, gradient clipping through the
-Trainer (``gradient_clip_val: 1.0`` in ``configs/default.yaml``).
+(:class:`~cropscale.model.losses.MultiTaskLoss`), AdamW (or SGD, LARS, LAMB: :mod:`cropscale.model.optim`)
+with an optional linear warm-up (in optimiser updates or epochs) and cosine decay, an LR scaling rule
+relative to a reference global batch, gradient clipping through the Trainer (``gradient_clip_val: 1.0``
+in ``configs/default.yaml``).
 
 Validation and test: overlap-weighted tiled inference over whole patches
 (:func:`~cropscale.tiling.sliding_window_inference`), metrics whose states are summed across ranks
@@ -12,8 +13,9 @@ Validation and test: overlap-weighted tiled inference over whole patches
 
 from __future__ import annotations
 
+import math
 import warnings
-from typing import Any, Literal
+from typing import Any
 
 import torch
 import torchmetrics
@@ -29,7 +31,17 @@ from cropscale.metrics import HighGridMetrics, ParcelMetrics, SegmentationMetric
 from cropscale.model.flops import flops_per_sample
 from cropscale.model.losses import MultiTaskLoss
 from cropscale.model.network import CropMappingNet
-from cropscale.model.optim import LRScaling, formed_global_batch, scale_learning_rate, warmup_factor
+from cropscale.model.optim import (
+    OPTIMIZERS,
+    LRScaling,
+    OptimizerName,
+    Schedule,
+    build_optimizer,
+    formed_global_batch,
+    scale_learning_rate,
+    schedule_lambda,
+    warmup_steps_of,
+)
 from cropscale.model.synthetic import synthetic_batch
 from cropscale.tiling import sliding_window_inference
 
@@ -47,10 +59,16 @@ class CropMappingTask(LightningModule):
         ignore_index: class id excluded from loss and metrics (PASTIS: 19 "void"); None = none.
         net_kwargs: further keyword arguments of :class:`CropMappingNet` (widths, depths, heads).
         semantic_weight, parcel_weight, hr_weight: weights of the loss terms.
-        lr: AdamW learning rate at ``reference_batch_size``.
-        weight_decay: AdamW weight decay.
-        warmup_steps: optimiser steps of linear LR warm-up (0 = none).
+        lr: learning rate at ``reference_batch_size``.
+        weight_decay: weight decay (LARS / LAMB: not on the excluded norm and bias parameters).
+        warmup_steps: optimiser updates of linear LR warm-up (0 = none).
         schedule: ``constant`` or ``cosine`` decay to 0 over the run after warm-up.
+        optimizer: ``adamw | sgd | lars | lamb`` (:func:`cropscale.model.optim.build_optimizer`; LARS and
+            LAMB from ``pytorch-optimizer``, trust-ratio exclusions in :mod:`cropscale.model.optim`).
+        momentum: momentum of SGD and LARS.
+        trust_coefficient: LARS ``eta``.
+        warmup_epochs: linear LR warm-up in epochs instead of updates (may be fractional; 0 = use
+            ``warmup_steps``); the same epochs give every global batch the same warm-up samples.
         lr_scaling: ``none | linear | sqrt``: LR scaled by the ratio of the global batch
             (local batch x world size x accumulation) to ``reference_batch_size``. A run whose batches
             cannot hold the local batch (fewer training samples per rank) or whose epoch is shorter than
@@ -78,7 +96,7 @@ class CropMappingTask(LightningModule):
         lr: float = 1e-3,
         weight_decay: float = 0.01,
         warmup_steps: int = 0,
-        schedule: Literal["constant", "cosine"] = "constant",
+        schedule: Schedule = "constant",
         lr_scaling: LRScaling = "none",
         reference_batch_size: int = 4,
         val_window: int = 32,
@@ -86,11 +104,19 @@ class CropMappingTask(LightningModule):
         tile_batch_size: int = 16,
         channels_last: bool = False,
         allow_tf32: bool | None = None,
+        optimizer: OptimizerName = "adamw",
+        momentum: float = 0.9,
+        trust_coefficient: float = 1e-3,
+        warmup_epochs: float = 0.0,
     ) -> None:
         super().__init__()
-        _check_arguments(lr=lr, weight_decay=weight_decay, warmup_steps=warmup_steps,
+        if optimizer not in OPTIMIZERS:
+            raise CropScaleError(f"model.optimizer must be one of {', '.join(OPTIMIZERS)}; got {optimizer!r}")
+        _check_arguments(lr=lr, weight_decay=weight_decay, warmup_steps=warmup_steps, momentum=momentum,
+                         trust_coefficient=trust_coefficient, warmup_epochs=warmup_epochs,
                          reference_batch_size=reference_batch_size, val_window=val_window,
                          val_stride=val_stride, tile_batch_size=tile_batch_size)
+        warmup_steps_of(warmup_steps, warmup_epochs, updates_per_epoch=1)  # both units at once: refused here
         self.save_hyperparameters()
         self.net = CropMappingNet(num_classes=num_classes, **self._net_kwargs())
         self.loss_fn = MultiTaskLoss(
@@ -247,16 +273,23 @@ class CropMappingTask(LightningModule):
         local = int(getattr(dm, "batch_size", 1))
         self.global_batch = self._formed_global_batch(local)
         self.lr_effective = scale_learning_rate(hp.lr, self.global_batch, hp.reference_batch_size, hp.lr_scaling)
+        optimizer = build_optimizer(self.named_parameters(), hp.optimizer, self.lr_effective, hp.weight_decay,
+                                    hp.momentum, hp.trust_coefficient)
+        total = per_epoch = None
+        if hp.warmup_steps > 0 or hp.warmup_epochs > 0 or hp.schedule != "constant":
+            total = int(self.trainer.estimated_stepping_batches)  # loads the training data: batches known after
+            batches = self.trainer.num_training_batches
+            per_epoch = math.ceil(batches / self.trainer.accumulate_grad_batches) if math.isfinite(batches) else None
+        warmup = warmup_steps_of(hp.warmup_steps, hp.warmup_epochs, per_epoch)
         rank_zero_info(
             f"cropscale: global batch {self.global_batch} = local {local} x world size {self.trainer.world_size}"
             f" x accumulation {self.trainer.accumulate_grad_batches}; LR rule {hp.lr_scaling!r} vs reference"
-            f" {hp.reference_batch_size}: lr {hp.lr:g} -> {self.lr_effective:g}"
+            f" {hp.reference_batch_size}: lr {hp.lr:g} -> {self.lr_effective:g}; optimizer {hp.optimizer!r};"
+            f" warm-up {warmup} update(s), then {hp.schedule}"
         )
-        optimizer = torch.optim.AdamW(self.parameters(), lr=self.lr_effective, weight_decay=hp.weight_decay)
-        if hp.warmup_steps <= 0 and hp.schedule == "constant":
+        if total is None or (warmup <= 0 and hp.schedule == "constant"):
             return optimizer
-        total = int(self.trainer.estimated_stepping_batches)
-        scheduler = LambdaLR(optimizer, lambda step: warmup_factor(step, hp.warmup_steps, total, hp.schedule))
+        scheduler = LambdaLR(optimizer, schedule_lambda(warmup, total, hp.schedule))
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
     def _formed_global_batch(self, local: int) -> int:
@@ -336,6 +369,9 @@ def _check_arguments(**values: Any) -> None:
         "lr": (lambda v: v > 0, "> 0"),
         "weight_decay": (lambda v: v >= 0, ">= 0"),
         "warmup_steps": (lambda v: v >= 0, ">= 0"),
+        "warmup_epochs": (lambda v: v >= 0, ">= 0"),
+        "momentum": (lambda v: 0 <= v < 1, "in [0, 1)"),
+        "trust_coefficient": (lambda v: v > 0, "> 0"),
         "reference_batch_size": (lambda v: v >= 1, ">= 1"),
         "val_window": (lambda v: v >= 1, ">= 1"),
         "tile_batch_size": (lambda v: v >= 1, ">= 1"),
