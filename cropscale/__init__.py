@@ -1,5 +1,7 @@
-"""cropscale: train a multimodal Sentinel-1/Sentinel-2 crop-mapping model with PyTorch Lightning and
-measure how the run spends its time, energy and numerics (see README.md).
+"""cropscale: multimodal Sentinel-1/Sentinel-2 crop mapping with PyTorch Lightning, and measurement of the run.
+
+Trains a multimodal Sentinel-1/Sentinel-2 crop-mapping model with PyTorch Lightning and measures how the run
+spends its time, energy and numerics (see README.md).
 """
 
 from cropscale.errors import CropScaleError

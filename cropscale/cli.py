@@ -12,17 +12,27 @@ lands here again with the same arguments.
 The other subcommands are plain functions ``main(argv) -> int`` listed in :data:`EXTRA_COMMANDS`.
 
 User errors (:class:`cropscale.CropScaleError`, Lightning's ``MisconfigurationException``) are
-printed as one paragraph naming the argument or path, and the process exits with status 2.
+printed as one paragraph naming the argument or path, and the process exits with status 2; an error
+re-raised from a DataLoader worker prints the worker's own message (:func:`user_error_text`).
+
+Parsing is exact: no option prefixes (``--trainer.max_epoch`` is an error, not ``max_epochs``), and the
+Trainer's ``int | float`` limits keep an integer as an integer (``--trainer.limit_train_batches=1`` is one
+batch, ``=1.0`` all of them), as in the Trainer's own API (:func:`integers_stay_integers`).
 """
 
 from __future__ import annotations
 
+import functools
 import importlib
+import operator
 import os
+import re
 import sys
+import typing
 from pathlib import Path
 
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+from typing_extensions import override
 
 from cropscale.data.datamodule import PastisHDDataModule
 from cropscale.distributed import finish_distributed
@@ -86,16 +96,46 @@ def check_checkpoint(path: str | None) -> None:
         )
 
 
+def integers_stay_integers(parser: LightningArgumentParser, prefix: str = "trainer.") -> list[str]:
+    """Make the ``int | float`` options under ``prefix`` try ``int`` first, as the Trainer's API means them.
+
+    Lightning declares ``limit_train_batches: Optional[Union[int, float]]`` (an int: that many batches; a
+    float: that fraction), but ``typing`` caches unions by equality, so the hint can come out as
+    ``Union[float, int, None]`` (whichever equal union was built first) and jsonargparse, which tries the
+    members in order, parses ``1`` as ``1.0`` (all batches). The options' type hints are rebuilt as
+    ``int | float | ...`` (``types.UnionType``, which ``typing`` does not cache); ``1.0`` stays a float.
+
+    Returns:
+        The destinations changed (``trainer.limit_train_batches`` ...).
+    """
+    changed = []
+    for action in parser._actions:
+        hint = getattr(action, "_typehint", None)  # jsonargparse's ActionTypeHint keeps its hint here
+        if not action.dest.startswith(prefix) or typing.get_origin(hint) is not typing.Union:
+            continue
+        args = typing.get_args(hint)
+        if int in args and float in args and args.index(float) < args.index(int):
+            ordered = (int, *[a for a in args if a is not int])
+            action._typehint = functools.reduce(operator.or_, ordered)  # int | float | None, not cached
+            changed.append(action.dest)
+    return changed
+
+
 class CropScaleCLI(LightningCLI):
-    """LightningCLI with the data module's class count and names linked into the task, and a
-    ``--ckpt_path`` checked before Lightning opens it (:func:`check_checkpoint`).
+    """LightningCLI that links the data module's class count and names into the task and checks ``--ckpt_path``.
+
+    The checkpoint path is checked before Lightning opens it (:func:`check_checkpoint`); the Trainer's
+    ``int | float`` options parse integers as integers (:func:`integers_stay_integers`).
     """
 
+    @override
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
+        integers_stay_integers(parser)
         parser.link_arguments("data.num_classes", "model.num_classes", apply_on="instantiate")
         parser.link_arguments("data.class_names", "model.class_names", apply_on="instantiate")
         parser.link_arguments("data.ignore_index", "model.ignore_index")
 
+    @override
     def parse_arguments(self, parser: LightningArgumentParser, args) -> None:
         super().parse_arguments(parser, args)
         sub = self.config.get("subcommand")
@@ -106,9 +146,10 @@ class CropScaleCLI(LightningCLI):
 def _lightning_cli(args: list[str] | None) -> LightningCLI:
     # exit_on_error=False: jsonargparse raises ArgumentError instead of printing the whole usage, and
     # main() prints one paragraph naming the argument.
-    parser_kwargs: dict = {"exit_on_error": False, "prog": "python -m cropscale"}
+    # allow_abbrev=False: an option prefix (--trainer.max_epoch) is an error, not the option it abbreviates.
+    parser_kwargs: dict = {"exit_on_error": False, "prog": "python -m cropscale", "allow_abbrev": False}
     for sub in LIGHTNING_COMMANDS:
-        parser_kwargs[sub] = {"exit_on_error": False}
+        parser_kwargs[sub] = {"exit_on_error": False, "allow_abbrev": False}
         if DEFAULT_CONFIG.is_file():
             parser_kwargs[sub]["default_config_files"] = [str(DEFAULT_CONFIG)]
     return CropScaleCLI(
@@ -162,7 +203,7 @@ def main(argv: list[str] | None = None) -> None:
         if isinstance(err, ArgumentError):
             sub = args[0] if args and args[0] in LIGHTNING_COMMANDS else ""
             _fail(f"{err} (see: python -m cropscale {sub} --help)".replace("  ", " "))
-        _fail(_name_trainer_argument(str(err)) if isinstance(err, MisconfigurationException) else str(err))
+        _fail(_name_trainer_argument(str(err)) if isinstance(err, MisconfigurationException) else user_error_text(err))
     except Exception as err:
         message = _user_error(err)
         if message is None or os.environ.get("CROPSCALE_TRACEBACK"):
@@ -170,11 +211,32 @@ def main(argv: list[str] | None = None) -> None:
         _fail(f"{message} (set CROPSCALE_TRACEBACK=1 for the traceback)")
 
 
+_WORKER_WRAPPER = re.compile(r"^Caught \w+ in DataLoader worker process \d+\.\s+Original Traceback", re.S)
+
+
+def user_error_text(err: BaseException) -> str:
+    """The one-line text of a user error, unwrapped when a DataLoader worker raised it.
+
+    PyTorch re-raises a worker's exception in the main process as the same type with the message
+    ``Caught <Type> in DataLoader worker process <n>. Original Traceback ...`` followed by the worker's
+    whole traceback; the worker's own message is what follows ``<module>.<Type>: `` on the traceback's
+    last such line. Whitespace runs (newlines included) become one space.
+    """
+    text = str(err)
+    if _WORKER_WRAPPER.match(text):
+        name = re.escape(type(err).__name__)
+        found = list(re.finditer(rf"^(?:[\w.]+\.)?{name}: ", text, re.M))
+        if found:
+            text = text[found[-1].end():]
+    return " ".join(text.split())
+
+
 def _user_error(err: Exception) -> str | None:
-    """One-paragraph text for errors that come from the user's arguments rather than from a bug:
-    Lightning's checks of Trainer arguments (ValueError; TypeError from its accelerator and connector
-    checks, e.g. ``devices=-5``), a checkpoint that is missing, not a
-    checkpoint, or of another model configuration. None for anything else (the traceback is kept).
+    """Return a one-paragraph text for an error that comes from the user's arguments rather than from a bug.
+
+    User errors are Lightning's checks of Trainer arguments (ValueError; TypeError from its accelerator and
+    connector checks, e.g. ``devices=-5``) and a checkpoint that is missing, not a checkpoint, or of another
+    model configuration. Returns None for anything else (the traceback is kept).
     """
     import pickle
 
@@ -201,8 +263,9 @@ def _user_error(err: Exception) -> str | None:
 
 
 def _name_trainer_argument(text: str) -> str:
-    """Prefix Lightning's message with the ``--trainer.<name>`` it is about, when it names one in
-    backquotes (as in ``Trainer(devices='0')`` or ``devices`` ... should be an int > 0).
+    """Prefix Lightning's message with the ``--trainer.<name>`` it is about, when it names one in backquotes.
+
+    Lightning names the argument as in ``Trainer(devices='0')`` or ``devices`` ... should be an int > 0.
     """
     import re
 

@@ -56,8 +56,9 @@ def child_rank_processes(trainer: Any) -> list[subprocess.Popen]:
 
 
 def finish_distributed(trainer: Any | None, timeout_s: float = CHILD_RANK_TIMEOUT_S) -> list[tuple[int, int]]:
-    """End a successful run on this rank: destroy the process group, then, on the rank that launched
-    the others, wait for them to exit.
+    """End a successful run on this rank: destroy the process group, then wait for the child ranks.
+
+    Only the rank that launched the others waits, for each of them to exit.
 
     Args:
         trainer: the :class:`~lightning.pytorch.Trainer` that ran (None: only destroy the group).

@@ -1,5 +1,6 @@
-"""Atomic file writes (layer 0): a reader, or a process killed mid-write, sees the previous complete
-file or the new complete file, never a truncated one.
+"""Atomic file writes (layer 0): neither a reader nor a process killed mid-write ever sees a truncated file.
+
+A reader sees the previous complete file or the new complete file.
 
 The new content goes to a temporary file in the same folder (same file system), is flushed and
 ``fsync``-ed, then renamed over the target with :func:`os.replace` (atomic on POSIX and Windows).

@@ -221,8 +221,10 @@ def _within(mask: Tensor, radius: int) -> Tensor:
 
 
 class ParcelMetrics(Metric):
-    """Parcel-boundary F1 with a pixel tolerance (the BF score of Csurka, Larlus & Perronnin, "What is a
-    good evaluation measure for semantic segmentation?", BMVC 2013), pooled over all patches.
+    """Parcel-boundary F1 with a pixel tolerance (the BF score), pooled over all patches.
+
+    The BF score is that of Csurka, Larlus & Perronnin, "What is a good evaluation measure for semantic
+    segmentation?", BMVC 2013.
 
     A predicted boundary pixel is a true positive for precision if a target boundary pixel lies within
     Euclidean distance ``tolerance`` (10 m pixels), and a target boundary pixel counts for recall if a

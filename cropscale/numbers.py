@@ -1,5 +1,6 @@
-"""Statistics helpers shared by the callbacks, benchmarks, the run reader, the report and the study
-(layer 0: stdlib only). One definition of each: percentiles follow ``numpy.percentile(method="linear")``;
+"""Statistics helpers shared by the callbacks, benchmarks, the run reader, the report and the study.
+
+Layer 0: stdlib only. One definition of each: percentiles follow ``numpy.percentile(method="linear")``;
 ``None``, NaN and inf are "no value" and are dropped (JSON has no NaN).
 """
 

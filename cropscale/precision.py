@@ -1,5 +1,6 @@
-"""Precision names: Lightning's precision strings, their legacy spellings, display labels and the
-study's config-file names (layer 0, defined once here).
+"""Precision names: Lightning's precision strings, their legacy spellings, display labels and config files.
+
+The config files are the study's, under ``configs/precision/`` (layer 0, every name defined once here).
 
 =============  ===========  ==============================  ==========================
 Lightning      label        meaning                         ``configs/precision/``
@@ -40,7 +41,8 @@ STUDY_ALIASES: dict[str, str] = {
 
 
 def normalise(value: Any) -> str | None:
-    """Lightning's unified precision string (``16`` -> ``16-mixed``, ``bf16`` -> ``bf16-mixed``, ...);
+    """Lightning's unified precision string (``16`` -> ``16-mixed``, ``bf16`` -> ``bf16-mixed``, ...).
+
     ``None`` stays ``None``.
     """
     if value is None:

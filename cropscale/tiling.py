@@ -167,8 +167,9 @@ def _check_int(name: str, value: object, minimum: int = 1) -> int:
 # ------------------------------------------------------------------------------------------ plan
 @dataclass(frozen=True)
 class Tile:
-    """One tile: the batch row ``patch`` of its patch and its top-left corner ``(y, x)`` on the padded
-    10 m canvas (pixels; on the high grid the corner is ``(y, x) * hr_scale``).
+    """One tile: the batch row ``patch`` of its patch and its top-left corner ``(y, x)`` on the padded 10 m canvas.
+
+    The corner is in pixels; on the high grid it is ``(y, x) * hr_scale``.
     """
 
     patch: int
@@ -231,8 +232,10 @@ class TilePlan:
 
     def pad_inputs(self, inputs: dict[str, Tensor | None],
                    device: torch.device) -> tuple[dict[str, Tensor], dict[str, Tensor | None]]:
-        """Split ``inputs`` into the spatial tensors (last two dims ``(H, W)``), padded once (gather
-        indices on ``device``), and the others (passed per tile by batch row).
+        """Split ``inputs`` into the spatial tensors, padded once, and the others, passed per tile by batch row.
+
+        Spatial tensors are those whose last two dims are ``(H, W)``; they are padded with gather indices on
+        ``device``.
         """
         h, w = self.size
         top, bottom, left, right = self.pad
@@ -413,7 +416,8 @@ class _Blender:
         if not isinstance(outputs, dict) or (canvases and set(outputs) != set(canvases)):
             raise CropScaleError(
                 f"sliding_window_inference: the network must return the same dict of tensors for every tile "
-                f"batch, got {type(outputs).__name__} with keys {sorted(outputs) if isinstance(outputs, dict) else '-'}")
+                f"batch, got {type(outputs).__name__} with keys "
+                f"{sorted(outputs) if isinstance(outputs, dict) else '-'}")
         for key, out in outputs.items():
             if key not in canvases:
                 self.scales[key] = _output_scale(key, out, plan, len(tiles))
@@ -424,7 +428,8 @@ class _Blender:
             scale, canvas = self.scales[key], canvases[key]
             for n, tile in enumerate(tiles):
                 ys, xs = plan.window_slices(tile, scale)
-                canvas[tile.patch, ..., ys, xs] += out[n].to(canvas.dtype) * plan.tile_weight(tile, scale).to(canvas.dtype)
+                canvas[tile.patch, ..., ys, xs] += (out[n].to(canvas.dtype)
+                                                    * plan.tile_weight(tile, scale).to(canvas.dtype))
 
     def result(self) -> dict[str, Tensor]:
         """The blended outputs, cropped to the patch (``[B, ..., H * s, W * s]``)."""

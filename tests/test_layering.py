@@ -145,7 +145,9 @@ def layering_violations(modules: dict[str, list[tuple[str, int, bool]]] = MODULE
             if limits is not None and top not in limits:
                 problems.append(f"{where}: {module} (layer {layer}) may import only {limits} + stdlib, not {target}")
             if lazy and not any(target == ok or target.startswith(ok + ".") for ok in LAZY_OK):
-                problems.append(f"{where}: function-level import of {target} (only optional or heavy modules: {LAZY_OK})")
+                problems.append(
+                    f"{where}: function-level import of {target} (only optional or heavy modules: {LAZY_OK})"
+                )
     return problems
 
 

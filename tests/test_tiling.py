@@ -80,7 +80,8 @@ def test_constant_model_gives_the_constant_everywhere_on_odd_sizes(padding, blen
 
     def net(s2, **_):
         n = s2.shape[0]
-        return {"semantic": torch.full((n, 5, window, window), 2.5), "parcel": torch.full((n, 3, window, window), -1.25),
+        return {"semantic": torch.full((n, 5, window, window), 2.5),
+                "parcel": torch.full((n, 3, window, window), -1.25),
                 "hr": torch.full((n, 3, window * hr, window * hr), 0.375)}
 
     stats = TilingStats()

@@ -70,9 +70,10 @@ class _Probe(Callback):
 
 
 def _network(args: argparse.Namespace, steps: int) -> tuple[Any, Any]:
-    """The study's network (default CropMappingNet, multi-task loss, AdamW) and a loader of synthetic samples.
+    """Build the study's network and a loader of pre-generated synthetic samples.
 
-    The samples are generated before training (:mod:`cropscale.testing.probe`).
+    The network is the default CropMappingNet with the multi-task loss and AdamW; the samples come from
+    :mod:`cropscale.testing.probe`.
     """
     data = SyntheticSamples(steps * args.batch, pool=args.batch, t2=args.t2, t1=args.t1,
                             crop_size=args.crop_size, seed=0)

@@ -1,6 +1,7 @@
-"""Strong-scaling probe: training step time of the real network on 1 vs N processes (compute only).
+"""Strong-scaling probe: training step time of the real network on 1 vs N processes under DDP (compute only).
 
-Run through Lightning's DDP strategy and its launcher, for speed-up and the Karp-Flatt serial fraction.
+The runs go through Lightning's DDP strategy and its launcher; the two step times give the speed-up and the
+Karp-Flatt serial fraction.
 
     python -m cropscale.bench.ddp_probe --devices 2 --global-batch 4 --out /tmp/ddp2.json
 

@@ -1,5 +1,6 @@
-"""Loader throughput: samples/s of the data pipeline alone, by DataLoader worker count, next to the
-model's training samples/s on the same batches.
+"""Loader throughput: data-pipeline samples/s by DataLoader worker count, beside the model's training samples/s.
+
+The data pipeline is timed alone; the model's training samples/s is measured on the same batches.
 
 ``python -m cropscale loader-bench [--root DIR] [--workers 0 2] [--batches 20] [--batch-size 4]``
 
@@ -48,7 +49,8 @@ def _default_root() -> str:
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m cropscale loader-bench", description=__doc__.split("\n\n")[0])
-    p.add_argument("--root", default=None, help="dataset root (default: data/worldcereal-flanders, else ../shared/data/...)")
+    p.add_argument("--root", default=None,
+                   help="dataset root (default: data/worldcereal-flanders, else ../shared/data/...)")
     p.add_argument("--workers", type=int, nargs="+", default=[0, 2], help="DataLoader worker counts to measure")
     p.add_argument("--batches", type=int, default=40, help="timed batches per worker count")
     p.add_argument("--warmup", type=int, default=4, help="batches skipped after the first")
@@ -100,17 +102,19 @@ def measure_loader(dm, batches: int, warmup: int, keep: bool = False) -> dict:
             kept.append(batch)
     elapsed = last - start
     del it
-    out = {"first_batch_s": first, "samples_per_s": samples / elapsed, "median_batch_ms": 1e3 * statistics.median(times),
-           "samples": samples, "elapsed_s": elapsed}
+    out = {"first_batch_s": first, "samples_per_s": samples / elapsed,
+           "median_batch_ms": 1e3 * statistics.median(times), "samples": samples, "elapsed_s": elapsed}
     if keep:
         out["batches"] = kept
     return out
 
 
 def measure_model(batches: list[dict], num_classes: int, ignore_index: int | None, device: str, steps: int) -> dict:
-    """Time training steps (forward, loss, backward, clip 1.0, AdamW) of ``CropMappingNet`` on
-    ``batches`` (cycled) already moved to ``device``; one untimed warm-up step; synchronised per
-    step on CUDA. Returns ``{"samples_per_s", "median_step_ms", "steps", "batch_size"}``.
+    """Time ``steps`` training steps of ``CropMappingNet`` on ``batches`` (cycled), moved to ``device`` beforehand.
+
+    Each step is forward, loss, backward, gradient clipping to 1.0 and AdamW. One untimed warm-up step runs
+    first; on CUDA every step is synchronised. Returns ``{"samples_per_s", "median_step_ms", "steps",
+    "batch_size"}``.
     """
     dev = torch.device(device)
     net = CropMappingNet(num_classes=num_classes).to(dev)
@@ -155,15 +159,17 @@ def main(argv: list[str] | None = None) -> int:
     def datamodule(workers: int) -> PastisHDDataModule:
         dm = PastisHDDataModule(root, train_folds=args.train_folds, batch_size=args.batch_size,
                                 crop_size=args.crop_size, t2=args.t2, t1=args.t1, samples_per_patch=1,
-                                num_workers=workers, seed=args.seed, ignore_index=args.ignore_index)
+                                num_workers=workers, seed=args.seed, ignore_index=args.ignore_index,
+                                allow_fold_overlap=True)  # only the training loader is timed
         return dm
 
     probe = datamodule(0)
     stats = probe.compute_stats()
     n_patches = len(stats.patch_ids)
     spp = -(-needed // n_patches)
-    print(f"loader-bench: {root}, folds {args.train_folds} ({n_patches} patches x {spp} crops), batch {args.batch_size}, "
-          f"crop {args.crop_size}, T2 {args.t2}, T1 {args.t1}, torch threads {torch.get_num_threads()}  [{MEASURED_MICROBENCHMARK}]")
+    print(f"loader-bench: {root}, folds {args.train_folds} ({n_patches} patches x {spp} crops), "
+          f"batch {args.batch_size}, crop {args.crop_size}, T2 {args.t2}, T1 {args.t1}, "
+          f"torch threads {torch.get_num_threads()}  [{MEASURED_MICROBENCHMARK}]")
     print(f"{'workers':>7}  {'first batch s':>13}  {'timed batches':>13}  {'samples/s':>9}  {'median ms/batch':>15}")
     rows, kept = [], None
     for i, workers in enumerate(args.workers):
@@ -176,14 +182,15 @@ def main(argv: list[str] | None = None) -> int:
         rows.append({"workers": workers, **r})
         print(f"{workers:>7}  {r['first_batch_s']:>13.3f}  {args.batches:>13}  {r['samples_per_s']:>9.1f}  "
               f"{r['median_batch_ms']:>15.1f}")
-    result = {"label": MEASURED_MICROBENCHMARK, "root": str(root), "batch_size": args.batch_size, "crop_size": args.crop_size,
-              "t2": args.t2, "t1": args.t1, "loader": rows, "model": None}
+    result = {"label": MEASURED_MICROBENCHMARK, "root": str(root), "batch_size": args.batch_size,
+              "crop_size": args.crop_size, "t2": args.t2, "t1": args.t1, "loader": rows, "model": None}
     if args.model:
         steps = args.model_steps or args.batches
         m = measure_model(kept, probe.num_classes, args.ignore_index, args.device, steps)
         result["model"] = {"device": args.device, **m}
         print(f"model training step (forward + loss + backward + clip + AdamW) on {steps} of the same batches, "
-              f"{args.device}: {m['samples_per_s']:.1f} samples/s, median {m['median_step_ms']:.1f} ms/step  [{MEASURED_MICROBENCHMARK}]")
+              f"{args.device}: {m['samples_per_s']:.1f} samples/s, median {m['median_step_ms']:.1f} ms/step  "
+              f"[{MEASURED_MICROBENCHMARK}]")
     if args.json:
         result["environment"] = environment_record(__file__, argv, torch.device(args.device))
         Path(args.json).write_text(json.dumps(result, indent=1, default=str))

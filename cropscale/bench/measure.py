@@ -1,6 +1,7 @@
-"""Measurement helpers: ``(x, repeated y)`` series from the real code, ready for PMNF fitting
-(:mod:`cropscale.scaling.pmnf`), performance assertions (:mod:`cropscale.scaling.assertions`)
-and export to Extra-P (:mod:`cropscale.scaling.extrap`).
+"""Measurement helpers: ``(x, repeated y)`` series from the real code, for PMNF fits, assertions and Extra-P.
+
+The series are ready for PMNF fitting (:mod:`cropscale.scaling.pmnf`), performance assertions
+(:mod:`cropscale.scaling.assertions`) and export to Extra-P (:mod:`cropscale.scaling.extrap`).
 
 - :func:`step_time_vs_batch`: training step time (s) vs local batch size, ``measured-microbenchmark``;
 - :func:`tiled_validation_time_vs_area`: tiled inference time of one patch (s) vs its area (10 m
@@ -128,8 +129,9 @@ def _synthetic_batches(t2: int, t1: int, crop_size: int, num_classes: int, devic
 
 
 def _train_steps(net, loss, batches: Sequence[dict], lr: float, clip_norm: float) -> list[Callable[[], None]]:
-    """One zero-argument training step per batch, all sharing one ``AdamW(lr)`` over the trainable
-    parameters: zero_grad, forward, loss, backward, ``clip_grad_norm_(clip_norm)``, optimizer step.
+    """Build one zero-argument training step per batch, all sharing one ``AdamW(lr)`` over the trainable parameters.
+
+    Each step runs zero_grad, forward, loss, backward, ``clip_grad_norm_(clip_norm)`` and the optimizer step.
     """
     params = [p for p in net.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=lr)
@@ -173,14 +175,20 @@ def step_time_vs_batch(
 
     Args:
         batch_sizes: local batch sizes ``B`` (the series' ``x``).
-        repetitions, warmup: timed and untimed steps per batch size.
-        crop_size, t2, t1: synthetic batch ``[B, t2, 10, crop, crop]`` (+ S1 ``[B, t1, 2, crop, crop]``,
-            ``hr [B, 3, 10 crop, 10 crop]``); ``crop_size`` must be a multiple of 4.
-        net, loss: stand-ins for ``CropMappingNet()`` and ``MultiTaskLoss()``; ``net(**inputs)``
-            returns a dict, ``loss(outputs, batch) -> (total, terms)``.
+        repetitions: timed steps per batch size.
+        warmup: untimed steps per batch size, run before the timed ones.
+        crop_size: side ``crop`` of the synthetic batch ``[B, t2, 10, crop, crop]`` (+ S1
+            ``[B, t1, 2, crop, crop]``, ``hr [B, 3, 10 crop, 10 crop]``); must be a multiple of 4.
+        t2: Sentinel-2 dates of the synthetic batch.
+        t1: Sentinel-1 dates per orbit of the synthetic batch.
+        net: stand-in for ``CropMappingNet()``; ``net(**inputs)`` returns a dict.
+        loss: stand-in for ``MultiTaskLoss()``; ``loss(outputs, batch) -> (total, terms)``.
         make_batch: ``B -> batch dict``; default ``synthetic_batch(B, t2, t1, crop, crop)``.
         device: ``"cpu"`` or ``"cuda"``.
         threads: torch intra-op threads during the measurement (None = leave as is).
+        lr: learning rate of the ``AdamW`` optimizer.
+        clip_norm: maximum gradient norm passed to ``clip_grad_norm_``.
+        seed: seed of the default network's initialisation and of the synthetic batches.
 
     Returns:
         :class:`ScalingSeries` ``step_time_s`` vs ``batch_size``, ``measured-microbenchmark``.
@@ -244,14 +252,19 @@ def tiled_validation_time_vs_area(
 
     Args:
         patch_sizes: patch sides ``S`` in 10 m pixels; ``x`` is the area ``S^2`` (pixels).
-        window, stride: tile size and stride (default ``window // 2``) of
-            :func:`cropscale.tiling.sliding_window_inference`.
-        repetitions, warmup: timed and untimed inferences per patch size.
-        t2, t1: dates of the synthetic patch.
+        window: tile size of :func:`cropscale.tiling.sliding_window_inference`.
+        stride: tile stride (default ``window // 2``).
+        repetitions: timed inferences per patch size.
+        warmup: untimed inferences per patch size, run before the timed ones.
+        t2: Sentinel-2 dates of the synthetic patch.
+        t1: Sentinel-1 dates per orbit of the synthetic patch.
         net: stand-in for ``CropMappingNet()`` (put in eval mode; run under ``torch.no_grad``).
         make_inputs: ``S -> model inputs of one patch``; default from ``synthetic_batch(1, t2, t1, S, S)``.
         infer: stand-in for ``sliding_window_inference(net, inputs, window=, stride=, ...)``.
         tile_batch_size: tiles per network call.
+        device: ``"cpu"`` or ``"cuda"``.
+        threads: torch intra-op threads during the measurement (None = leave as is).
+        seed: seed of the default network's initialisation and of the synthetic patches.
 
     Returns:
         :class:`ScalingSeries` ``tiled_validation_time_s`` vs ``area_px``, ``measured-microbenchmark``.
@@ -303,8 +316,9 @@ def _default_data_root() -> Path:
 
 def _datamodule_loaders(data_root: Path, train_folds: Sequence[int], batch_size: int, crop_size: int,
                         samples_per_patch: int) -> Callable[[int], Iterable]:
-    """``T2 -> the training DataLoader`` of a :class:`PastisHDDataModule` (``num_workers=0``, seed 0);
-    the normalisation statistics of the first data module are reused by the others.
+    """Return ``T2 -> the training DataLoader`` of a :class:`PastisHDDataModule` (``num_workers=0``, seed 0).
+
+    The normalisation statistics of the first data module are reused by the others.
     """
     shared_stats = {}
 
@@ -312,7 +326,7 @@ def _datamodule_loaders(data_root: Path, train_folds: Sequence[int], batch_size:
         dm = PastisHDDataModule(
             root=str(data_root), train_folds=list(train_folds), val_folds=list(train_folds),
             batch_size=batch_size, crop_size=crop_size, t2=t, samples_per_patch=samples_per_patch,
-            num_workers=0, seed=0,
+            num_workers=0, seed=0, allow_fold_overlap=True,  # only the training loader is timed
         )
         if "stats" in shared_stats:
             dm.stats = shared_stats["stats"]
@@ -324,8 +338,9 @@ def _datamodule_loaders(data_root: Path, train_folds: Sequence[int], batch_size:
 
 
 def _loader_pass(loader: Iterable, t: int, batches: int) -> Callable[[], None]:
-    """A zero-argument pass over the first ``batches`` batches of a fresh iterator of ``loader``;
-    raises :class:`CropScaleError` when called on a loader with fewer batches.
+    """Return a zero-argument pass over the first ``batches`` batches of a fresh iterator of ``loader``.
+
+    The pass raises :class:`CropScaleError` when called on a loader with fewer batches.
     """
 
     def run() -> None:
@@ -365,9 +380,13 @@ def loader_time_vs_dates(
         dates: ``T2`` values (the series' ``x``).
         root: dataset root in the PASTIS-HD layout (default: the bundled worldcereal-flanders sample).
         batches: timed batches per repetition.
-        repetitions, warmup: timed and untimed passes per ``T2``.
-        batch_size, crop_size, train_folds: data module settings.
+        repetitions: timed passes per ``T2``.
+        warmup: untimed passes per ``T2``, run before the timed ones.
+        batch_size: batch size of the data module.
+        crop_size: crop side of the data module (10 m pixels).
+        train_folds: training folds of the data module.
         make_loader: stand-in ``T2 -> iterable of batches`` (must yield at least ``batches``).
+        threads: torch intra-op threads during the measurement (None = leave as is).
 
     Returns:
         :class:`ScalingSeries` ``loader_time_per_batch_s`` vs ``t2``, ``measured-microbenchmark``.
@@ -441,7 +460,8 @@ def speedup_and_karp_flatt(t1_s: float, tn_s: float, n: int) -> dict[str, float]
     """Speed-up ``S = T_1 / T_N``, efficiency ``S / N`` and the Karp-Flatt serial fraction.
 
     Args:
-        t1_s, tn_s: time of the same work on 1 and on ``n`` devices (s, > 0).
+        t1_s: time of the work on 1 device (s, > 0).
+        tn_s: time of the same work on ``n`` devices (s, > 0).
         n: number of devices (> 1).
     """
     for name, v in (("t1_s", t1_s), ("tn_s", tn_s)):

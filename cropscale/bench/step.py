@@ -156,7 +156,9 @@ class BenchmarkConfig:
         if self.iterations < 1:
             raise CropScaleError(f"--iterations must be >= 1; got {self.iterations}")
         if self.crop_size < 4 or self.crop_size % 4:
-            raise CropScaleError(f"--crop-size must be a positive multiple of 4 (two stride-2 stages); got {self.crop_size}")
+            raise CropScaleError(
+                f"--crop-size must be a positive multiple of 4 (two stride-2 stages); got {self.crop_size}"
+            )
         for name in ("num_classes", "t2", "t1"):
             if getattr(self, name) < 1:
                 raise CropScaleError(f"--{name.replace('_', '-')} must be >= 1; got {getattr(self, name)}")
@@ -314,8 +316,9 @@ class _Setup:
 
 
 def _fresh_state(config: BenchmarkConfig, device: torch.device, row: dict[str, Any]) -> int | None:
-    """Free the previous configuration, switch TF32 off, reset compile caches and the CUDA peak
-    counters; returns the process RSS (bytes) as the starting host peak.
+    """Reset state between configurations and return the process RSS (bytes) as the starting host peak.
+
+    Frees the previous configuration, switches TF32 off, resets the compile caches and the CUDA peak counters.
     """
     _free(device)
     row["tf32"] = _tf32_off()
@@ -510,8 +513,7 @@ def run_benchmark(
     argv: list[str] | None = None,
     step_fn: Callable[..., tuple[torch.Tensor, torch.Tensor]] | None = None,
 ) -> dict[str, Any]:
-    """Run every configuration of ``config`` (precision outer, batch size inner) and return the JSON
-    document.
+    """Run every configuration of ``config`` (precision outer, batch size inner) and return the JSON document.
 
     Returns:
         ``{"schema", "evidence", "settings", "flops_per_sample", "flops_by_class", "flops_evidence" ("count"),
@@ -615,8 +617,9 @@ def _cell(row: dict[str, Any], key: str, fmt: str) -> str:
 
 
 def format_table(doc: dict[str, Any]) -> str:
-    """The study's table (Precision, Batch, Median step, p95 step, Samples/s, Peak GiB) as Markdown,
-    followed by the evidence label, the memory kind, and one AMP-vs-FP32 line per batch size.
+    """Format the study's table (Precision, Batch, Median step, p95 step, Samples/s, Peak GiB) as Markdown.
+
+    The table is followed by the evidence label, the memory kind, and one AMP-vs-FP32 line per batch size.
     """
     rows = doc["results"]
     lines = [

@@ -51,14 +51,20 @@ class ConvStandIn(torch.nn.Module):
         self.num_classes, self.hr_scale = num_classes, hr_scale
 
     def forward(self, s2: torch.Tensor, **_: Any) -> dict[str, torch.Tensor]:
+        """Map ``s2`` ``[N, T, 10, H, W]`` to ``semantic``, ``parcel`` and ``hr`` outputs; other inputs are ignored.
+
+        ``semantic`` is ``[N, C, H, W]``, ``parcel`` ``[N, 3, H, W]``; ``hr`` is ``[N, 3, hr_scale H, hr_scale W]``,
+        the sigmoid of the nearest-upsampled parcel logits.
+        """
         y = self.conv(s2.mean(1))
         hr = torch.sigmoid(F.interpolate(y[:, -3:], scale_factor=self.hr_scale, mode="nearest"))
         return {"semantic": y[:, :self.num_classes], "parcel": y[:, self.num_classes:], "hr": hr}
 
 
 class ZerosStandIn(torch.nn.Module):
-    """Stand-in network that returns zeros of the right shapes: the tiled time is the tiler's own cost
-    (cutting, padding, blending), not the network's.
+    """Stand-in network that returns zeros of the right shapes, so the tiled time is the tiler's own cost.
+
+    The tiler's own cost is cutting, padding and blending, not the network's.
     """
 
     def __init__(self, num_classes: int, hr_scale: int = HR_SCALE) -> None:
@@ -66,6 +72,11 @@ class ZerosStandIn(torch.nn.Module):
         self.num_classes, self.hr_scale = num_classes, hr_scale
 
     def forward(self, s2: torch.Tensor, **_: Any) -> dict[str, torch.Tensor]:
+        """Return zero ``semantic``, ``parcel`` and ``hr`` outputs for ``s2`` ``[N, T, 10, H, W]``.
+
+        ``semantic`` is ``[N, C, H, W]``, ``parcel`` ``[N, 3, H, W]``, ``hr`` ``[N, 3, hr_scale H, hr_scale W]``;
+        inputs other than ``s2`` are ignored.
+        """
         n, h, w, s = s2.shape[0], s2.shape[-2], s2.shape[-1], self.hr_scale
         return {"semantic": s2.new_zeros(n, self.num_classes, h, w), "parcel": s2.new_zeros(n, 3, h, w),
                 "hr": s2.new_zeros(n, 3, s * h, s * w)}

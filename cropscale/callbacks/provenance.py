@@ -6,10 +6,11 @@ full resolved configuration (from LightningCLI's ``SaveConfigCallback``, else ``
 run folder, else the module's and datamodule's hyper-parameters), host name, Python / torch /
 Lightning / CUDA / cuDNN / NCCL versions, every rank's device (name, UUID) and, from NVML, driver,
 power limit and persistence mode, ``nvidia-smi topo -m`` where available, world size, seeds,
-precision and strategy. At ``on_fit_end`` it adds the ``summary`` section: one entry per scaling
-callback (their :meth:`~cropscale.callbacks.base.ScalingCallback.summary`, each labelled
-``measured-run``) and sets ``status: "finished"``; on an exception ``status: "failed"`` with the
-error. The schema is documented in ``docs/run_json.md``.
+precision and strategy, and what the data module's checks found (its ``data_warnings`` attribute, read,
+not imported). At ``on_fit_end`` it adds the ``summary`` section: one entry per scaling callback (their
+:meth:`~cropscale.callbacks.base.ScalingCallback.summary`, each labelled ``measured-run``) and sets
+``status: "finished"``; on an exception ``status: "failed"`` with the error. The schema is documented
+in ``docs/run_json.md``.
 
 The run folder is ``trainer.log_dir`` (the TensorBoardLogger version folder), else
 ``trainer.default_root_dir``.
@@ -141,6 +142,12 @@ def _data_root(trainer: Trainer, explicit: str | None) -> str | None:
     return None
 
 
+def _data_warnings(trainer: Trainer) -> list[str]:
+    """What the data module's checks found: its ``data_warnings`` attribute (a list of lines), else ``[]``."""
+    found = getattr(trainer.datamodule, "data_warnings", None)
+    return [str(w) for w in found] if isinstance(found, (list, tuple)) else []
+
+
 class ProvenanceCallback(ScalingCallback):
     """Writes ``run.json`` (provenance at fit start, summaries of every scaling callback at fit end).
 
@@ -245,6 +252,7 @@ class ProvenanceCallback(ScalingCallback):
             },
             callbacks=[type(cb).__name__ for cb in iter_callbacks(trainer)],
             extra=_jsonable(self.extra),
+            data_warnings=_data_warnings(trainer),
         )
         self._write()
         rank_zero_info(f"ProvenanceCallback: wrote {self.path}")
@@ -274,6 +282,7 @@ class ProvenanceCallback(ScalingCallback):
                 summary.other[cb.summary_key] = section
         record = self.record
         record.summary = summary
+        record.data_warnings = _data_warnings(trainer)
         record.status = status
         record.finished_utc = utc_now()
         record.global_step = trainer.global_step

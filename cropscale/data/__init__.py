@@ -1,5 +1,7 @@
-"""The input side: PASTIS-HD reader, temporal sampling, coupled augmentation, targets, statistics,
-collate and the LightningDataModule.
+"""The input side: from PASTIS-HD files to normalised, augmented batches served by a LightningDataModule.
+
+PASTIS-HD reader, temporal sampling, coupled augmentation, targets, statistics, collate and the
+LightningDataModule, in these modules:
 
 =====================  ==========================================================
 module                 content

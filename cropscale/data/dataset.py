@@ -1,5 +1,7 @@
-"""The PASTIS-HD patch dataset: memory-mapped NPY time series, validity masks, labels, parcel
-targets and the windowed high-grid image, one :mod:`cropscale.batch` sample per item.
+"""The PASTIS-HD patch dataset: one :mod:`cropscale.batch` sample per patch, read from memory-mapped files.
+
+Each sample holds the memory-mapped NPY time series, validity masks, labels, parcel targets and the windowed
+high-grid image.
 
 Layout read under ``root`` (PASTIS, Sainte Fare Garnot & Landrieu, ICCV 2021; PASTIS-R, ISPRS J.
 2022; PASTIS-HD adds ``DATA_SPOT``):
@@ -22,15 +24,18 @@ Arrays are opened with ``numpy.load(mmap_mode="r")`` and sliced, never loaded wh
 Checks at construction (before training; each error names the patch and the file): missing or
 unreadable ``.npy`` (truncated, bad header), wrong number of dimensions or bands, spatial shapes that
 disagree, metadata date counts that differ from the array's ``T``, a high-grid directory for patches
-the metadata cannot georeference. Checks while reading a sample: NaN or Inf in Sentinel-2
-reflectance, class ids ``>= num_classes`` (other than ``ignore_index``), a patch whose Sentinel-2
-series has no clear observation at all.
+the metadata cannot georeference, a dtype that cannot hold the unit. :meth:`PastisHDDataset.check_content`
+(called by the data module at setup) checks a bounded sample of the values (:mod:`.content`). Checks
+while reading a sample: NaN or Inf in Sentinel-2 reflectance, class ids ``>= num_classes`` (other than
+``ignore_index``), a patch whose Sentinel-2 series has no clear observation at all.
 
 Documented fallbacks (a warning at construction lists the patches): when ``DATA_S1A``/``DATA_S1D``,
 ``INSTANCE_ANNOTATIONS`` or the high-grid directory exists but one patch's file is absent, that
 sample has the orbit absent (masks all False), ``parcel_present = False`` or ``hr_present = False``.
 Sentinel-1 values that are not finite are set to 0 after normalisation, and a date with fewer than
-``min_clear_fraction`` finite, non-zero pixels is invalid (see :mod:`.temporal`).
+``min_clear_fraction`` finite, non-zero pixels is invalid (see :mod:`.temporal`). A Sentinel-2 pixel
+whose ten bands are all 0 is no data (``s2_mask`` False) even where ``DATA_S2_MASK`` marks it clear;
+dates are chosen by the mask's clear fraction.
 """
 
 from __future__ import annotations
@@ -43,6 +48,7 @@ import torch
 from torch.utils.data import Dataset
 
 from cropscale.batch import HR_SCALE, S2_BANDS
+from cropscale.data.content import PatchScan, label_problem, no_clear_observation, nonfinite_s2_message, scan_patch
 from cropscale.data.hr import HighGridReader, crop_bounds, high_grid_shape
 from cropscale.data.index import S1_ORBITS, PatchFiles, index_patches, open_npy
 from cropscale.data.metadata import PatchRecord, read_classes
@@ -90,6 +96,10 @@ class PastisHDDataset(Dataset):
         seed: seed of the training generator.
         records: pre-parsed metadata (default: read ``root/metadata.geojson``).
 
+    Attributes:
+        patches: the indexed patches (:class:`~cropscale.data.index.PatchFiles`), metadata order.
+        data_warnings: the documented fallbacks met while indexing (also issued as ``UserWarning``).
+
     Raises:
         CropScaleError: see the module docstring.
     """
@@ -130,13 +140,17 @@ class PastisHDDataset(Dataset):
         self.num_classes = len(read_classes(self.root / "classes.json")) if num_classes is None else int(num_classes)
         self.ignore_index = ignore_index
         self.min_clear_fraction = float(min_clear_fraction)
-        self.patches = index_patches(root, folds, records=records, s1_orbits=s1_orbits, hr_dir=hr_dir, hr_pattern=hr_pattern)
+        self.data_warnings: list[str] = []
+        self.patches = index_patches(root, folds, records=records, s1_orbits=s1_orbits, hr_dir=hr_dir,
+                                     hr_pattern=hr_pattern, notes=self.data_warnings)
         if not self.patches:
             raise CropScaleError(f"no patches in folds {folds} under {self.root}")
         if self.train:
             for p in self.patches:
                 if min(p.hw) < self.crop_size:
-                    raise CropScaleError(f"patch {p.patch_id}: {p.hw[0]}x{p.hw[1]} pixels, smaller than crop_size {self.crop_size}")
+                    raise CropScaleError(
+                        f"patch {p.patch_id}: {p.hw[0]}x{p.hw[1]} pixels, smaller than crop_size {self.crop_size}"
+                    )
         if len(hr_bands) != 3:
             raise CropScaleError(f"hr_bands must name 3 bands (R, G, B), got {list(hr_bands)}")
         self.augment = RandomDihedral() if (self.train if augment is None else augment) else None
@@ -211,12 +225,12 @@ class PastisHDDataset(Dataset):
             self._check_patch_has_clear_s2(p)
         idx = select_dates(frac, self.t2, min_clear_fraction=self.min_clear_fraction, rng=rng)
         data = data_all[idx] if data_all is not None else np.asarray(arr[(idx, slice(None), *window)])
-        if data.dtype.kind == "f" and not np.isfinite(data).all():
-            bad = np.argwhere(~np.isfinite(data))[0]
-            raise CropScaleError(
-                f"patch {p.patch_id}: S2 file {p.s2}: non-finite reflectance (NaN or Inf) at date index "
-                f"{int(idx[bad[0]])}, band {S2_BANDS[bad[1]]}, pixel ({y + int(bad[2])}, {x + int(bad[3])})"
-            )
+        message = nonfinite_s2_message(p, data, idx, y, x)
+        if message:
+            raise CropScaleError(message)
+        valid = valid_all[idx]
+        if p.mask is not None:  # zero in every band is no data, whatever the mask says
+            valid = valid & s2_pixel_validity(data)
         data = data.astype(np.float32)
         if self.stats is not None:
             data = self.stats.normalise_s2(data)
@@ -224,27 +238,32 @@ class PastisHDDataset(Dataset):
         s2 = np.zeros((self.t2, len(S2_BANDS), h, w), dtype=np.float32)
         s2[:n] = data
         mask = np.zeros((self.t2, h, w), dtype=bool)
-        mask[:n] = valid_all[idx]
+        mask[:n] = valid
         doy = np.zeros(self.t2, dtype=np.int64)
         doy[:n] = p.doy["S2"][idx]
         return {"s2": s2, "s2_doy": doy, "s2_mask": mask}
 
     def _check_patch_has_clear_s2(self, p: PatchFiles) -> None:
         """Raise when the whole patch has no clear Sentinel-2 observation on any date."""
-        if p.mask is not None:
-            mask = self._array(p.mask, p.patch_id, "S2 mask")
-            if not np.asarray(mask).any():
-                raise CropScaleError(
-                    f"patch {p.patch_id}: all {p.s2_t} dates invalid: S2 mask file {p.mask} marks no clear "
-                    "observation; remove the patch or fix the mask"
-                )
-        else:
-            arr = np.asarray(self._array(p.s2, p.patch_id, "S2"))
-            if not s2_pixel_validity(arr).any():
-                raise CropScaleError(
-                    f"patch {p.patch_id}: all {p.s2_t} dates invalid: S2 file {p.s2} is no data (all bands 0) "
-                    "everywhere; remove the patch"
-                )
+        mask = self._array(p.mask, p.patch_id, "S2 mask") if p.mask is not None else None
+        message = no_clear_observation(p, self._array(p.s2, p.patch_id, "S2"), mask)
+        if message:
+            raise CropScaleError(message)
+
+    def check_content(self) -> list[PatchScan]:
+        """Check a bounded sample of every patch's values (:func:`~cropscale.data.content.scan_patch`).
+
+        Returns:
+            One :class:`~cropscale.data.content.PatchScan` per patch, in order.
+
+        Raises:
+            CropScaleError: the first patch with a bad value (named with its file).
+        """
+        try:
+            return [scan_patch(p, num_classes=self.num_classes, ignore_index=self.ignore_index,
+                               hr_reader=self.hr_reader) for p in self.patches]
+        finally:
+            self.hr_reader.close()
 
     def _read_s1(self, p: PatchFiles, orbit: str, y: int, x: int, hw: tuple[int, int], rng) -> dict[str, np.ndarray]:
         h, w = hw
@@ -276,15 +295,9 @@ class PastisHDDataset(Dataset):
     def _read_semantic(self, p: PatchFiles, y: int, x: int, hw: tuple[int, int]) -> np.ndarray:
         arr = self._array(p.target, p.patch_id, "TARGET")
         labels = np.asarray(arr[0] if arr.ndim == 3 else arr).astype(np.int64)
-        bad = (labels < 0) | (labels >= self.num_classes)
-        if self.ignore_index is not None:
-            bad &= labels != self.ignore_index
-        if bad.any():
-            r, c = np.argwhere(bad)[0]
-            raise CropScaleError(
-                f"patch {p.patch_id}: TARGET file {p.target}: class id {int(labels[r, c])} at pixel ({int(r)}, {int(c)}) "
-                f"is outside 0..{self.num_classes - 1} (num_classes {self.num_classes}, ignore_index {self.ignore_index})"
-            )
+        problem = label_problem(labels, self.num_classes, self.ignore_index)
+        if problem:
+            raise CropScaleError(f"patch {p.patch_id}: TARGET file {p.target}: {problem}")
         h, w = hw
         return labels[y:y + h, x:x + w]
 

@@ -66,9 +66,10 @@ def crop_bounds(
 
 
 def same_crs(a, b) -> bool:
-    """True when two ``rasterio.crs.CRS`` are equal, or PROJ identifies both as the same EPSG code
-    (``CRS.to_epsg()``, confidence >= 70 %): a GeoTIFF whose WKT says "unknown" datum "based on
-    GRS80" with UTM 32N parameters is EPSG:25832.
+    """True when two ``rasterio.crs.CRS`` are equal, or PROJ identifies both as the same EPSG code.
+
+    PROJ's identification is ``CRS.to_epsg()`` with confidence >= 70 %: a GeoTIFF whose WKT says "unknown"
+    datum "based on GRS80" with UTM 32N parameters is EPSG:25832.
     """
     if a == b:
         return True
@@ -189,7 +190,9 @@ class HighGridReader:
         if t.b != 0 or t.d != 0 or t.a <= 0 or t.e >= 0:
             raise CropScaleError(f"{where}: high-grid image {path} has a rotated or flipped transform {tuple(t)[:6]}")
         if max(self.bands) > src.count:
-            raise CropScaleError(f"{where}: high-grid image {path} has {src.count} bands, hr_bands asks for {self.bands}")
+            raise CropScaleError(
+                f"{where}: high-grid image {path} has {src.count} bands, hr_bands asks for {self.bands}"
+            )
         left, bottom, right, top = bounds
         fb = src.bounds
         tol_x, tol_y = _SNAP * t.a, _SNAP * -t.e

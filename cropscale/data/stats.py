@@ -1,9 +1,11 @@
-"""Per-band normalisation statistics computed over the **training folds only** and applied the same
-way to every sample (training crops, validation and test patches); never per tile or per batch.
+"""Per-band normalisation statistics, computed over the **training folds only** and applied to every sample.
+
+They are applied the same way to every sample (training crops, validation and test patches); never per tile
+or per batch.
 
 Sentinel-2: mean and standard deviation of each band B02 ... B12 (reflectance x 1e4) over every
-clear pixel of every date of every training patch (clear = ``DATA_S2_MASK`` when present, else not
-all bands 0). Sentinel-1: per orbit, VV and VH (dB) over the pixels that are finite and not both 0.
+clear pixel of every date of every training patch (clear = not all bands 0, and ``DATA_S2_MASK`` marks
+it clear when the root has masks). Sentinel-1: per orbit, VV and VH (dB) over the pixels that are finite and not both 0.
 Moments are accumulated per date chunk in float64 and merged with the parallel variance formula
 (Chan, Golub & LeVeque, 1979); the standard deviation is the population one. Normalised value:
 ``(x - mean) / std``.
@@ -200,7 +202,9 @@ def compute_norm_stats(
             x = np.asarray(s2[t0:t0 + chunk_dates], dtype=np.float64)
             if not np.isfinite(x).all():
                 raise CropScaleError(f"patch {p.patch_id}: S2 file {p.s2}: non-finite reflectance (NaN or Inf)")
-            valid = np.asarray(mask[t0:t0 + chunk_dates]) > 0 if mask is not None else s2_pixel_validity(x)
+            valid = s2_pixel_validity(x)  # zero in every band is no data, whatever the mask says
+            if mask is not None:
+                valid &= np.asarray(mask[t0:t0 + chunk_dates]) > 0
             s2m.update(x, valid)
         for orbit, path in p.s1.items():
             arr = open_npy(path, patch_id=p.patch_id, what=orbit)
@@ -210,10 +214,14 @@ def compute_norm_stats(
                 valid = s1_pixel_validity(x)
                 acc.update(np.where(np.isfinite(x), x, 0.0), valid)
     if s2m.n == 0:
-        raise CropScaleError(f"{root}: no clear Sentinel-2 observation in folds {list(folds)}; cannot compute statistics")
+        raise CropScaleError(
+            f"{root}: no clear Sentinel-2 observation in folds {list(folds)}; cannot compute statistics"
+        )
     s2_mean, s2_std = s2m.result()
     if not (s2_std > 0).all():
-        raise CropScaleError(f"{root}: a Sentinel-2 band has zero variance over folds {list(folds)}: std {s2_std.tolist()}")
+        raise CropScaleError(
+            f"{root}: a Sentinel-2 band has zero variance over folds {list(folds)}: std {s2_std.tolist()}"
+        )
     s1 = {}
     counts = {"S2": s2m.n}
     for orbit, acc in s1m.items():

@@ -31,15 +31,17 @@ def clear_fraction(valid: np.ndarray) -> np.ndarray:
 
 
 def s2_pixel_validity(s2: np.ndarray) -> np.ndarray:
-    """No-data detection for Sentinel-2 without a mask: ``[T, C, H, W]`` -> ``[T, H, W]`` bool,
-    False where every band is 0 (the PASTIS no-data value).
+    """No-data detection for Sentinel-2 without a mask: ``[T, C, H, W]`` -> ``[T, H, W]`` bool.
+
+    A pixel is False where every band is 0 (the PASTIS no-data value).
     """
     return np.any(np.asarray(s2) != 0, axis=1)
 
 
 def s1_pixel_validity(s1: np.ndarray) -> np.ndarray:
-    """Sentinel-1 validity: ``[T, 2, H, W]`` (VV, VH in dB) -> ``[T, H, W]`` bool, True where both
-    channels are finite and not both exactly 0 (no data).
+    """Sentinel-1 validity: ``[T, 2, H, W]`` (VV, VH in dB) -> ``[T, H, W]`` bool.
+
+    A pixel is True where both channels are finite and not both exactly 0 (no data).
     """
     s1 = np.asarray(s1)
     finite = np.all(np.isfinite(s1), axis=1)

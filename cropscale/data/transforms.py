@@ -1,5 +1,6 @@
-"""Spatially coupled augmentation: the eight flips and 90-degree rotations (dihedral group D4),
-applied identically to every 10 m tensor and to the 1 m high-grid tensor of a sample.
+"""Spatially coupled augmentation: the eight flips and 90-degree rotations (dihedral group D4) of a sample.
+
+Each transform is applied identically to every 10 m tensor and to the 1 m high-grid tensor of the sample.
 
 The transform ``(k, flip)`` first mirrors left-right (``flip``: column ``c -> W - 1 - c``) and then
 rotates ``k`` times by 90 degrees with :func:`torch.rot90` over the last two dimensions (one turn
@@ -40,8 +41,9 @@ def dihedral(x, k: int, flip: bool):
 
 
 def apply_dihedral(sample: dict, k: int, flip: bool) -> dict:
-    """Apply :func:`dihedral` to every spatial tensor of ``sample`` (:data:`SPATIAL_KEYS`); other
-    entries are returned unchanged. Returns a new dict.
+    """Apply :func:`dihedral` to every spatial tensor of ``sample`` (:data:`SPATIAL_KEYS`) and return a new dict.
+
+    Other entries are returned unchanged.
     """
     out = dict(sample)
     for key in SPATIAL_KEYS:
@@ -51,8 +53,10 @@ def apply_dihedral(sample: dict, k: int, flip: bool) -> dict:
 
 
 class RandomDihedral:
-    """Draw one of the eight D4 transforms uniformly (four when the crop is not square) and apply it
-    to the whole sample with :func:`apply_dihedral`.
+    """Random augmentation: one of the eight D4 transforms, drawn uniformly, applied to the whole sample.
+
+    Only four transforms are drawn from when the crop is not square; the transform is applied with
+    :func:`apply_dihedral`.
 
     Args:
         p: probability of applying a random transform at all (1.0 = always draw from D4, where the
@@ -72,6 +76,7 @@ class RandomDihedral:
         return k, bool(rng.integers(2))
 
     def __call__(self, sample: dict, rng: np.random.Generator) -> dict:
+        """Draw ``(k, flip)`` with ``rng`` for the size of ``sample["semantic"]`` and apply it to ``sample``."""
         h, w = sample["semantic"].shape[-2:]
         k, flip = self.draw(rng, int(h), int(w))
         return apply_dihedral(sample, k, flip)

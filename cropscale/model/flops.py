@@ -52,8 +52,10 @@ def flops_per_sample(net: nn.Module, t2: int = 16, t1: int = 4, height: int = 32
 
     Args:
         net: a :class:`~cropscale.model.network.CropMappingNet` (needs ``num_classes`` and ``hr_scale``).
-        t2, t1: Sentinel-2 dates and Sentinel-1 dates per orbit.
-        height, width: 10 m crop size (multiples of the network stride).
+        t2: Sentinel-2 dates.
+        t1: Sentinel-1 dates per orbit.
+        height: crop height in 10 m pixels (a multiple of the network stride).
+        width: crop width in 10 m pixels (a multiple of the network stride).
 
     Returns:
         ``{"forward": int, "backward": int, "total": int}`` FLOPs, ``total = forward + backward``.

@@ -108,6 +108,20 @@ class MultiTaskLoss(nn.Module):
         return _masked_mean(per_sample, present)
 
     def forward(self, outputs: dict[str, Tensor], batch: dict[str, Tensor]) -> tuple[Tensor, dict[str, Tensor]]:
+        """Return the weighted total loss and the unweighted terms of ``outputs`` against ``batch``.
+
+        Args:
+            outputs: network outputs ``semantic [B, C, H, W]``, ``parcel [B, 3, H, W]``, ``hr [B, 3, sH, sW]``.
+            batch: a :mod:`cropscale.batch` batch with ``semantic``, ``parcel``, ``parcel_present``, ``hr``
+                and ``hr_present``.
+
+        Returns:
+            ``(total, {"semantic": L_sem, "parcel": L_parcel, "hr": L_hr})``: scalar float32 tensors, the
+            terms unweighted and not detached.
+
+        Raises:
+            CropScaleError: a missing key, or output and target shapes that differ.
+        """
         sem = self.semantic_loss(_need(outputs, "semantic", "outputs"), _need(batch, "semantic", "batch"))
         par = self.parcel_loss(_need(outputs, "parcel", "outputs"), _need(batch, "parcel", "batch"),
                                _need(batch, "parcel_present", "batch"))

@@ -44,9 +44,7 @@ __all__ = ["CropMappingNet", "TemporalEncoder", "count_parameters", "doy_encodin
 
 
 def count_parameters(module: nn.Module, trainable_only: bool = False) -> int:
-    """Number of scalar parameters of ``module`` (only those with ``requires_grad`` if
-    ``trainable_only``).
-    """
+    """Number of scalar parameters of ``module`` (only those with ``requires_grad`` if ``trainable_only``)."""
     return sum(p.numel() for p in module.parameters() if p.requires_grad or not trainable_only)
 
 
@@ -67,8 +65,7 @@ def _conv_gn_act(cin: int, cout: int, kernel: int = 3, stride: int = 1) -> nn.Se
 
 
 def doy_encoding(doy: Tensor, dim: int, base: float = 1000.0) -> Tensor:
-    """Sinusoidal encoding of the acquisition day of year (Vaswani et al. 2017, positions = days as
-    in L-TAE).
+    """Sinusoidal encoding of the acquisition day of year (Vaswani et al. 2017; positions = days, as in L-TAE).
 
     Args:
         doy: ``[B, T]`` day of year (1..366), any numeric dtype.
@@ -85,8 +82,9 @@ def doy_encoding(doy: Tensor, dim: int, base: float = 1000.0) -> Tensor:
 
 
 class _TemporalBlock(nn.Module):
-    """Pre-norm Transformer layer over the dates of each pixel (attention through
-    ``F.scaled_dot_product_attention`` so fused kernels are used where available).
+    """Pre-norm Transformer layer over the dates of each pixel.
+
+    Attention goes through ``F.scaled_dot_product_attention`` so fused kernels are used where available.
     """
 
     def __init__(self, dim: int, heads: int, mlp_ratio: float) -> None:
@@ -102,8 +100,9 @@ class _TemporalBlock(nn.Module):
         self.mlp = nn.Sequential(nn.Linear(dim, hidden), nn.GELU(), nn.Linear(hidden, dim))
 
     def forward(self, x: Tensor, key_mask: Tensor | None, token_only: bool = False) -> Tensor:
-        """``x [N, L, D]``, ``key_mask [N, 1, 1, L]`` bool (True = attend) or None; with
-        ``token_only`` only the first (aggregation) token is updated and returned ``[N, 1, D]``.
+        """Update ``x [N, L, D]`` with ``key_mask [N, 1, 1, L]`` bool (True = attend) or None.
+
+        With ``token_only`` only the first (aggregation) token is updated and returned ``[N, 1, D]``.
         """
         n, length, dim = x.shape
         hd = dim // self.heads
@@ -122,8 +121,10 @@ class _TemporalBlock(nn.Module):
 
 
 class TemporalEncoder(nn.Module):
-    """One modality: per-date spatial stem -> day-of-year encoding -> temporal Transformer per pixel
-    -> the aggregation token's output as the per-pixel summary.
+    """Encoder of one modality: a time series of images -> one feature vector per pixel.
+
+    Per-date spatial stem -> day-of-year encoding -> temporal Transformer per pixel -> the aggregation
+    token's output as the per-pixel summary.
 
     Args:
         in_bands: input channels per date (10 for Sentinel-2, 2 for Sentinel-1 VV, VH).
@@ -147,8 +148,9 @@ class TemporalEncoder(nn.Module):
         self.norm = nn.LayerNorm(dim)
 
     def forward(self, x: Tensor, doy: Tensor, valid: Tensor | None) -> Tensor:
-        """``x [B, T, C, H, W]``, ``doy [B, T]``, ``valid`` None (all valid), ``[B, T]`` or
-        ``[B, T, H, W]`` bool (True = valid) -> ``[B, D, H, W]``.
+        """Encode ``x [B, T, C, H, W]`` with ``doy [B, T]`` into ``[B, D, H, W]``.
+
+        ``valid`` is None (all valid), ``[B, T]`` or ``[B, T, H, W]`` bool (True = valid).
         """
         b, t, c, h, w = x.shape
         d = self.dim
@@ -189,8 +191,10 @@ class _ResBlock(nn.Module):
 
 
 class CropMappingNet(nn.Module):
-    """Sentinel-2 temporal Transformer + Sentinel-1 ascending/descending encoders + FPN + 10 m heads +
-    x``hr_scale`` detail decoder (the "Sentinel-first" model of the scaling study; see module docstring).
+    """The "Sentinel-first" crop-mapping model of the scaling study (see module docstring).
+
+    Sentinel-2 temporal Transformer + Sentinel-1 ascending/descending encoders + FPN + 10 m heads +
+    x``hr_scale`` detail decoder.
 
     Outputs, for ``H x W`` inputs (``H``, ``W`` multiples of :attr:`stride` = 4):
 
@@ -336,9 +340,13 @@ class CropMappingNet(nn.Module):
             s2: ``[B, T2, s2_bands, H, W]`` normalised Sentinel-2 reflectance, ``T2 >= 1``.
             s2_doy: ``[B, T2]`` day of year.
             s2_mask: None (all valid), ``[B, T2]`` or ``[B, T2, H, W]`` bool, True = clear observation.
-            s1a, s1d: ``[B, T1, s1_bands, H, W]`` normalised VV, VH (dB), or None (orbit absent for the batch).
-            s1a_doy, s1d_doy: ``[B, T1]`` day of year (required with the orbit's tensor).
-            s1a_mask, s1d_mask: ``[B, T1]`` bool, True = real date; all False = orbit absent for the sample.
+            s1a: ascending orbit, ``[B, T1, s1_bands, H, W]`` normalised VV, VH (dB), or None (orbit absent
+                for the batch).
+            s1a_doy: ``[B, T1]`` day of year of ``s1a`` (required with ``s1a``).
+            s1a_mask: ``[B, T1]`` bool, True = real date of ``s1a``; all False = orbit absent for the sample.
+            s1d: descending orbit, as ``s1a``.
+            s1d_doy: ``[B, T1]`` day of year of ``s1d`` (required with ``s1d``).
+            s1d_mask: ``[B, T1]`` bool, True = real date of ``s1d``; all False = orbit absent for the sample.
 
         Returns:
             ``{"semantic": [B, C, H, W], "parcel": [B, K, H, W], "hr": [B, 3, sH, sW]}``.

@@ -68,9 +68,11 @@ def synthetic_batch(
         batch_size: ``B``.
         t2: Sentinel-2 dates ``T2`` (>= 1).
         t1: dates per Sentinel-1 orbit ``T1`` (>= 1).
-        height, width: ``H``, ``W`` at 10 m (>= 1).
+        height: ``H`` at 10 m (>= 1).
+        width: ``W`` at 10 m (>= 1).
         num_classes: classes ``C`` of ``semantic``.
-        s1a, s1d: False -> that orbit absent for every sample (zeros + all-False mask).
+        s1a: False -> the ascending orbit absent for every sample (zeros + all-False mask).
+        s1d: False -> the descending orbit absent for every sample (zeros + all-False mask).
         device: where the tensors are put.
         seed: the values are a deterministic function of the arguments and ``seed``.
         hr_scale: high-grid ratio (``hr`` is ``[B, 3, hr_scale*H, hr_scale*W]``).
@@ -110,8 +112,10 @@ def synthetic_batch(
 
 
 def _parcels(g: torch.Generator, b: int, h: int, w: int, num_classes: int) -> tuple[Tensor, Tensor]:
-    """``semantic [B, H, W]``: square parcels of ``cell`` pixels (8, or 4 below 16 pixels) with random
-    classes (background included); ``parcel [B, 3, H, W]``: their extent, boundary and distance.
+    """Draw square parcels with random classes: ``semantic [B, H, W]`` and ``parcel [B, 3, H, W]``.
+
+    ``semantic`` holds square parcels of ``cell`` pixels (8, or 4 below 16 pixels) with random classes
+    (background included); ``parcel`` their extent, boundary and distance.
     """
     cell = 8 if min(h, w) >= 16 else 4
     gh, gw = -(-h // cell), -(-w // cell)
@@ -123,8 +127,10 @@ def _parcels(g: torch.Generator, b: int, h: int, w: int, num_classes: int) -> tu
 
 
 def _sentinel2(g: torch.Generator, semantic: Tensor, t2: int, num_classes: int) -> tuple[Tensor, Tensor, Tensor]:
-    """``s2 [B, T2, 10, H, W]`` float32 (noise + a class-dependent seasonal curve, so a model can learn
-    something), ``s2_doy [B, T2]`` and ``s2_mask [B, T2, H, W]`` (about 20 % cloud blobs).
+    """Draw ``s2 [B, T2, 10, H, W]`` float32, ``s2_doy [B, T2]`` and ``s2_mask [B, T2, H, W]``.
+
+    ``s2`` is noise + a class-dependent seasonal curve, so a model can learn something; ``s2_mask`` has about
+    20 % cloud blobs.
     """
     b, h, w = semantic.shape
     s2_doy = _sorted_doy(g, b, t2)
@@ -138,8 +144,9 @@ def _sentinel2(g: torch.Generator, semantic: Tensor, t2: int, num_classes: int) 
 
 
 def _orbit(g: torch.Generator, b: int, t1: int, h: int, w: int, present: bool) -> tuple[Tensor, Tensor, Tensor]:
-    """One Sentinel-1 orbit: ``[B, T1, 2, H, W]`` values, ``[B, T1]`` days of year, ``[B, T1]`` mask
-    (zeros with an all-False mask when the orbit is absent; the draws are made either way).
+    """Draw one Sentinel-1 orbit: ``[B, T1, 2, H, W]`` values, ``[B, T1]`` days of year, ``[B, T1]`` mask.
+
+    The values are zeros with an all-False mask when the orbit is absent; the draws are made either way.
     """
     doy = _sorted_doy(g, b, t1)
     x = torch.randn(b, t1, 2, h, w, generator=g)

@@ -1,9 +1,10 @@
 """The LightningModule that trains :class:`~cropscale.model.network.CropMappingNet`.
 
 Training: random crops (see :mod:`cropscale.data`), weighted multi-task loss
-(:class:`~cropscale.model.losses.MultiTaskLoss`), AdamW with an optional linear warm-up and cosine
-decay, an LR scaling rule relative to a reference global batch, gradient clipping through the
-Trainer (``gradient_clip_val: 1.0`` in ``configs/default.yaml``).
+(:class:`~cropscale.model.losses.MultiTaskLoss`), AdamW (or SGD, LARS, LAMB: :mod:`cropscale.model.optim`)
+with an optional linear warm-up (in optimiser updates or epochs) and cosine decay, an LR scaling rule
+relative to a reference global batch, gradient clipping through the Trainer (``gradient_clip_val: 1.0``
+in ``configs/default.yaml``).
 
 Validation and test: overlap-weighted tiled inference over whole patches
 (:func:`~cropscale.tiling.sliding_window_inference`), metrics whose states are summed across ranks
@@ -12,8 +13,9 @@ Validation and test: overlap-weighted tiled inference over whole patches
 
 from __future__ import annotations
 
+import math
 import warnings
-from typing import Any, Literal
+from typing import Any
 
 import torch
 import torchmetrics
@@ -21,6 +23,7 @@ from lightning.pytorch import LightningModule
 from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities import rank_zero_info
 from torch.optim.lr_scheduler import LambdaLR
+from typing_extensions import override
 
 from cropscale.batch import model_inputs
 from cropscale.errors import CropScaleError
@@ -28,7 +31,17 @@ from cropscale.metrics import HighGridMetrics, ParcelMetrics, SegmentationMetric
 from cropscale.model.flops import flops_per_sample, flops_per_sample_by_class
 from cropscale.model.losses import MultiTaskLoss
 from cropscale.model.network import CropMappingNet
-from cropscale.model.optim import LRScaling, global_batch_size, scale_learning_rate, warmup_factor
+from cropscale.model.optim import (
+    OPTIMIZERS,
+    LRScaling,
+    OptimizerName,
+    Schedule,
+    build_optimizer,
+    formed_global_batch,
+    scale_learning_rate,
+    schedule_lambda,
+    warmup_steps_of,
+)
 from cropscale.model.synthetic import synthetic_batch
 from cropscale.tiling import sliding_window_inference
 
@@ -46,12 +59,21 @@ class CropMappingTask(LightningModule):
         ignore_index: class id excluded from loss and metrics (PASTIS: 19 "void"); None = none.
         net_kwargs: further keyword arguments of :class:`CropMappingNet` (widths, depths, heads).
         semantic_weight, parcel_weight, hr_weight: weights of the loss terms.
-        lr: AdamW learning rate at ``reference_batch_size``.
-        weight_decay: AdamW weight decay.
-        warmup_steps: optimiser steps of linear LR warm-up (0 = none).
+        lr: learning rate at ``reference_batch_size``.
+        weight_decay: weight decay (LARS / LAMB: not on the excluded norm and bias parameters).
+        warmup_steps: optimiser updates of linear LR warm-up (0 = none).
         schedule: ``constant`` or ``cosine`` decay to 0 over the run after warm-up.
+        optimizer: ``adamw | sgd | lars | lamb`` (:func:`cropscale.model.optim.build_optimizer`; LARS and
+            LAMB from ``pytorch-optimizer``, trust-ratio exclusions in :mod:`cropscale.model.optim`).
+        momentum: momentum of SGD and LARS.
+        trust_coefficient: LARS ``eta``.
+        warmup_epochs: linear LR warm-up in epochs instead of updates (may be fractional; 0 = use
+            ``warmup_steps``); the same epochs give every global batch the same warm-up samples.
         lr_scaling: ``none | linear | sqrt``: LR scaled by the ratio of the global batch
-            (local batch x world size x accumulation) to ``reference_batch_size``.
+            (local batch x world size x accumulation) to ``reference_batch_size``. A run whose batches
+            cannot hold the local batch (fewer training samples per rank) or whose epoch is shorter than
+            the accumulation window is refused with the numbers, whatever the rule
+            (:func:`~cropscale.model.optim.formed_global_batch`).
         reference_batch_size: global batch at which ``lr`` was tuned.
         val_window: tile size (10 m pixels) of tiled validation; usually the training crop size.
         val_stride: tile stride; None = ``val_window // 2``.
@@ -74,7 +96,7 @@ class CropMappingTask(LightningModule):
         lr: float = 1e-3,
         weight_decay: float = 0.01,
         warmup_steps: int = 0,
-        schedule: Literal["constant", "cosine"] = "constant",
+        schedule: Schedule = "constant",
         lr_scaling: LRScaling = "none",
         reference_batch_size: int = 4,
         val_window: int = 32,
@@ -82,11 +104,19 @@ class CropMappingTask(LightningModule):
         tile_batch_size: int = 16,
         channels_last: bool = False,
         allow_tf32: bool | None = None,
+        optimizer: OptimizerName = "adamw",
+        momentum: float = 0.9,
+        trust_coefficient: float = 1e-3,
+        warmup_epochs: float = 0.0,
     ) -> None:
         super().__init__()
-        _check_arguments(lr=lr, weight_decay=weight_decay, warmup_steps=warmup_steps,
+        if optimizer not in OPTIMIZERS:
+            raise CropScaleError(f"model.optimizer must be one of {', '.join(OPTIMIZERS)}; got {optimizer!r}")
+        _check_arguments(lr=lr, weight_decay=weight_decay, warmup_steps=warmup_steps, momentum=momentum,
+                         trust_coefficient=trust_coefficient, warmup_epochs=warmup_epochs,
                          reference_batch_size=reference_batch_size, val_window=val_window,
                          val_stride=val_stride, tile_batch_size=tile_batch_size)
+        warmup_steps_of(warmup_steps, warmup_epochs, updates_per_epoch=1)  # both units at once: refused here
         self.save_hyperparameters()
         self.net = CropMappingNet(num_classes=num_classes, **self._net_kwargs())
         self.loss_fn = MultiTaskLoss(
@@ -111,6 +141,7 @@ class CropMappingTask(LightningModule):
         self._last_train_loss: float | None = None
 
     # ------------------------------------------------------------------ set-up
+    @override
     def setup(self, stage: str) -> None:
         if self.hparams.allow_tf32 is not None:
             torch.backends.cuda.matmul.allow_tf32 = bool(self.hparams.allow_tf32)
@@ -149,6 +180,7 @@ class CropMappingTask(LightningModule):
         return self.net(**inputs)
 
     # ---------------------------------------------------------------- training
+    @override
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
         """Multi-task loss of one (micro-)batch; no device-to-host read except at log steps.
 
@@ -169,6 +201,7 @@ class CropMappingTask(LightningModule):
                      batch_size=bs)
         return loss
 
+    @override
     def on_train_epoch_end(self) -> None:
         value = self.trainer.callback_metrics.get("train/loss_epoch")
         if value is not None:
@@ -184,6 +217,7 @@ class CropMappingTask(LightningModule):
             tile_batch_size=self.hparams.tile_batch_size,
         )
 
+    @override
     def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
         outputs = self._tiled_forward(batch)
         _, terms = self.loss_fn(outputs, batch)
@@ -194,6 +228,7 @@ class CropMappingTask(LightningModule):
         self.val_parcel.update(outputs["parcel"].detach(), batch["parcel"], batch["parcel_present"])
         self.val_hr.update(outputs["hr"].detach(), batch["hr"], batch["hr_present"])
 
+    @override
     def on_validation_epoch_end(self) -> None:
         seg = self.val_seg.compute()
         miou = float(seg["mIoU"])
@@ -266,10 +301,12 @@ class CropMappingTask(LightningModule):
             "hr": outputs["hr"],
         }
 
+    @override
     def test_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
         outputs = self._tiled_forward(batch)
         self.test_seg.update(outputs["semantic"].detach(), batch["semantic"])
 
+    @override
     def on_test_epoch_end(self) -> None:
         seg = self.test_seg.compute()
         self.log("test/mIoU", seg["mIoU"].float())
@@ -277,42 +314,81 @@ class CropMappingTask(LightningModule):
         self.test_seg.reset()
 
     # --------------------------------------------------------------- optimiser
+    @override
     def configure_optimizers(self):
         hp = self.hparams
         dm = getattr(self.trainer, "datamodule", None)
         local = int(getattr(dm, "batch_size", 1))
-        self.global_batch = global_batch_size(local, self.trainer.world_size, self.trainer.accumulate_grad_batches)
+        self.global_batch = self._formed_global_batch(local)
         self.lr_effective = scale_learning_rate(hp.lr, self.global_batch, hp.reference_batch_size, hp.lr_scaling)
+        optimizer = build_optimizer(self.named_parameters(), hp.optimizer, self.lr_effective, hp.weight_decay,
+                                    hp.momentum, hp.trust_coefficient)
+        total = per_epoch = None
+        if hp.warmup_steps > 0 or hp.warmup_epochs > 0 or hp.schedule != "constant":
+            total = int(self.trainer.estimated_stepping_batches)  # loads the training data: batches known after
+            batches = self.trainer.num_training_batches
+            per_epoch = math.ceil(batches / self.trainer.accumulate_grad_batches) if math.isfinite(batches) else None
+        warmup = warmup_steps_of(hp.warmup_steps, hp.warmup_epochs, per_epoch)
         rank_zero_info(
             f"cropscale: global batch {self.global_batch} = local {local} x world size {self.trainer.world_size}"
             f" x accumulation {self.trainer.accumulate_grad_batches}; LR rule {hp.lr_scaling!r} vs reference"
-            f" {hp.reference_batch_size}: lr {hp.lr:g} -> {self.lr_effective:g}"
+            f" {hp.reference_batch_size}: lr {hp.lr:g} -> {self.lr_effective:g}; optimizer {hp.optimizer!r};"
+            f" warm-up {warmup} update(s), then {hp.schedule}"
         )
-        optimizer = torch.optim.AdamW(self.parameters(), lr=self.lr_effective, weight_decay=hp.weight_decay)
-        if hp.warmup_steps <= 0 and hp.schedule == "constant":
+        if total is None or (warmup <= 0 and hp.schedule == "constant"):
             return optimizer
-        total = int(self.trainer.estimated_stepping_batches)
-        scheduler = LambdaLR(optimizer, lambda step: warmup_factor(step, hp.warmup_steps, total, hp.schedule))
+        scheduler = LambdaLR(optimizer, schedule_lambda(warmup, total, hp.schedule))
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
+    def _formed_global_batch(self, local: int) -> int:
+        """``local x world size x accumulation``, checked against the batches this epoch really forms.
+
+        Reads the training loader Lightning builds for this rank (built here as
+        ``trainer.estimated_stepping_batches`` does, and reused by the fit loop): the samples its sampler
+        draws and ``trainer.num_training_batches`` (after ``limit_train_batches``).
+
+        Raises:
+            CropScaleError: the batch or the accumulation window does not form
+                (:func:`~cropscale.model.optim.formed_global_batch`).
+        """
+        trainer = self.trainer
+        samples = batches = None
+        try:
+            if trainer.train_dataloader is None:
+                trainer.fit_loop.setup_data()
+            loader = trainer.train_dataloader
+            sampler = getattr(loader, "sampler", None)
+            samples = len(sampler) if sampler is not None else None
+            batches = trainer.num_training_batches
+        except (TypeError, AttributeError):  # an iterable loader without a length: nothing to check
+            pass
+        finite = isinstance(batches, int) or (isinstance(batches, float) and batches != float("inf"))
+        return formed_global_batch(local, trainer.world_size, trainer.accumulate_grad_batches,
+                                   samples_per_rank=samples, batches_per_epoch=int(batches) if finite else None)
+
     def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None) -> None:
-        """Clip by global norm; under FSDP through the root module's ``clip_grad_norm_`` (which reduces the
-        norm over all shards), since Lightning's FSDP precision plugin refuses norm clipping.
+        """Clip gradients by global norm; under FSDP through the root module's ``clip_grad_norm_``.
+
+        FSDP's ``clip_grad_norm_`` reduces the norm over all shards; it is used because Lightning's FSDP precision
+        plugin refuses norm clipping.
         """
         from torch.distributed.fsdp import FullyShardedDataParallel
 
         root = getattr(self.trainer.strategy, "model", None)
-        if isinstance(root, FullyShardedDataParallel) and gradient_clip_val and gradient_clip_algorithm in (None, "norm"):
+        if (isinstance(root, FullyShardedDataParallel) and gradient_clip_val
+                and gradient_clip_algorithm in (None, "norm")):
             root.clip_grad_norm_(float(gradient_clip_val))
             return
         self.clip_gradients(optimizer, gradient_clip_val, gradient_clip_algorithm)
 
+    @override
     def on_train_start(self) -> None:
         if self.logger is not None:
             self.logger.log_metrics(
                 {"optim/global_batch": float(self.global_batch or 0), "optim/lr_scaled": self.lr_effective}, step=0
             )
 
+    @override
     def on_fit_end(self) -> None:
         if isinstance(self.logger, TensorBoardLogger):
             metrics = {"hp/val_mIoU_best": self.best_miou, "hp/best_epoch": float(self.best_epoch)}
@@ -324,9 +400,11 @@ class CropMappingTask(LightningModule):
             self.logger.log_hyperparams(self.hparams, metrics=metrics)
 
     # ------------------------------------------------------------- checkpoint
+    @override
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         checkpoint["cropscale"] = {"best_miou": self.best_miou, "best_epoch": self.best_epoch}
 
+    @override
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         state = checkpoint.get("cropscale", {})
         self.best_miou = float(state.get("best_miou", float("nan")))
@@ -339,6 +417,9 @@ def _check_arguments(**values: Any) -> None:
         "lr": (lambda v: v > 0, "> 0"),
         "weight_decay": (lambda v: v >= 0, ">= 0"),
         "warmup_steps": (lambda v: v >= 0, ">= 0"),
+        "warmup_epochs": (lambda v: v >= 0, ">= 0"),
+        "momentum": (lambda v: 0 <= v < 1, "in [0, 1)"),
+        "trust_coefficient": (lambda v: v > 0, "> 0"),
         "reference_batch_size": (lambda v: v >= 1, ">= 1"),
         "val_window": (lambda v: v >= 1, ">= 1"),
         "tile_batch_size": (lambda v: v >= 1, ">= 1"),

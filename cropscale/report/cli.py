@@ -14,7 +14,9 @@ Every figure carries an evidence label (:mod:`cropscale.evidence`); a missing fi
 the reason in a footnote. A run without ``run.json`` shows its precision as ``<p> (requested)``: the
 configuration says what was requested, not what Lightning ran (``16-mixed`` runs as ``bf16-mixed``
 on CPU). Run folders that are no training run (``validate`` / ``test`` folders) are skipped with one
-printed line.
+printed line. A fit that did not finish (``run.json`` status ``failed`` or ``running``) is listed with
+Status ``failed`` (the error in the note) or ``incomplete``, its n/a cells say so, and it forms no
+precision pair. The Data warnings column counts ``run.json["data_warnings"]`` (the lines in the note).
 """
 
 from __future__ import annotations

@@ -25,6 +25,8 @@ COLUMNS: tuple[Column, ...] = (
     Column("peak_memory_gib", "Peak GiB", ".2f"),
     Column("nonfinite", "Non-finite", "d"),
     Column("skipped_steps", "Skipped steps", "d"),
+    Column("status", "Status", figure=False),
+    Column("data_warning_count", "Data warnings", "d", figure=False),
 )
 """Columns of the runs table, in order."""
 

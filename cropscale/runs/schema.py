@@ -477,6 +477,7 @@ class RunJson(Record):
     trainer: dict[str, Any] = field(default_factory=dict)
     callbacks: list[str] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)
+    data_warnings: list[str] | None = optional()
     summary: RunSummary = field(default_factory=RunSummary)
     global_step: int | None = optional()
     epochs_completed: int | None = optional()

@@ -1,10 +1,11 @@
 """Performance assertions on the real code (``make test-perf``; marked ``perf``, not in the default run).
 
 Each test measures a series with :mod:`cropscale.bench.measure`, prints its table (every row
-labelled with its evidence) and states its asymptotic trend through the ``scaling`` fixture of
-tests/scaling_plugin.py. Sizes are kept small for a 2-core CPU machine shared with other jobs:
-crops of 8 x 8 pixels (high grid 80 x 80), 4 x 4 tiles, one torch thread, 5 repetitions
-(median), warm-up excluded.
+labelled with its evidence) and states its asymptotic trend through the ``scaling`` fixture of the
+pytest plugin (cropscale.scaling.pytest_plugin, loaded through its pytest11 entry point); an
+inconclusive verdict skips (a noisy shared machine is not a regression). Sizes are kept small for a
+2-core CPU machine shared with other jobs: crops of 8 x 8 pixels (high grid 80 x 80), 4 x 4 tiles,
+one torch thread, 5 repetitions (median), warm-up excluded.
 """
 
 import os
@@ -20,7 +21,7 @@ from cropscale.bench.measure import (
 )
 from cropscale.scaling.amdahl import karp_flatt
 
-pytestmark = pytest.mark.perf
+pytestmark = [pytest.mark.perf, pytest.mark.scaling("O(n)", inconclusive="skip")]
 
 
 def _show(series) -> None:
@@ -32,7 +33,7 @@ def test_training_step_time_is_linear_in_batch_size(scaling):
     pytest.importorskip("cropscale.model.network")
     series = step_time_vs_batch((1, 2, 4, 8, 12, 16), repetitions=5, warmup=1, crop_size=8, t2=16, t1=4)
     _show(series)
-    verdict = scaling(series, expected="O(n)", tolerance=0.1)
+    verdict = scaling(series)
     print(verdict.message())
 
 
@@ -42,7 +43,7 @@ def test_tiled_validation_time_is_linear_in_patch_area(scaling):
     # S >> window (at S = 2 windows it is 25 % below), so the patches here are 4 to 12 windows wide.
     series = tiled_validation_time_vs_area((16, 24, 32, 40, 48), window=4, repetitions=5, warmup=1, t2=16, t1=4)
     _show(series)
-    verdict = scaling(series, expected="O(n)", tolerance=0.1)
+    verdict = scaling(series)
     print(verdict.message())
 
 
@@ -50,7 +51,7 @@ def test_loader_time_is_at_most_linear_in_dates(scaling):
     pytest.importorskip("cropscale.data.datamodule")
     series = loader_time_vs_dates((4, 8, 16, 24, 32, 48), batches=4, repetitions=5, warmup=1)
     _show(series)
-    verdict = scaling(series, expected="O(n)", tolerance=0.1)
+    verdict = scaling(series)
     print(verdict.message())
 
 
@@ -58,8 +59,8 @@ def test_allreduce_volume_is_bounded_in_world_size(scaling):
     network = pytest.importorskip("cropscale.model.network")
     series = allreduce_volume_vs_world_size((2, 4, 8, 16, 32, 64, 128), module=network.CropMappingNet())
     _show(series)
-    verdict = scaling(series, expected="O(1)", tolerance=0.0, negative_exponents=True)
-    assert verdict.order_ok  # V(N) = 2 M - 2 M / N exactly: bounded, not just within tolerance
+    verdict = scaling(series, expected="O(1)", negative_exponents=True)
+    assert verdict.passed and verdict.order_ok  # V(N) = 2 M - 2 M / N exactly: bounded
     print(verdict.message())
 
 

@@ -29,7 +29,8 @@ def test_batches_follow_the_contract(flanders_root, pastis_mini_root, which):
     dm = PastisHDDataModule(str(root), batch_size=3, val_batch_size=2, samples_per_patch=2,
                             ignore_index=19 if which == "pastis" else None)
     dm.setup("fit")
-    for loader, (h, w) in [(dm.train_dataloader(), (32, 32)), (dm.val_dataloader(), (64, 32) if which == "flanders" else (32, 32))]:
+    val_hw = (64, 32) if which == "flanders" else (32, 32)
+    for loader, (h, w) in [(dm.train_dataloader(), (32, 32)), (dm.val_dataloader(), val_hw)]:
         b = next(iter(loader))
         n = b["s2"].shape[0]
         assert list(b) == list(BATCH_KEYS) and set(MODEL_INPUT_KEYS + TARGET_KEYS) <= set(b)
@@ -43,7 +44,8 @@ def test_batches_follow_the_contract(flanders_root, pastis_mini_root, which):
         assert b["hr"].shape == (n, 3, HR_SCALE * h, HR_SCALE * w) and b["hr_present"].dtype == torch.bool
         assert b["patch_id"].shape == (n,) and b["crop_yx"].shape == (n, 2)
         assert bool(b["hr_present"].all()) == (which == "flanders")
-    assert len(dm.train_dataloader()) == 2  # 2 patches x 2 crops / batch 3, last batch kept (flanders), 3 x 2 / 3 (pastis)
+    # 2 patches x 2 crops / batch 3, last batch kept (flanders), 3 x 2 / 3 (pastis)
+    assert len(dm.train_dataloader()) == 2
 
 
 def test_statistics_are_training_folds_only_and_exact(flanders_root, tmp_path):

@@ -127,7 +127,8 @@ def test_checkpoint_is_checked_before_lightning_opens_it(tmp_path):
     cases = [
         (tmp_path / "missing.ckpt", "checkpoint file not found: .*missing.ckpt"),
         (text, "notes.txt is not a readable Lightning checkpoint \\(not a torch checkpoint file\\)"),
-        (plain, "weights.pt is a torch file but not a Lightning checkpoint \\(no 'state_dict' / 'pytorch-lightning_version'"),
+        (plain, "weights.pt is a torch file but not a Lightning checkpoint "
+                "\\(no 'state_dict' / 'pytorch-lightning_version'"),
         (truncated, "truncated.ckpt is not a readable Lightning checkpoint \\(PytorchStreamReader failed"),
     ]
     for path, message in cases:
