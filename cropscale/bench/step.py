@@ -519,8 +519,8 @@ def run_benchmark(
         ``{"schema", "evidence", "settings", "flops_per_sample", "flops_by_class", "flops_evidence" ("count"),
         "environment", "results", "amp_vs_fp32"}``; ``results`` has one row per configuration with
         ``precision``, ``batch_size``, ``status`` (``ok | oom | unsupported | error``), ``error``,
-        ``step_times_ms`` (``iterations`` raw measured steps), ``warmup_step_times_ms``, ``median_step_ms``, ``p95_step_ms``,
-        ``mean_step_ms``, ``min_step_ms``, ``max_step_ms``, ``samples_per_s`` (= batch / median s),
+        ``step_times_ms`` (``iterations`` raw measured steps), ``warmup_step_times_ms``, ``median_step_ms``,
+        ``p95_step_ms``, ``mean_step_ms``, ``min_step_ms``, ``max_step_ms``, ``samples_per_s`` (= batch / median s),
         ``peak_memory_gib`` and ``peak_memory_kind``, ``peak_reserved_gib`` (CUDA), ``flops_per_sample``,
         ``achieved_tflops``, ``peak_tflops`` (the attainable peak), ``dtypes_by_class``, ``mfu``, ``mfu_reason``,
         ``loss_scale_initial``,
