@@ -32,12 +32,8 @@ from cropscale.callbacks.nonfinite import NonFiniteCallback, NonFiniteError
 from cropscale.callbacks.provenance import ProvenanceCallback
 from cropscale.callbacks.step_timing import StepTimingCallback
 from cropscale.callbacks.throughput import ThroughputCallback
-from cropscale.evidence import MEASURED_MICROBENCHMARK as EVIDENCE_MICROBENCHMARK
-from cropscale.evidence import MEASURED_RUN as EVIDENCE_RUN
 
 __all__ = [
-    "EVIDENCE_MICROBENCHMARK",
-    "EVIDENCE_RUN",
     "STEP_WINDOWS",
     "CallbackGroup",
     "EnergyCallback",

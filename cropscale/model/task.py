@@ -28,7 +28,7 @@ from typing_extensions import override
 from cropscale.batch import model_inputs
 from cropscale.errors import CropScaleError
 from cropscale.metrics import HighGridMetrics, ParcelMetrics, SegmentationMetrics, confusion_matrix_figure
-from cropscale.model.flops import flops_per_sample
+from cropscale.model.flops import flops_per_sample, flops_per_sample_by_class
 from cropscale.model.losses import MultiTaskLoss
 from cropscale.model.network import CropMappingNet
 from cropscale.model.optim import (
@@ -128,13 +128,16 @@ class CropMappingTask(LightningModule):
         self.val_seg = SegmentationMetrics(num_classes=num_classes, ignore_index=ignore_index)
         self.val_parcel = ParcelMetrics()
         self.val_hr = HighGridMetrics()
-        self.val_loss = torchmetrics.MeanMetric()
+        # val/loss: each loss term summed over its own elements, and those counted, across batches and ranks
+        self.val_loss_terms = torch.nn.ModuleDict({f"{name}_{part}": torchmetrics.SumMetric(nan_strategy="disable")
+                                                   for name in ("semantic", "parcel", "hr") for part in ("sum", "n")})
         self.test_seg = SegmentationMetrics(num_classes=num_classes, ignore_index=ignore_index)
         self.best_miou: float = float("nan")
         self.best_epoch: int = -1
         self.lr_effective: float = lr
         self.global_batch: int | None = None
         self.flops_per_sample: float | None = None
+        self.flops_by_class: dict[str, float] | None = None
         self._last_train_loss: float | None = None
 
     # ------------------------------------------------------------------ set-up
@@ -162,6 +165,9 @@ class CropMappingTask(LightningModule):
         if stage == "fit" and self.flops_per_sample is None:
             fresh = CropMappingNet(num_classes=self.hparams.num_classes, **self._net_kwargs())
             self.flops_per_sample = float(flops_per_sample(fresh, t2=t2, t1=t1, height=crop, width=crop)["total"])
+            if self.trainer.strategy.root_device.type == "cuda":  # the split weights GPU peaks (MFU); none on CPU
+                split = flops_per_sample_by_class(fresh, t2=t2, t1=t1, height=crop, width=crop)
+                self.flops_by_class = {k: float(v) for k, v in split.items()}
 
     def _net_kwargs(self) -> dict[str, Any]:
         """``net_kwargs`` without ``num_classes``, which always comes from the task (linked from the data)."""
@@ -176,12 +182,23 @@ class CropMappingTask(LightningModule):
     # ---------------------------------------------------------------- training
     @override
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        """Multi-task loss of one (micro-)batch; no device-to-host read except at log steps.
+
+        ``train/loss`` and its terms stay device tensors (Lightning writes them to the logger at log
+        steps). The progress bar shows ``train_loss``, the loss of the last log step copied to the host
+        there: a device tensor in the progress bar would be read back (``.item()``, a synchronisation)
+        at every step.
+        """
         outputs = self.net(**model_inputs(batch))
         loss, terms = self.loss_fn(outputs, batch)
         bs = batch["s2"].shape[0]
-        self.log("train/loss", loss, on_step=True, on_epoch=True, prog_bar=True, batch_size=bs)
+        self.log("train/loss", loss, on_step=True, on_epoch=True, batch_size=bs)
         for name, value in terms.items():
             self.log(f"train/loss_{name}", value, on_step=True, on_epoch=False, batch_size=bs)
+        every = self.trainer.log_every_n_steps
+        if every > 0 and (self.trainer.global_step + 1) % every == 0:  # Lightning's log steps
+            self.log("train_loss", loss.detach().cpu(), on_step=True, on_epoch=False, prog_bar=True, logger=False,
+                     batch_size=bs)
         return loss
 
     @override
@@ -203,8 +220,10 @@ class CropMappingTask(LightningModule):
     @override
     def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
         outputs = self._tiled_forward(batch)
-        loss, _ = self.loss_fn(outputs, batch)
-        self.val_loss.update(loss.detach().float(), weight=batch["s2"].shape[0])
+        _, terms = self.loss_fn(outputs, batch)
+        for name, count in self._loss_term_counts(batch).items():  # term = its sum / its count: sum = term x count
+            self.val_loss_terms[f"{name}_sum"].update(terms[name].detach().float() * count)
+            self.val_loss_terms[f"{name}_n"].update(count)
         self.val_seg.update(outputs["semantic"].detach(), batch["semantic"])
         self.val_parcel.update(outputs["parcel"].detach(), batch["parcel"], batch["parcel_present"])
         self.val_hr.update(outputs["hr"].detach(), batch["hr"], batch["hr_present"])
@@ -213,7 +232,7 @@ class CropMappingTask(LightningModule):
     def on_validation_epoch_end(self) -> None:
         seg = self.val_seg.compute()
         miou = float(seg["mIoU"])
-        logs = {"val/loss": self.val_loss.compute(), "val/mIoU": seg["mIoU"], "val/OA": seg["OA"]}
+        logs = {"val/loss": self._val_loss(), "val/mIoU": seg["mIoU"], "val/OA": seg["OA"]}
         # Parcel and high-grid scores are NaN when no validation patch has that target (e.g. PASTIS
         # without SPOT): such keys are left out rather than logged as NaN.
         for extra in (self.val_parcel.compute(), self.val_hr.compute()):
@@ -234,7 +253,36 @@ class CropMappingTask(LightningModule):
         self.val_seg.reset()
         self.val_parcel.reset()
         self.val_hr.reset()
-        self.val_loss.reset()
+        for metric in self.val_loss_terms.values():
+            metric.reset()
+
+    def _loss_term_counts(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The elements each loss term of ``batch`` averages over (0-d float tensors, no host read).
+
+        ``semantic``: pixels whose class is not ``ignore_index``; ``parcel`` / ``hr``: samples whose target is
+        present (see :class:`~cropscale.model.losses.MultiTaskLoss`).
+        """
+        ignore = self.loss_fn.ignore_index
+        labelled = batch["semantic"] != (-100 if ignore is None else int(ignore))
+        return {"semantic": labelled.sum().float(), "parcel": batch["parcel_present"].sum().float(),
+                "hr": batch["hr_present"].sum().float()}
+
+    def _val_loss(self) -> torch.Tensor:
+        """``val/loss``: the multi-task loss of the whole validation set, the same for any batching and world size.
+
+        Each term is the mean over its own elements (non-ignored pixels, samples with the target) of the
+        whole set: the batch values weighted by their element counts, summed across ranks (a term without
+        elements is 0, as in the loss); then the weighted sum of the terms. A mean of per-batch losses
+        weighted by samples would depend on how patches are grouped into batches and ranks.
+        """
+        weights = {"semantic": self.loss_fn.semantic_weight, "parcel": self.loss_fn.parcel_weight,
+                   "hr": self.loss_fn.hr_weight}
+        total = torch.zeros((), device=self.device)
+        for name, weight in weights.items():
+            value = self.val_loss_terms[f"{name}_sum"].compute().to(self.device)
+            count = self.val_loss_terms[f"{name}_n"].compute().to(self.device)
+            total = total + weight * torch.where(count > 0, value / count.clamp(min=1), torch.zeros_like(value))
+        return total
 
     def predict_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> dict[str, torch.Tensor]:
         """Tiled prediction of whole patches.

@@ -73,14 +73,15 @@ def test_karp_flatt_from_measured_cpu_ddp_runs(tmp_path, record_property):
     one = run_probe(1, tmp_path / "ddp1.json", **options)
     two = run_probe(2, tmp_path / "ddp2.json", **options)
     assert (one["world_size"], two["world_size"]) == (1, 2)
-    assert one["evidence"] == two["evidence"] == "measured-run"
+    assert one["evidence"] == two["evidence"] == "measured-microbenchmark"  # compute-only, synthetic batches
     assert (one["local_batch"], two["local_batch"]) == (4, 2)
     assert len(two["per_rank"]) == 2 and all(len(r["step_times_s"]) == 6 for r in two["per_rank"])
     r = speedup_and_karp_flatt(one["median_step_s"], two["median_step_s"], 2)
     assert r["karp_flatt"] == pytest.approx(karp_flatt(r["speedup"], 2))
     line = (
-        f"Karp-Flatt [measured-run; CPU, gloo, {os.cpu_count()} cores, 1 torch thread per process, load average "
-        f"{two['host']['load_average_1m']:.1f}]: global batch 4, median step T1 = {one['median_step_s'] * 1e3:.1f} ms "
+        f"Karp-Flatt [measured-microbenchmark; CPU, gloo, {os.cpu_count()} cores, 1 torch thread per process, "
+        f"load average {two['host']['load_average_1m']:.1f}]: global batch 4, "
+        f"median step T1 = {one['median_step_s'] * 1e3:.1f} ms "
         f"(1 process), T2 = {two['median_step_s'] * 1e3:.1f} ms (2 processes, slowest rank {two['slowest_rank']}); "
         f"speed-up S = {r['speedup']:.2f}, efficiency {100 * r['efficiency']:.1f} %, "
         f"serial fraction e = {r['karp_flatt']:.3f}"
