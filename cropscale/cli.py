@@ -176,8 +176,8 @@ def report_command(trainer: Trainer) -> str:
     return command
 
 
-def end_of_fit(trainer: Trainer) -> tuple[str, str | None]:
-    """The end-of-fit summary and, for a run that diverged, the one-line error.
+def end_of_fit(trainer: Trainer, folder: str | None) -> tuple[str, str | None]:
+    """The end-of-fit summary of the run folder ``folder`` and, for a run that diverged, the one-line error.
 
     The verdict is the divergence rule's on the run folder's logged loss, or a
     :class:`~cropscale.callbacks.DivergenceCallback`'s where the run left no folder to read.
@@ -187,7 +187,6 @@ def end_of_fit(trainer: Trainer) -> tuple[str, str | None]:
     """
     watcher = next((cb for cb in trainer.callbacks if isinstance(cb, DivergenceCallback)), None)
     stopped = watcher.stopped_at_step if watcher is not None else None
-    folder = trainer.log_dir or trainer.default_root_dir
     if folder and is_run_folder(Path(folder)):
         record = load_run(folder)
         text = fit_summary(record, report_command(trainer), stopped)
@@ -231,9 +230,10 @@ class CropScaleCLI(LightningCLI):
 
     def after_fit(self) -> None:
         """Print the end-of-fit summary on global rank 0 (:func:`end_of_fit`); a divergence goes to ``fit_error``."""
+        folder = self.trainer.log_dir or self.trainer.default_root_dir  # a collective under DDP: every rank
         if not self.trainer.is_global_zero:
             return
-        text, self.fit_error = end_of_fit(self.trainer)
+        text, self.fit_error = end_of_fit(self.trainer, folder)
         print("\n" + text, flush=True)
 
 

@@ -197,6 +197,8 @@ def test_fit_ddp_two_cpu_processes(tmp_path, flanders_root):
     run_dir = next((tmp_path / "runs" / "default").glob("version_*"))
     assert "val/mIoU" in scalar_tags(run_dir)
     assert "global batch 4 = local 2 x world size 2" in res.stdout + res.stderr
+    assert res.stdout.count("cropscale fit summary") == 1  # rank 0 only (rank 1 shares the pipe)
+    assert "FP32 on 2 device(s) (ddp)" in summary_lines(res.stdout)["ran"]
 
 
 def test_checkpoint_is_checked_before_lightning_opens_it(tmp_path):
