@@ -54,8 +54,7 @@ def step_line(record: RunRecord) -> str:
     parts = [f"{WINDOW_NAMES.get(w, w)} {100 * record.step_shares[w]:.0f} %" for w in STEP_WINDOWS
              if w in record.step_shares]
     total = 100 * sum(record.step_shares.values())
-    return (", ".join(parts) + f" of the median step (per-window medians; together {total:.0f} %,"
-            " as medians do not add up exactly)")
+    return ", ".join(parts) + f" of the median step (window medians; sum {total:.0f} %)"
 
 
 def divergence_line(record: RunRecord, stopped_at_step: int | None = None) -> str | None:
@@ -93,7 +92,7 @@ def fit_summary(record: RunRecord, report_command: str, stopped_at_step: int | N
     lines += [
         f"quality     {quality}",
         f"speed       {_num(f['samples_per_s'], ',.2f', 'training samples/s')};"
-        f" median step {_num(f['median_step_ms'], ',.0f', 'ms')}",
+        f" median step {_num(f['median_step_ms'], ',.0f', 'ms')}{_over(record)}",
         f"step        {step_line(record)}",
         f"memory      peak {_num(f['peak_memory_gib'], '.2f', 'GiB')}"
         + (f" ({f['peak_memory_gib'].note})" if f["peak_memory_gib"].value is not None else ""),
@@ -104,6 +103,13 @@ def fit_summary(record: RunRecord, report_command: str, stopped_at_step: int | N
         f"report      {report_command}",
     ]
     return "\n".join(lines)
+
+
+def _over(record: RunRecord) -> str:
+    """`` (median over the measured epochs)`` where the step figure is one (several epochs measured)."""
+    several = len(record.epoch_seconds.get("train_s", [])) > 1
+    shown = several and record.figures["median_step_ms"].value is not None
+    return " (median over the measured epochs)" if shown else ""
 
 
 def _loss_end(record: RunRecord) -> str:

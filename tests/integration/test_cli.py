@@ -118,7 +118,7 @@ def test_fit_end_to_end_on_real_sample(tmp_path, flanders_root):
     names = ("data wait", "transfer", "forward", "backward", "optimizer", "remainder")
     expected = ", ".join(f"{name} {share:.0f} %" for name, share in zip(names, shares.values(), strict=True))
     assert lines["step"].startswith(expected + " of the median step")
-    assert f"together {sum(shares.values()):.0f} %" in lines["step"]
+    assert lines["step"].endswith(f"(window medians; sum {sum(shares.values()):.0f} %)")
     assert lines["memory"].startswith(f"peak {s['memory']['host_peak_rss_gib']:.2f} GiB (host RSS")
     assert s["energy"]["available"] is False and s["energy"]["reason"] in lines["energy"]
     assert lines["numerics"] == ("0 non-finite batch(es), 0 skipped step(s); the last logged training loss is finite")
