@@ -122,7 +122,9 @@ def scaling_rows(series: Sequence[DeviceSeries]) -> list[TableRow]:
                 values={"series": s.label, "devices": p.devices, "runs": len(p.runs)},
                 figures={"samples_per_s": Figure(p.samples_per_s, note=f"median of {', '.join(p.runs)}"),
                          "speedup": Figure(p.speedup, note=base), "efficiency": Figure(p.efficiency, note=base),
-                         "karp_flatt": Figure(p.karp_flatt, why="undefined on 1 device")},
+                         "karp_flatt": Figure(p.karp_flatt, why="undefined on 1 device", note=(
+                             "negative: a super-linear speed-up (caches, or runs that met different load on"
+                             " a shared machine)" if p.karp_flatt is not None and p.karp_flatt < 0 else None))},
                 evidence=MEASURED_RUN))
     return rows
 

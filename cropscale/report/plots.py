@@ -68,7 +68,8 @@ def plot_by_precision_and_batch(records: Sequence[RunRecord], key: str, ylabel: 
         ax.minorticks_off()
         ax.set_xlabel("global batch (samples per optimiser step, log2 axis)")
         ax.set_ylabel(ylabel)
-        ax.set_ylim(bottom=0)
+        top = max(y for points in series.values() for _, y in points)
+        ax.set_ylim(0, top * 1.3 if top > 0 else 1.0)  # room above the highest point for the legend
         ax.legend(fontsize=8)
         ax.grid(alpha=0.3)
     else:
@@ -89,7 +90,7 @@ def plot_device_scaling(series: Sequence[DeviceSeries], path: str | Path) -> Pat
     largest count measured. Dotted: ideal scaling.
     """
     plt = pyplot()
-    fig, (ax_s, ax_e) = plt.subplots(1, 2, figsize=(11, 4.5))
+    fig, (ax_s, ax_e) = plt.subplots(1, 2, figsize=(12, 4.8))
     if series:
         top = max(8, *(p.devices for s in series for p in s.points))
         grid = [1 + i * (top - 1) / 100 for i in range(101)]
@@ -104,8 +105,10 @@ def plot_device_scaling(series: Sequence[DeviceSeries], path: str | Path) -> Pat
             if s.serial_fraction is not None:
                 frac = min(1.0, max(0.0, s.serial_fraction))
                 curve = [amdahl_speedup(n, frac) for n in grid]
-                ax_s.plot(grid, curve, "--", color=color,
-                          label=f"Amdahl, fitted s = {s.serial_fraction:.2f} [{ANALYTICAL_SCENARIO}]")
+                fit = s.serial_fraction
+                fitted = (f"fitted s = {frac:.2f}" if frac == fit else
+                          f"s = {frac:g} (fit {fit:.2f}: {'a slow-down' if fit > 1 else 'super-linear'})")
+                ax_s.plot(grid, curve, "--", color=color, label=f"Amdahl, {fitted} [{ANALYTICAL_SCENARIO}]")
                 ax_e.plot(grid, [c / n for c, n in zip(curve, grid, strict=True)], "--", color=color)
         for ax in (ax_s, ax_e):
             ax.set_xlabel("devices (processes / GPUs)")
@@ -118,7 +121,7 @@ def plot_device_scaling(series: Sequence[DeviceSeries], path: str | Path) -> Pat
     else:
         for ax in (ax_s, ax_e):
             no_data(ax, "no configuration ran on 1 device and on more devices among the inputs")
-    ax_s.set_title(f"Speed-up vs devices [{MEASURED_RUN}; curves {ANALYTICAL_SCENARIO}]", fontsize=11)
-    ax_e.set_title(f"Efficiency vs devices [{MEASURED_RUN}; curves {ANALYTICAL_SCENARIO}]", fontsize=11)
+    ax_s.set_title(f"Speed-up vs devices [{MEASURED_RUN}; curves {ANALYTICAL_SCENARIO}]", fontsize=10)
+    ax_e.set_title(f"Efficiency vs devices [{MEASURED_RUN}; curves {ANALYTICAL_SCENARIO}]", fontsize=10)
     fig.tight_layout()
     return save(fig, path)

@@ -33,8 +33,10 @@ DEVICE_KNOBS = (
     "trainer.devices", "trainer.num_nodes", "trainer.strategy", "trainer.accumulate_grad_batches",
     "data.batch_size", "model.lr", "seed_everything", "trainer.logger", "trainer.default_root_dir",
     "trainer.enable_progress_bar", "trainer.enable_model_summary", "ckpt_path", "config", "trainer.precision",
+    "trainer.accelerator",
 )
-"""Configuration keys that may differ within a device series (the precision is keyed from the run itself)."""
+"""Configuration keys that may differ within a device series (precision and accelerator are keyed from what
+``run.json`` recorded: ``auto`` and ``cpu`` are the same accelerator on a machine without a GPU)."""
 
 
 @dataclass
@@ -77,14 +79,17 @@ def _flatten(obj: object, prefix: str = "") -> dict[str, object]:
 
 
 def series_key(record: RunRecord) -> str | None:
-    """What the runs of a device series share: the configuration without :data:`DEVICE_KNOBS`, and the precision.
+    """What the runs of a device series share: the configuration without :data:`DEVICE_KNOBS`, precision, accelerator.
 
     None for a record without configuration or without a device count (benchmark rows included).
     """
     if record.kind != "run" or not record.config or record.devices is None:
         return None
     flat = {k: v for k, v in _flatten(record.config).items() if not k.startswith(DEVICE_KNOBS)}
-    return json.dumps({"precision": record.precision, "config": flat}, sort_keys=True, default=str)
+    ran_on = (record.run_json.distributed.get("accelerator") if record.run_json is not None else None) \
+        or (record.config.get("trainer") or {}).get("accelerator")
+    return json.dumps({"precision": record.precision, "accelerator": ran_on, "config": flat}, sort_keys=True,
+                      default=str)
 
 
 def _local_batch(record: RunRecord) -> int | None:
