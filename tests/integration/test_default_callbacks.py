@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
@@ -21,7 +22,7 @@ from cropscale.callbacks import (
     StepTimingCallback,
     ThroughputCallback,
 )
-from cropscale.cli import DEFAULT_CONFIG, CropScaleCLI, merge_callbacks
+from cropscale.cli import DEFAULT_CONFIG, CropScaleCLI, merge_callbacks, report_command
 from cropscale.data.datamodule import PastisHDDataModule
 from cropscale.model.task import CropMappingTask
 
@@ -97,3 +98,13 @@ def test_merge_callbacks_on_plain_entries():
         "cropscale.callbacks.MemoryCallback is already in the CallbackGroup: its later settings replace the group"
         " member's",
     ]
+
+
+def test_report_command_names_make_report_beside_the_makefile(tmp_path, monkeypatch):
+    trainer = SimpleNamespace(logger=SimpleNamespace(save_dir=str(tmp_path / "runs")), default_root_dir=None)
+    monkeypatch.chdir(tmp_path)
+    assert report_command(trainer) == "python -m cropscale report runs --out reports"
+    (tmp_path / "Makefile").write_text("report:\n")
+    assert report_command(trainer) == "make report   (= python -m cropscale report runs --out reports)"
+    other = SimpleNamespace(logger=SimpleNamespace(save_dir=str(tmp_path / "elsewhere")), default_root_dir=None)
+    assert report_command(other) == "python -m cropscale report elsewhere --out reports"
