@@ -10,7 +10,7 @@ SHARED_DATA ?= ../shared/data
 SAMPLES := worldcereal-flanders pastis-r-mini vhr-samples
 ARGS ?=
 
-.PHONY: install data fit test test-slow test-perf test-all lint tensorboard gpu-check bench study-cpu study-batch-cpu clean
+.PHONY: install data fit report test test-slow test-perf test-all lint tensorboard gpu-check bench study-cpu study-batch-cpu clean
 
 install: $(VENV)/.installed
 
@@ -35,6 +35,11 @@ data:
 
 fit: install data
 	$(PY) -m cropscale fit $(ARGS)
+
+# The quality-and-speed report of every run under runs/ (Markdown, CSV, PNG) into reports/.
+report: install
+	@test -d runs || { echo "make report: no runs/ folder here yet: run make fit first"; exit 2; }
+	$(PY) -m cropscale report runs --out reports $(ARGS)
 
 test: install data lint
 	$(PY) -m pytest -q $(ARGS)

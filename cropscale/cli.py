@@ -9,6 +9,10 @@ first, so ``python -m cropscale fit`` with no other argument trains on the bundl
 LightningCLI. Lightning's DDP launcher re-executes ``python -m cropscale ...`` on each rank, which
 lands here again with the same arguments.
 
+After ``fit``, global rank 0 prints the end-of-fit summary (:func:`cropscale.runs.summary.fit_summary`
+of the run folder, the same rules as the report). A run that diverged (:func:`cropscale.runs.rules.divergence`)
+ends with ``cropscale: error: training diverged ...`` and exit status 1.
+
 The other subcommands are plain functions ``main(argv) -> int`` listed in :data:`EXTRA_COMMANDS`.
 
 User errors (:class:`cropscale.CropScaleError`, Lightning's ``MisconfigurationException``) are
@@ -30,14 +34,20 @@ import re
 import sys
 import typing
 from pathlib import Path
+from typing import Any
 
+from lightning.pytorch import Trainer
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+from lightning.pytorch.utilities import rank_zero_info
 from typing_extensions import override
 
+from cropscale.callbacks.divergence import DivergenceCallback
 from cropscale.data.datamodule import PastisHDDataModule
 from cropscale.distributed import finish_distributed
 from cropscale.errors import CropScaleError
 from cropscale.model.task import CropMappingTask
+from cropscale.runs.record import is_run_folder, load_run
+from cropscale.runs.summary import fit_summary
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_CONFIG = REPO_ROOT / "configs" / "default.yaml"
@@ -119,14 +129,118 @@ def integers_stay_integers(parser: LightningArgumentParser, prefix: str = "train
             action._typehint = functools.reduce(operator.or_, ordered)  # int | float | None, not cached
             changed.append(action.dest)
     return changed
+GROUP_CLASS = "cropscale.callbacks.CallbackGroup"
+PROVENANCE_CLASS = "cropscale.callbacks.ProvenanceCallback"
+
+
+def _class_path(entry: Any) -> str | None:
+    value = entry.get("class_path") if isinstance(entry, dict) else getattr(entry, "class_path", None)
+    return value.replace("cropscale.callbacks.group.", "cropscale.callbacks.") if isinstance(value, str) else value
+
+
+def _members(group: Any) -> list[Any]:
+    args = group.get("init_args") if isinstance(group, dict) else getattr(group, "init_args", None)
+    members = args.get("callbacks") if isinstance(args, dict) else getattr(args, "callbacks", None)
+    return members if isinstance(members, list) else []
+
+
+def _merge_member(members: list[Any], entry: Any) -> str:
+    """Put ``entry`` into a group's ``members``: over the member of its class, else before provenance."""
+    path = _class_path(entry)
+    for i, member in enumerate(members):
+        if _class_path(member) == path:
+            if member == entry:
+                return "kept once"
+            members[i] = entry
+            return "its later settings replace the group member's"
+    last = len(members)
+    if members and _class_path(members[-1]) == PROVENANCE_CLASS:
+        last -= 1  # ProvenanceCallback stays last: run.json holds every other member's summary
+    members.insert(last, entry)
+    return "added to the group"
+
+
+def merge_callbacks(entries: list[Any]) -> tuple[list[Any], list[str]]:
+    """The ``trainer.callbacks`` entries of the parsed configuration with repeats merged.
+
+    ``configs/default.yaml`` already holds the scaling callbacks' :class:`~cropscale.callbacks.CallbackGroup`,
+    so a later ``--config callbacks/scaling.yaml`` or ``callbacks/<name>.yaml`` (they append) would run
+    a callback twice. Instead: an entry equal to an earlier one is dropped; a later group's members
+    and a later single entry of a class that a group already holds go into that group, replacing the
+    member of the same class (later files win, as for any option); other entries stay as they are.
+
+    Returns:
+        ``(entries, notes)``: the merged list (groups changed in place) and one note per merge.
+    """
+    out: list[Any] = []
+    notes: list[str] = []
+    for entry in entries:
+        path = _class_path(entry)
+        group = next((e for e in out if _class_path(e) == GROUP_CLASS), None)
+        if path is None:
+            out.append(entry)
+        elif any(entry == e for e in out):
+            notes.append(f"{path} is configured twice: kept once")
+        elif path == GROUP_CLASS and group is not None:
+            for member in _members(entry):
+                merged = _merge_member(_members(group), member)
+                notes.append(f"{_class_path(member)} of a later CallbackGroup: {merged}")
+        elif group is not None and any(_class_path(m) == path for m in _members(group)):
+            notes.append(f"{path} is already in the CallbackGroup: {_merge_member(_members(group), entry)}")
+        else:
+            out.append(entry)
+    return out, notes
+
+
+def report_command(trainer: Trainer) -> str:
+    """The command that turns the runs under the trainer's logger folder into a report.
+
+    ``make report`` where that folder is ``runs`` in the working directory beside the Makefile.
+    """
+    save_dir = getattr(trainer.logger, "save_dir", None) or trainer.default_root_dir
+    try:
+        shown = os.path.relpath(save_dir)
+    except ValueError:  # another drive (Windows)
+        shown = str(save_dir)
+    command = f"python -m cropscale report {shown} --out reports"
+    if shown == "runs" and Path("Makefile").is_file():
+        return f"make report   (= {command})"
+    return command
+
+
+def end_of_fit(trainer: Trainer, folder: str | None) -> tuple[str, str | None]:
+    """The end-of-fit summary of the run folder ``folder`` and, for a run that diverged, the one-line error.
+
+    The verdict is the divergence rule's on the run folder's logged loss, or a
+    :class:`~cropscale.callbacks.DivergenceCallback`'s where the run left no folder to read.
+
+    Returns:
+        ``(summary text, error or None)``.
+    """
+    watcher = next((cb for cb in trainer.callbacks if isinstance(cb, DivergenceCallback)), None)
+    stopped = watcher.stopped_at_step if watcher is not None else None
+    if folder and is_run_folder(Path(folder)):
+        record = load_run(folder)
+        text = fit_summary(record, report_command(trainer), stopped)
+        verdict = record.divergence
+    else:
+        text = f"cropscale fit summary: no run folder to read ({folder} holds no run.json and no TensorBoard events)"
+        verdict = watcher.verdict if watcher is not None else None
+    if verdict is None or not verdict.diverged:
+        return text, None
+    where = f"; stopped at step {stopped}" if stopped is not None else ""
+    return text, f"training diverged: {verdict.why}{where} (run folder {folder})"
 
 
 class CropScaleCLI(LightningCLI):
     """LightningCLI that links the data module's class count and names into the task and checks ``--ckpt_path``.
 
     The checkpoint path is checked before Lightning opens it (:func:`check_checkpoint`); the Trainer's
-    ``int | float`` options parse integers as integers (:func:`integers_stay_integers`).
+    ``int | float`` options parse integers as integers (:func:`integers_stay_integers`). After ``fit``,
+    global rank 0 prints the end-of-fit summary and keeps the divergence error in :attr:`fit_error`.
     """
+
+    fit_error: str | None = None
 
     @override
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
@@ -141,6 +255,20 @@ class CropScaleCLI(LightningCLI):
         sub = self.config.get("subcommand")
         if sub:
             check_checkpoint(self.config[sub].get("ckpt_path"))
+        trainer = (self.config[sub] if sub else self.config).get("trainer")
+        entries = trainer.get("callbacks") if trainer is not None else None
+        if isinstance(entries, list):
+            trainer["callbacks"], notes = merge_callbacks(entries)
+            for note in notes:
+                rank_zero_info(f"cropscale: trainer.callbacks: {note}")
+
+    def after_fit(self) -> None:
+        """Print the end-of-fit summary on global rank 0 (:func:`end_of_fit`); a divergence goes to ``fit_error``."""
+        folder = self.trainer.log_dir or self.trainer.default_root_dir  # a collective under DDP: every rank
+        if not self.trainer.is_global_zero:
+            return
+        text, self.fit_error = end_of_fit(self.trainer, folder)
+        print("\n" + text, flush=True)
 
 
 def _lightning_cli(args: list[str] | None) -> LightningCLI:
@@ -198,6 +326,9 @@ def main(argv: list[str] | None = None) -> None:
         if failed:
             ranks = ", ".join(f"local rank {r} exited with status {s}" for r, s in failed)
             print(f"cropscale: error: rank 0 finished but {ranks} (see that rank's output above)", file=sys.stderr)
+            sys.exit(1)
+        if getattr(cli, "fit_error", None):
+            print(f"cropscale: error: {cli.fit_error}", file=sys.stderr)
             sys.exit(1)
     except (CropScaleError, MisconfigurationException, ArgumentError) as err:
         if isinstance(err, ArgumentError):

@@ -17,12 +17,17 @@ class                          concern                           TensorBoard pre
 :class:`ProvenanceCallback`    ``run.json``                      —
 =============================  ================================  ===================
 
+:class:`DivergenceCallback` (not a scaling callback: it records nothing) stops a run whose last logged
+training losses are all non-finite (:func:`cropscale.runs.rules.divergence`); ``configs/default.yaml``
+has it.
+
 :data:`STEP_WINDOWS` names the disjoint windows of a step that :class:`StepTimingCallback` records
 (``data_wait, transfer, forward, backward, optimizer, remainder``; they add up to ``step``).
 """
 
 from cropscale.callbacks._windows import STEP_WINDOWS
 from cropscale.callbacks.base import ScalingCallback
+from cropscale.callbacks.divergence import DivergenceCallback
 from cropscale.callbacks.energy import EnergyCallback
 from cropscale.callbacks.grad_norm import GradNormCallback
 from cropscale.callbacks.group import CallbackGroup
@@ -36,6 +41,7 @@ from cropscale.callbacks.throughput import ThroughputCallback
 __all__ = [
     "STEP_WINDOWS",
     "CallbackGroup",
+    "DivergenceCallback",
     "EnergyCallback",
     "GradNormCallback",
     "LossScaleCallback",

@@ -58,6 +58,7 @@ class RunRecord:
         figures: column key -> :class:`~cropscale.runs.rules.Figure`.
         iou_by_epoch: ``[(epoch, best val/mIoU so far)]``.
         step_windows_ms, step_windows_source: the step decomposition (ms) and where it comes from.
+        step_shares: the step decomposition as fractions of the step (:func:`~cropscale.runs.rules.step_shares`).
         epoch_seconds: the measured epochs' ``train_s`` / ``val_s`` / ``wall_s`` lists.
         loader_wait_share, exposed_comm_share: fractions of the step (:func:`~cropscale.runs.rules.step_share`).
         updates_per_epoch: optimizer updates per epoch.
@@ -65,6 +66,8 @@ class RunRecord:
         pair_key: equal for two records that may form a precision pair.
         training_run, skip_reason: False and why for a folder that holds no training run.
         data_warnings: ``run.json["data_warnings"]``: what the data checks found (``[]`` without ``run.json``).
+        divergence: the verdict of :func:`~cropscale.runs.rules.divergence` on TensorBoard ``train/loss_step``
+            (None for a benchmark configuration).
         run_json, config: the parsed ``run.json`` and configuration.
     """
 
@@ -84,6 +87,7 @@ class RunRecord:
     iou_by_epoch: list[tuple[int, float]] = field(default_factory=list)
     step_windows_ms: dict[str, float] = field(default_factory=dict)
     step_windows_source: str | None = None
+    step_shares: dict[str, float] = field(default_factory=dict)
     epoch_seconds: dict[str, list[float]] = field(default_factory=dict)
     loader_wait_share: float | None = None
     exposed_comm_share: float | None = None
@@ -93,6 +97,7 @@ class RunRecord:
     training_run: bool = True
     skip_reason: str | None = None
     data_warnings: list[str] = field(default_factory=list)
+    divergence: rules.Divergence | None = None
     run_json: RunJson | None = field(default=None, repr=False)
     config: dict[str, Any] | None = field(default=None, repr=False)
     scalar_tags: list[str] = field(default_factory=list, repr=False)
@@ -250,6 +255,11 @@ def _figures(summary: RunSummary, scalars: Scalars, warmup: int, no_json: str | 
     }
 
 
+def _loss_series(scalars: Scalars, tag: str = "train/loss_step") -> list[tuple[int, float]]:
+    """``[(step, loss)]`` of the logged training loss, in logging order."""
+    return [(int(step), float(value)) for step, value, _ in scalars.get(tag, [])]
+
+
 def _epochs_recorded(run_json: RunJson | None, scalars: Scalars) -> int:
     if run_json is not None and run_json.summary.throughput is not None:
         return len(run_json.summary.throughput.epochs)
@@ -351,12 +361,14 @@ def load_run(path: str | Path, warmup_epochs: int | None = None) -> RunRecord:
         precision=prec.value, precision_requested=prec.requested, precision_verified=prec.verified,
         strategy=strategy.value, devices=devices.value, global_batch=batch.value, descriptive=descriptive,
         figures=figures, iou_by_epoch=rules.quality(scalars).by_epoch, step_windows_ms=windows,
-        step_windows_source=source, epoch_seconds=rules.epoch_seconds(summary, warmup),
+        step_windows_source=source, step_shares=rules.step_shares(summary, STEP_WINDOWS, warmup),
+        epoch_seconds=rules.epoch_seconds(summary, warmup),
         loader_wait_share=rules.step_share(summary, "data_wait", warmup),
         exposed_comm_share=rules.step_share(summary, "comm_exposed", warmup),
         updates_per_epoch=rules.updates_per_epoch(run_json), warmup_epochs=warmup,
         pair_key=pair_key(config, {"strategy": strategy.value, "devices": devices.value, "global_batch": batch.value}),
-        training_run=training, skip_reason=skip_reason, run_json=run_json, config=config, scalar_tags=sorted(scalars),
+        training_run=training, skip_reason=skip_reason, divergence=rules.divergence(_loss_series(scalars)),
+        run_json=run_json, config=config, scalar_tags=sorted(scalars),
         data_warnings=list(run_json.data_warnings or []) if run_json is not None else [],
     )
 
