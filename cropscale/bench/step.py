@@ -83,6 +83,7 @@ from cropscale.env import peaks
 from cropscale.env.host import cpu_bf16_units, current_rss_bytes, environment_record, load_average
 from cropscale.errors import CropScaleError
 from cropscale.evidence import COUNT, MEASURED_MICROBENCHMARK
+from cropscale.files import atomic_write_text
 from cropscale.model.flops import flops_per_sample, flops_per_sample_by_class
 from cropscale.model.losses import MultiTaskLoss
 from cropscale.model.network import CropMappingNet
@@ -139,6 +140,8 @@ class BenchmarkConfig:
             (``status = "skipped"``).
         max_seconds: configurations not started within this many seconds of the first are not run
             (``status = "skipped"``); ``None``: no limit.
+        order: ``precision`` (precision outer, batch size inner) or ``batch`` (batch size outer: under a
+            time budget every precision gets its small batches first).
         lr, weight_decay: AdamW settings.
         seed: seed of model initialisation and synthetic batch (the same for every configuration).
         peak_tflops: override of the dense peak TFLOP/s used for MFU (all precisions).
@@ -161,6 +164,7 @@ class BenchmarkConfig:
     tf32: bool = False
     stop_at_oom: bool = False
     max_seconds: float | None = None
+    order: str = "precision"
     lr: float = 1e-3
     weight_decay: float = 0.01
     seed: int = 0
@@ -186,6 +190,8 @@ class BenchmarkConfig:
                 raise CropScaleError(f"--{name.replace('_', '-')} must be >= 1; got {getattr(self, name)}")
         if self.peak_tflops is not None and not self.peak_tflops > 0:
             raise CropScaleError(f"--peak-tflops must be > 0; got {self.peak_tflops}")
+        if self.order not in ("precision", "batch"):
+            raise CropScaleError(f"--order must be precision or batch; got {self.order!r}")
         if self.max_seconds is not None and not self.max_seconds > 0:
             raise CropScaleError(f"--max-seconds must be > 0; got {self.max_seconds}")
         if self.compile_mode not in COMPILE_MODES:
@@ -607,6 +613,7 @@ def run_benchmark(
     argv: list[str] | None = None,
     step_fn: Callable[..., tuple[torch.Tensor, torch.Tensor]] | None = None,
     progress: Progress | None = None,
+    on_row: Callable[[dict[str, Any]], None] | None = None,
 ) -> dict[str, Any]:
     """Run every configuration of ``config`` (precision outer, batch size inner) and return the JSON document.
 
@@ -624,7 +631,9 @@ def run_benchmark(
         ``final_loss``, ``tf32``, ``autocast_dtype``, ``grad_scaler``, ``evidence``.
 
     Progress (configuration i of n, steps, time left) and configurations known to be slow go to stderr
-    through ``progress`` (a new :class:`~cropscale.progress.Progress` when ``None``).
+    through ``progress`` (a new :class:`~cropscale.progress.Progress` when ``None``). ``on_row`` receives
+    the document of the rows so far after each configuration (``main`` writes ``--output`` with it, so
+    a run stopped by a time limit keeps what it measured).
 
     Raises:
         CropScaleError: a bad argument (see :meth:`BenchmarkConfig.validate`).
@@ -642,31 +651,37 @@ def run_benchmark(
     for line in slow_notes(config, device):
         progress.note(line)
     started = time.monotonic()
+    oom_at: dict[str, int] = {}
     try:
-        for precision in config.precisions:
-            oom_at: int | None = None
-            for batch_size in config.batch_sizes:
-                skip = _skip_reason(config, oom_at, int(batch_size), time.monotonic() - started)
-                if skip is not None:
-                    row = _empty_row(config, precision, int(batch_size), device)
-                    row.update(status="skipped", error=skip)
-                    progress.start(f"{row['precision_label']} batch {batch_size}")
-                    progress.finish()
-                    progress.note(f"{row['precision_label']} batch {batch_size}: {skip}")
-                    rows.append(row)
-                    continue
-                row = _one_row(config, precision, int(batch_size), device, flops, step_fn, by_class, progress)
+        for precision, batch_size in configurations(config):
+            skip = _skip_reason(config, oom_at.get(precision), batch_size, time.monotonic() - started)
+            if skip is not None:
+                row = _empty_row(config, precision, batch_size, device)
+                row.update(status="skipped", error=skip)
+                progress.start(f"{row['precision_label']} batch {batch_size}")
+                progress.finish()
+                progress.note(f"{row['precision_label']} batch {batch_size}: {skip}")
+            else:
+                row = _one_row(config, precision, batch_size, device, flops, step_fn, by_class, progress)
                 if flops is None:
                     row["mfu_reason"] = flops_reason
-                if row["status"] == "oom" and (oom_at is None or batch_size < oom_at):
-                    oom_at = int(batch_size)
-                rows.append(row)
+                if row["status"] == "oom" and batch_size < oom_at.get(precision, batch_size + 1):
+                    oom_at[precision] = batch_size
+            rows.append(row)
+            if on_row is not None:
+                on_row(_document(config, flops, by_class, flops_reason, environment, rows))
     finally:
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = previous_tf32
     environment["host"]["load_average_1_5_15_min_end"] = load_average()
+    return _document(config, flops, by_class, flops_reason, environment, rows)
+
+
+def _document(config: BenchmarkConfig, flops: dict[str, float] | None, by_class: dict[str, float],
+              flops_reason: str | None, environment: dict[str, Any], rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The JSON document of :func:`run_benchmark` for the rows measured so far."""
     settings = asdict(config)
     settings.update(
-        optimizer="AdamW",
+        optimizer="AdamW (fused)" if config.fused else "AdamW",
         loss="MultiTaskLoss (default weights)",
         clip_grad_norm=CLIP_NORM,
         timing="host perf_counter around each step; torch.cuda.synchronize() after every step on CUDA",
@@ -683,9 +698,16 @@ def run_benchmark(
         "flops_evidence": COUNT,
         "flops_reason": flops_reason,
         "environment": environment,
-        "results": rows,
+        "results": list(rows),
         "amp_vs_fp32": amp_ratios(rows),
     }
+
+
+def configurations(config: BenchmarkConfig) -> list[tuple[str, int]]:
+    """``(precision, batch size)`` pairs in run order: precision outer (``order="precision"``) or batch outer."""
+    if config.order == "batch":
+        return [(p, int(b)) for b in config.batch_sizes for p in config.precisions]
+    return [(p, int(b)) for p in config.precisions for b in config.batch_sizes]
 
 
 # ---------------------------------------------------------------------------------------- output
@@ -809,6 +831,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="TF32 on for matmul and cuDNN (32-true rows labelled TF32); default off: true FP32")
     p.add_argument("--stop-at-oom", action="store_true",
                    help="after an out-of-memory batch size, skip the larger ones of the same precision")
+    p.add_argument("--order", choices=("precision", "batch"), default="precision",
+                   help="run order: precision outer (default) or batch size outer")
     p.add_argument("--max-seconds", type=float, default=None,
                    help="do not start configurations after this many seconds (they are listed as not run)")
     p.add_argument("--num-classes", type=int, default=10, help="semantic classes C (default 10)")
@@ -864,19 +888,28 @@ def main(argv: list[str] | None = None) -> int:
         tf32=args.tf32,
         stop_at_oom=args.stop_at_oom,
         max_seconds=args.max_seconds,
+        order=args.order,
         lr=args.lr,
         weight_decay=args.weight_decay,
         seed=args.seed,
         peak_tflops=args.peak_tflops,
     )
-    doc = run_benchmark(config, argv=list(sys.argv[1:] if argv is None else argv))
-    if args.output:
-        out = Path(args.output)
+    out = Path(args.output) if args.output else None
+
+    def write(document: dict[str, Any]) -> None:
         try:
-            out.parent.mkdir(parents=True, exist_ok=True)
-            out.write_text(json.dumps(doc, indent=2, allow_nan=False) + "\n")
+            atomic_write_text(out, json.dumps(document, indent=2, allow_nan=False) + "\n")
         except OSError as err:
             raise CropScaleError(f"--output {out}: cannot write: {err}") from None
+
+    if out is not None:
+        try:
+            out.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            raise CropScaleError(f"--output {out}: cannot create its folder: {err}") from None
+    doc = run_benchmark(config, argv=list(sys.argv[1:] if argv is None else argv), on_row=write if out else None)
+    if out is not None:
+        write(doc)
     if args.details:
         print(format_details(doc))
         print()

@@ -382,3 +382,24 @@ def test_bf16_on_a_cpu_without_bf16_units_is_said_up_front(monkeypatch):
     assert any("bf16-mixed is known to be slow on this CPU" in n for n in notes)
     monkeypatch.setattr(bm, "cpu_bf16_units", lambda: True)
     assert not any("bf16-mixed" in n for n in bm.slow_notes(config, torch.device("cpu")))
+
+
+def test_batch_order_and_the_output_written_after_every_configuration(tmp_path, monkeypatch):
+    out = tmp_path / "b.json"
+    seen_rows = []
+    real = bm.run_configuration
+
+    def spy(config, precision, batch_size, *args, **kwargs):
+        if out.exists():  # the rows before this one are on disk already
+            seen_rows.append(len(json.loads(out.read_text())["results"]))
+        return real(config, precision, batch_size, *args, **kwargs)
+
+    monkeypatch.setattr(bm, "run_configuration", spy)
+    status = bm.main(["--precision", "32-true", "16-mixed", "--batch-sizes", "1", "2", "--order", "batch",
+                      "--t2", "2", "--t1", "1", "--crop-size", "8", "--warmup", "0", "--iterations", "1",
+                      "--device", "cpu", "--output", str(out)])
+    assert status == 0
+    doc = json.loads(out.read_text())
+    assert [(r["precision"], r["batch_size"]) for r in doc["results"]] == [
+        ("32-true", 1), ("16-mixed", 1), ("32-true", 2), ("16-mixed", 2)]
+    assert seen_rows == [1, 2, 3]
