@@ -125,6 +125,7 @@ if [ -n "$DATA" ] && [ -f "$DATA/metadata.geojson" ]; then
     run_step "fit, 2 epochs, bundled sample, all scaling callbacks, AMP BF16" "$(left 60)" "$OUT_DIR/fit.log" \
         "$PY" -m cropscale fit --trainer.accelerator=gpu --trainer.devices=1 --trainer.max_epochs=2 \
         --trainer.precision=bf16-mixed --data.root="$DATA" --data.num_workers=2 --data.pin_memory=true \
+        --data.persistent_workers=true \
         --trainer.logger.init_args.save_dir="$OUT_DIR/runs" --trainer.logger.init_args.name=gpu_check
     RUN_DIR="$(ls -d "$OUT_DIR"/runs/gpu_check/version_* 2>/dev/null | tail -n 1)"
 
