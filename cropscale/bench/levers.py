@@ -3,9 +3,11 @@
 ``python -m cropscale lever-bench [--precision 32-true] [--batch-size 2] [--device cpu]
 [--levers channels_last fused compile pinned] [--warmup 3] [--iterations 10]``
 
-One process, one seed, one batch size and precision; the eager compute-only step of
-:mod:`cropscale.bench.step` (``BenchmarkConfig`` with no lever) is measured first, then each lever on
-its own (:mod:`cropscale.model.speed`):
+One process, one seed, one batch size and precision. The compute-only step of
+:mod:`cropscale.bench.step` is built once per variant (eager, and each lever on its own,
+:mod:`cropscale.model.speed`), each variant is warmed up (compilation falls there), then the measured
+steps are **interleaved**: step i of every variant runs before step i + 1 of any, so that the load of
+other processes on a shared machine falls on every variant alike and the ratios stay meaningful:
 
 - ``channels_last``: the model in ``torch.channels_last`` (``--channels-last``);
 - ``fused``: fused AdamW (``--fused``);
@@ -32,7 +34,15 @@ from typing import Any
 
 import torch
 
-from cropscale.bench.step import PRECISIONS, BenchmarkConfig, resolve_device, run_configuration
+from cropscale.bench.step import (
+    AUTOCAST_DTYPE,
+    PRECISIONS,
+    BenchmarkConfig,
+    build_setup,
+    resolve_device,
+    set_tf32,
+    train_step,
+)
 from cropscale.env.host import environment_record
 from cropscale.errors import CropScaleError
 from cropscale.evidence import MEASURED_MICROBENCHMARK
@@ -87,45 +97,79 @@ def _skip_reason(lever: str, device: torch.device) -> str | None:
     return None
 
 
+def _timed_step(setup: Any, precision: str, device: torch.device) -> float:
+    """One training step of ``setup``, synchronised on CUDA; its duration in ms."""
+    t0 = time.perf_counter()
+    train_step(setup.step_model, setup.loss_fn, setup.optimizer, setup.scaler, setup.batch, device.type,
+               AUTOCAST_DTYPE[precision])
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return 1e3 * (time.perf_counter() - t0)
+
+
+def measure_interleaved(configs: dict[str, BenchmarkConfig], precision: str, batch_size: int, device: torch.device,
+                        progress: Progress | None = None) -> dict[str, dict[str, Any]]:
+    """Build every variant, warm each up, then run the measured steps round-robin; times in ms.
+
+    Returns:
+        per variant ``{"median_step_ms", "samples_per_s" (batch / median s), "warmup_s", "step_times_ms"}``.
+    """
+    first = next(iter(configs.values()))
+    set_tf32(first.tf32)
+    setups = {}
+    warm: dict[str, float] = {}
+    for name, config in configs.items():
+        if progress is not None:
+            progress.note(f"building and warming up {name} ({config.warmup} step(s))")
+        setups[name] = build_setup(config, precision, batch_size, device)
+        warm[name] = sum(_timed_step(setups[name], precision, device) for _ in range(config.warmup)) / 1e3
+    times: dict[str, list[float]] = {name: [] for name in configs}
+    for i in range(first.iterations):
+        for name, setup in setups.items():
+            times[name].append(_timed_step(setup, precision, device))
+        if progress is not None:
+            progress.step(i + 1)
+    out = {}
+    for name, t in times.items():
+        median = statistics.median(t)
+        out[name] = {"median_step_ms": median, "samples_per_s": batch_size / (median / 1e3), "warmup_s": warm[name],
+                     "step_times_ms": t}
+    return out
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    """Measure eager, then each lever; returns the figures (times in ms, throughput in samples/s)."""
+    """Measure eager and each lever, interleaved; returns the figures (times in ms, throughput in samples/s)."""
     device = resolve_device(args.device)
     base = BenchmarkConfig(precisions=[args.precision], batch_sizes=[args.batch_size], warmup=args.warmup,
                            iterations=args.iterations, device=args.device, t2=args.t2, t1=args.t1,
                            crop_size=args.crop_size, seed=args.seed)
     base.validate()
-    progress = Progress(1 + len(args.levers), "lever-bench")
-    steps = args.warmup + args.iterations
-    progress.start("eager", steps=steps)
-    eager = run_configuration(base, args.precision, args.batch_size, device, progress=progress)
-    progress.finish()
-    if eager["status"] != "ok":
-        raise CropScaleError(f"lever-bench: the eager step failed: {eager['status']}: {eager['error']}")
-    rows = [{"lever": "eager", "median_step_ms": eager["median_step_ms"], "samples_per_s": eager["samples_per_s"],
-             "ratio": 1.0, "status": "ok"}]
+    configs = {"eager": base}
+    rows = {"eager": {"lever": "eager", "status": "ok"}}
     for lever in args.levers:
-        progress.start(lever, steps=None if lever == "pinned" else steps)
         why = _skip_reason(lever, device)
         if why is not None:
-            rows.append({"lever": lever, "status": "unavailable", "reason": why})
+            rows[lever] = {"lever": lever, "status": "unavailable", "reason": why}
         elif lever == "pinned":
             batch = synthetic_batch(args.batch_size, t2=args.t2, t1=args.t1, height=args.crop_size,
                                     width=args.crop_size, seed=args.seed)
-            rows.append({"lever": lever, "status": "ok", **measure_transfer(batch, device, args.iterations)})
+            rows[lever] = {"lever": lever, "status": "ok", **measure_transfer(batch, device, args.iterations)}
         else:
-            r = run_configuration(_lever_config(base, lever, args.compile_mode), args.precision, args.batch_size,
-                                  device, progress=progress)
-            rows.append({"lever": lever, "status": r["status"], "median_step_ms": r["median_step_ms"],
-                         "samples_per_s": r["samples_per_s"], "reason": r["error"],
-                         "ratio": r["samples_per_s"] / eager["samples_per_s"] if r["status"] == "ok" else None,
-                         "warmup_s": sum(r["warmup_step_times_ms"]) / 1e3 if r["status"] == "ok" else None})
-        progress.finish()
+            configs[lever] = _lever_config(base, lever, args.compile_mode)
+            rows[lever] = {"lever": lever, "status": "ok"}
+    progress = Progress(1, "lever-bench")
+    progress.start(f"{', '.join(configs)} interleaved", steps=args.iterations)
+    figures = measure_interleaved(configs, args.precision, args.batch_size, device, progress)
+    progress.finish()
+    eager = figures["eager"]["samples_per_s"]
+    for name, fig in figures.items():
+        rows[name].update(fig, ratio=fig["samples_per_s"] / eager)
     return {"evidence": MEASURED_MICROBENCHMARK,
             "setup": {"precision": args.precision, "batch_size": args.batch_size, "device": str(device),
                       "t2": args.t2, "t1": args.t1, "crop_size": args.crop_size, "warmup": args.warmup,
                       "iterations": args.iterations, "seed": args.seed, "compile_mode": args.compile_mode,
-                      "torch_threads": torch.get_num_threads()},
-            "levers": rows}
+                      "torch_threads": torch.get_num_threads(), "order": "measured steps interleaved"},
+            "levers": [rows["eager"], *(rows[lv] for lv in args.levers)]}
 
 
 def format_result(result: dict[str, Any]) -> str:
@@ -133,7 +177,8 @@ def format_result(result: dict[str, Any]) -> str:
     s, ev = result["setup"], result["evidence"]
     lines = [f"lever-bench: {s['precision']}, batch {s['batch_size']}, {s['device']}, S2 [{s['t2']},10,"
              f"{s['crop_size']},{s['crop_size']}], seed {s['seed']}, {s['warmup']} warm-up + {s['iterations']} "
-             f"measured steps, {s['torch_threads']} torch thread(s); ratio = lever / eager samples/s",
+             f"measured steps interleaved across variants, {s['torch_threads']} torch thread(s); "
+             "ratio = lever / eager samples/s (median steps)",
              "| Lever | Median step | Samples/s | Ratio vs eager | Evidence |", "| --- | --- | --- | --- | --- |"]
     for r in result["levers"]:
         if r["status"] != "ok":

@@ -287,7 +287,8 @@ def _unsupported_reason(precision: str, device: torch.device) -> str | None:
     return None
 
 
-def _tf32_set(on: bool = False) -> dict[str, bool]:
+def set_tf32(on: bool = False) -> dict[str, bool]:
+    """Switch TF32 for matmul and cuDNN on or off; returns the switches as set ``{"matmul", "cudnn"}``."""
     torch.backends.cuda.matmul.allow_tf32 = bool(on)
     torch.backends.cudnn.allow_tf32 = bool(on)
     return {"matmul": bool(torch.backends.cuda.matmul.allow_tf32), "cudnn": bool(torch.backends.cudnn.allow_tf32)}
@@ -361,7 +362,7 @@ def _fresh_state(config: BenchmarkConfig, device: torch.device, row: dict[str, A
     Frees the previous configuration, switches TF32 off, resets the compile caches and the CUDA peak counters.
     """
     _free(device)
-    row["tf32"] = _tf32_set(config.tf32)
+    row["tf32"] = set_tf32(config.tf32)
     if config.compile:
         torch._dynamo.reset()
     if device.type == "cuda":
@@ -369,7 +370,7 @@ def _fresh_state(config: BenchmarkConfig, device: torch.device, row: dict[str, A
     return current_rss_bytes()
 
 
-def _build(config: BenchmarkConfig, precision: str, batch_size: int, device: torch.device) -> _Setup:
+def build_setup(config: BenchmarkConfig, precision: str, batch_size: int, device: torch.device) -> _Setup:
     """Model (seeded), loss, AdamW, scaler (enabled for ``16-mixed``) and the synthetic batch on ``device``."""
     torch.manual_seed(config.seed)
     model = CropMappingNet(num_classes=config.num_classes, **config.net_kwargs).to(device)
@@ -518,7 +519,7 @@ def run_configuration(
     peak_rss = _fresh_state(config, device, row)
     setup = None
     try:
-        setup = _build(config, precision, batch_size, device)
+        setup = build_setup(config, precision, batch_size, device)
         times, loss, peak_rss = _run_steps(setup, config, precision, device, step_fn or train_step, row, peak_rss,
                                            progress)
         _record_end_state(row, loss, setup.scaler, device, peak_rss)

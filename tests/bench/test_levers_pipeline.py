@@ -15,6 +15,14 @@ TINY = ["--t2", "2", "--t1", "1", "--crop-size", "8", "--warmup", "0", "--iterat
 
 def test_lever_bench_ratios_and_unavailable_levers(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(levers, "compile_unavailable_reason", lambda device_type: "no C++ compiler (test)")
+    order = []
+    real_step = levers.train_step
+
+    def recording_step(model, *args):
+        order.append(id(model))
+        return real_step(model, *args)
+
+    monkeypatch.setattr(levers, "train_step", recording_step)
     out = tmp_path / "levers.json"
     assert levers.main([*TINY, "--json", str(out)]) == 0
     doc = json.loads(out.read_text())
@@ -28,7 +36,10 @@ def test_lever_bench_ratios_and_unavailable_levers(tmp_path, capsys, monkeypatch
     assert "no host-to-device copy on a cpu run" in rows["pinned"]["reason"]
     captured = capsys.readouterr()
     assert f"| fused | {rows['fused']['median_step_ms']:.1f} ms |" in captured.out
-    assert MEASURED_MICROBENCHMARK in captured.out and "lever-bench: [1/5] eager" in captured.err
+    assert MEASURED_MICROBENCHMARK in captured.out
+    assert "lever-bench: [1/1] eager, channels_last, fused interleaved (2 steps)" in captured.err
+    # no warm-up here: the measured steps alternate eager, channels_last, fused, eager, channels_last, fused
+    assert len(order) == 6 and order[:3] == order[3:] and len(set(order)) == 3
 
 
 def test_pinned_transfer_needs_cuda():
