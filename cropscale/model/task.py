@@ -42,7 +42,7 @@ from cropscale.model.optim import (
     schedule_lambda,
     warmup_steps_of,
 )
-from cropscale.model.speed import choose_fused, compile_network
+from cropscale.model.speed import COMPILE_MODES, choose_fused, compile_network
 from cropscale.model.synthetic import synthetic_batch
 from cropscale.tiling import sliding_window_inference
 
@@ -130,6 +130,8 @@ class CropMappingTask(LightningModule):
                          reference_batch_size=reference_batch_size, val_window=val_window,
                          val_stride=val_stride, tile_batch_size=tile_batch_size)
         warmup_steps_of(warmup_steps, warmup_epochs, updates_per_epoch=1)  # both units at once: refused here
+        if compile_mode not in COMPILE_MODES:
+            raise CropScaleError(f"model.compile_mode must be one of {', '.join(COMPILE_MODES)}; got {compile_mode!r}")
         self.save_hyperparameters()
         self.net = CropMappingNet(num_classes=num_classes, **self._net_kwargs())
         self.loss_fn = MultiTaskLoss(

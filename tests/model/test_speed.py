@@ -124,3 +124,8 @@ def test_task_compile_error_names_the_option(flanders_root, tmp_path, monkeypatc
     monkeypatch.setattr(speed, "compile_unavailable_reason", lambda device_type: "no C++ compiler (test)")
     with pytest.raises(CropScaleError, match="model.compile=true: torch.compile is unavailable on cpu"):
         _fit_one_step(flanders_root, tmp_path, compile=True)
+
+
+def test_task_refuses_an_unknown_compile_mode_at_construction():
+    with pytest.raises(CropScaleError, match="model.compile_mode must be one of default"):
+        CropMappingTask(net_kwargs=SMALL_NET, compile_mode="fastest")
