@@ -419,9 +419,9 @@ def _finite_flags(values: Sequence[torch.Tensor]) -> list[bool]:
     """Finiteness of each 0-d tensor in ``values`` (one stack, one device-to-host copy)."""
     if not values:
         return []
-    try:
-        stacked = torch.stack([v.reshape(()).float() for v in values])
-    except RuntimeError:  # on different devices
+    try:  # 0-d values on one device (the common case): one op, whatever their floating dtypes
+        stacked = torch.stack(list(values))
+    except RuntimeError:  # other shapes, or on different devices
         stacked = torch.stack([v.reshape(()).float().to(values[0].device) for v in values])
     finite = torch.isfinite(stacked)
     if bool(finite.all()):  # the common case: one read

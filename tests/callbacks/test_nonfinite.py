@@ -211,3 +211,15 @@ def test_input_check_is_one_value_per_tensor_and_finite_exactly_when_every_eleme
     finite = [bool(torch.isfinite(v)) for v in values]
     assert finite == [False, True, False, True, True]
     assert float(values[1]) == 5.0 and float(values[3]) == 3.0  # max |x|, by hand
+
+
+def test_finite_flags_of_mixed_dtypes_and_shapes():
+    from cropscale.callbacks.nonfinite import _finite_flags
+
+    nan, inf = float("nan"), float("inf")
+    same_shape = [torch.tensor(1.0), torch.tensor(nan, dtype=torch.float16), torch.tensor(2.0, dtype=torch.bfloat16),
+                  torch.tensor(inf)]
+    assert _finite_flags(same_shape) == [True, False, True, False]
+    other_shapes = [torch.tensor([1.0]), torch.tensor(nan)]  # a [1] loss beside a 0-d value: the per-value path
+    assert _finite_flags(other_shapes) == [True, False]
+    assert _finite_flags([torch.tensor(3.0)] * 5) == [True] * 5
