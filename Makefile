@@ -62,13 +62,23 @@ tensorboard: install
 gpu-check: install data
 	PYTHON=$(abspath $(PY)) bash scripts/gpu_check.sh
 
-# Figures for the closing notes (CPU; each prints its evidence label).
+# Figures for the closing notes (CPU; each prints its evidence label; progress on stderr).
 bench: install data
+	@echo "make bench: [1/8] summary" >&2
 	$(PY) -m cropscale summary
+	@echo "make bench: [2/8] benchmark (bf16 is slow on a CPU without bfloat16 units)" >&2
 	$(PY) -m cropscale benchmark --precision 32-true bf16-mixed --batch-sizes 1 4 --output reports/bench_cpu.json
+	@echo "make bench: [3/8] lever-bench" >&2
+	$(PY) -m cropscale lever-bench
+	@echo "make bench: [4/8] loader-bench" >&2
 	$(PY) -m cropscale loader-bench --workers 0 2 --model-steps 5
+	@echo "make bench: [5/8] pipeline-bench" >&2
+	$(PY) -m cropscale pipeline-bench --steps 10
+	@echo "make bench: [6/8] tiling-bench" >&2
 	$(PY) -m cropscale tiling-bench
+	@echo "make bench: [7/8] callback-bench" >&2
 	$(PY) -m cropscale callback-bench
+	@echo "make bench: [8/8] callback-bench --model network" >&2
 	$(PY) -m cropscale callback-bench --model network
 
 study-cpu: install data

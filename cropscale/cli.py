@@ -61,6 +61,8 @@ EXTRA_COMMANDS: dict[str, tuple[str, str]] = {
     "loader-bench": ("cropscale.bench.loader", "data-pipeline throughput (samples/s) by worker count"),
     "tiling-bench": ("cropscale.bench.tiling", "tiled validation time vs tiles x one-tile forward"),
     "callback-bench": ("cropscale.bench.callbacks", "per-step overhead of the scaling callbacks"),
+    "lever-bench": ("cropscale.bench.levers", "speed levers (compile, fused AdamW, channels_last, pinned) vs eager"),
+    "pipeline-bench": ("cropscale.bench.pipeline", "end-to-end / compute-only training samples/s (input pipeline)"),
 }
 
 

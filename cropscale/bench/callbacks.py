@@ -46,6 +46,7 @@ from lightning.pytorch.loggers import TensorBoardLogger
 from cropscale.callbacks import CallbackGroup, all_scaling_callbacks
 from cropscale.errors import CropScaleError
 from cropscale.evidence import MEASURED_MICROBENCHMARK
+from cropscale.progress import Progress
 from cropscale.testing.probe import ProbeTask, SyntheticSamples
 from cropscale.testing.toy import ToyTask, toy_batches
 
@@ -112,10 +113,13 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
     per_config: dict[str, list[float]] = {c: [] for c in configs}
     medians: dict[str, list[float]] = {c: [] for c in configs}
     load_before = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+    progress = Progress(args.repeats * len(configs), "callback-bench")
     with tempfile.TemporaryDirectory(prefix="cropscale-callback-bench-") as root:
-        for _ in range(args.repeats):
+        for r in range(args.repeats):
             for c in configs:
+                progress.start(f"repeat {r + 1}, callbacks {c}")
                 periods = _one_run(c, args, root)
+                progress.finish()
                 per_config[c].extend(periods)
                 medians[c].append(statistics.median(periods))
     result: dict[str, Any] = {
@@ -149,6 +153,7 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
     else:
         result["target_us"] = TARGET_US
         result["within_target"] = result["overhead_us"]["on"] <= TARGET_US
+    result["below_noise"] = result["overhead_us"]["on"] < 0  # a negative overhead is noise, not a result
     return result
 
 
@@ -185,11 +190,22 @@ def _print(result: dict[str, Any]) -> None:
     paired = result["overhead_us_paired_median"]
     print("  overhead, median of the per-repeat differences (µs): "
           + ", ".join(f"{c} {v:+.1f}" for c, v in paired.items()))
-    verdict = "within" if result["within_target"] else "ABOVE"
-    target = f"{100 * TARGET_RATIO:.0f} %" if "target_ratio" in result else f"{TARGET_US:.0f} µs"
     print(f"overhead of the grouped callbacks: {result['overhead_us']['on']:+.1f} µs/step "
-          f"({100 * result['overhead_ratio']['on']:+.1f} %), {verdict} the {target} target "
-          f"[{result['evidence']}]")
+          f"({100 * result['overhead_ratio']['on']:+.1f} %), {verdict(result)} [{result['evidence']}]")
+
+
+def verdict(result: dict[str, Any]) -> str:
+    """What the grouped callbacks' overhead says against the target.
+
+    A negative overhead (the run with callbacks was faster) is noise, not a result: it reads "below the
+    noise of this machine", never a pass or fail.
+    """
+    over = result["overhead_us"]["on"]
+    target = f"{100 * TARGET_RATIO:.0f} %" if "target_ratio" in result else f"{TARGET_US:.0f} µs"
+    if over < 0:
+        return (f"below the noise of this machine (the run with the callbacks was the faster one; "
+                f"target {target}: repeat the command, or use --clock cpu)")
+    return f"{'within' if result['within_target'] else 'ABOVE'} the {target} target"
 
 
 def main(argv: list[str] | None = None) -> int:

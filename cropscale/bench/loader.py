@@ -35,6 +35,7 @@ from cropscale.errors import CropScaleError
 from cropscale.evidence import MEASURED_MICROBENCHMARK
 from cropscale.model.losses import MultiTaskLoss
 from cropscale.model.network import CropMappingNet
+from cropscale.progress import Progress
 
 _REPO = Path(__file__).resolve().parents[2]
 _DEFAULT_ROOTS = (Path("data/worldcereal-flanders"), _REPO.parent / "shared" / "data" / "worldcereal-flanders")
@@ -69,7 +70,7 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def measure_loader(dm, batches: int, warmup: int, keep: bool = False) -> dict:
+def measure_loader(dm, batches: int, warmup: int, keep: bool = False, progress: Progress | None = None) -> dict:
     """Iterate ``dm.train_dataloader()``: first batch, ``warmup`` skipped, ``batches`` timed.
 
     Returns ``{"first_batch_s", "samples_per_s", "median_batch_ms", "samples", "elapsed_s"}`` and,
@@ -87,8 +88,10 @@ def measure_loader(dm, batches: int, warmup: int, keep: bool = False) -> dict:
     it = iter(loader)
     next(it)
     first = time.perf_counter() - t0
-    for _ in range(warmup):
+    for i in range(warmup):
         next(it)
+        if progress is not None:
+            progress.step(2 + i)
     kept, times, samples = [], [], 0
     start = time.perf_counter()
     last = start
@@ -100,6 +103,8 @@ def measure_loader(dm, batches: int, warmup: int, keep: bool = False) -> dict:
         samples += int(batch["s2"].shape[0])
         if keep:
             kept.append(batch)
+        if progress is not None:
+            progress.step(1 + warmup + len(times))
     elapsed = last - start
     del it
     out = {"first_batch_s": first, "samples_per_s": samples / elapsed,
@@ -109,7 +114,8 @@ def measure_loader(dm, batches: int, warmup: int, keep: bool = False) -> dict:
     return out
 
 
-def measure_model(batches: list[dict], num_classes: int, ignore_index: int | None, device: str, steps: int) -> dict:
+def measure_model(batches: list[dict], num_classes: int, ignore_index: int | None, device: str, steps: int,
+                  progress: Progress | None = None) -> dict:
     """Time ``steps`` training steps of ``CropMappingNet`` on ``batches`` (cycled), moved to ``device`` beforehand.
 
     Each step is forward, loss, backward, gradient clipping to 1.0 and AdamW. One untimed warm-up step runs
@@ -144,6 +150,8 @@ def measure_model(batches: list[dict], num_classes: int, ignore_index: int | Non
         sync()
         times.append(time.perf_counter() - t0)
         samples += int(batch["s2"].shape[0])
+        if progress is not None:
+            progress.step(2 + i)
     return {"samples_per_s": samples / sum(times), "median_step_ms": 1e3 * statistics.median(times), "steps": steps,
             "batch_size": int(on_dev[0]["s2"].shape[0])}
 
@@ -172,12 +180,15 @@ def main(argv: list[str] | None = None) -> int:
           f"torch threads {torch.get_num_threads()}  [{MEASURED_MICROBENCHMARK}]")
     print(f"{'workers':>7}  {'first batch s':>13}  {'timed batches':>13}  {'samples/s':>9}  {'median ms/batch':>15}")
     rows, kept = [], None
+    progress = Progress(len(args.workers) + int(bool(args.model)), "loader-bench")
     for i, workers in enumerate(args.workers):
+        progress.start(f"{workers} worker(s)", steps=1 + args.warmup + args.batches)
         dm = datamodule(workers)
         dm.samples_per_patch = spp
         dm.stats = stats
         dm.setup("fit")
-        r = measure_loader(dm, args.batches, args.warmup, keep=(i == 0 and args.model))
+        r = measure_loader(dm, args.batches, args.warmup, keep=(i == 0 and args.model), progress=progress)
+        progress.finish()
         kept = r.pop("batches", kept)
         rows.append({"workers": workers, **r})
         print(f"{workers:>7}  {r['first_batch_s']:>13.3f}  {args.batches:>13}  {r['samples_per_s']:>9.1f}  "
@@ -186,7 +197,9 @@ def main(argv: list[str] | None = None) -> int:
               "crop_size": args.crop_size, "t2": args.t2, "t1": args.t1, "loader": rows, "model": None}
     if args.model:
         steps = args.model_steps or args.batches
-        m = measure_model(kept, probe.num_classes, args.ignore_index, args.device, steps)
+        progress.start(f"model training step on {args.device}", steps=steps + 1)
+        m = measure_model(kept, probe.num_classes, args.ignore_index, args.device, steps, progress=progress)
+        progress.finish()
         result["model"] = {"device": args.device, **m}
         print(f"model training step (forward + loss + backward + clip + AdamW) on {steps} of the same batches, "
               f"{args.device}: {m['samples_per_s']:.1f} samples/s, median {m['median_step_ms']:.1f} ms/step  "

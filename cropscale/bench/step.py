@@ -25,7 +25,14 @@ optimizer, scaler and batch, ``torch._dynamo.reset()`` under ``--compile``, and 
 memory counters reset and the cache emptied. TF32 is switched off for matmul and cuDNN for every
 row (``torch.backends.cuda.matmul.allow_tf32 = False``, ``torch.backends.cudnn.allow_tf32 = False``)
 so that the FP32 row is true FP32 on Ampere and later GPUs and the FP32 parts of the AMP rows
-match it; the previous settings are restored at the end.
+match it, unless ``--tf32`` switches it on for every row (the ``32-true`` rows are then labelled
+``TF32``); the previous settings are restored at the end.
+
+Speed levers: ``--compile`` (``--compile-mode``), ``--fused`` (fused AdamW), ``--channels-last``
+(:mod:`cropscale.model.speed`). ``--stop-at-oom`` skips the batch sizes above one that ran out of
+memory, ``--max-seconds`` the configurations not started within a time budget (``status =
+"skipped"``, printed as "not run"). Progress (configuration i of n, step, time left) and the
+configurations known to be slow on this device go to stderr; stdout keeps the results.
 
 Peak memory: on CUDA ``torch.cuda.max_memory_allocated`` (GiB = 2**30 bytes) over the configuration
 (model, optimizer state, batch, activations); on CPU the largest resident set size (RSS) of the
@@ -73,15 +80,18 @@ import torch
 
 from cropscale.batch import model_inputs
 from cropscale.env import peaks
-from cropscale.env.host import current_rss_bytes, environment_record, load_average
+from cropscale.env.host import cpu_bf16_units, current_rss_bytes, environment_record, load_average
 from cropscale.errors import CropScaleError
 from cropscale.evidence import COUNT, MEASURED_MICROBENCHMARK
+from cropscale.files import atomic_write_text
 from cropscale.model.flops import flops_per_sample, flops_per_sample_by_class
 from cropscale.model.losses import MultiTaskLoss
 from cropscale.model.network import CropMappingNet
+from cropscale.model.speed import COMPILE_MODES, compile_unavailable_reason, fused_devices
 from cropscale.model.synthetic import synthetic_batch
 from cropscale.numbers import percentile
 from cropscale.precision import LABELS as PRECISION_LABELS
+from cropscale.progress import Progress
 
 __all__ = [
     "AUTOCAST_DTYPE",
@@ -122,6 +132,16 @@ class BenchmarkConfig:
         channels_last: convert the model to ``torch.channels_last`` (4-D conv weights; the 5-D
             inputs keep their layout).
         compile: wrap the model in ``torch.compile`` (compilation falls in the warm-up steps).
+        compile_mode: ``torch.compile`` mode (:data:`cropscale.model.speed.COMPILE_MODES`).
+        fused: fused AdamW (``torch.optim.AdamW(fused=True)``).
+        tf32: TF32 on for matmul and cuDNN in every row (the ``32-true`` rows are then labelled ``TF32``);
+            off by default, so that ``32-true`` is true FP32.
+        stop_at_oom: after an out-of-memory batch size, the larger ones of the same precision are not run
+            (``status = "skipped"``).
+        max_seconds: configurations not started within this many seconds of the first are not run
+            (``status = "skipped"``); ``None``: no limit.
+        order: ``precision`` (precision outer, batch size inner) or ``batch`` (batch size outer: under a
+            time budget every precision gets its small batches first).
         lr, weight_decay: AdamW settings.
         seed: seed of model initialisation and synthetic batch (the same for every configuration).
         peak_tflops: override of the dense peak TFLOP/s used for MFU (all precisions).
@@ -139,6 +159,12 @@ class BenchmarkConfig:
     net_kwargs: dict[str, Any] = field(default_factory=dict)
     channels_last: bool = False
     compile: bool = False
+    compile_mode: str = "default"
+    fused: bool = False
+    tf32: bool = False
+    stop_at_oom: bool = False
+    max_seconds: float | None = None
+    order: str = "precision"
     lr: float = 1e-3
     weight_decay: float = 0.01
     seed: int = 0
@@ -164,7 +190,19 @@ class BenchmarkConfig:
                 raise CropScaleError(f"--{name.replace('_', '-')} must be >= 1; got {getattr(self, name)}")
         if self.peak_tflops is not None and not self.peak_tflops > 0:
             raise CropScaleError(f"--peak-tflops must be > 0; got {self.peak_tflops}")
-        resolve_device(self.device)
+        if self.order not in ("precision", "batch"):
+            raise CropScaleError(f"--order must be precision or batch; got {self.order!r}")
+        if self.max_seconds is not None and not self.max_seconds > 0:
+            raise CropScaleError(f"--max-seconds must be > 0; got {self.max_seconds}")
+        if self.compile_mode not in COMPILE_MODES:
+            raise CropScaleError(f"--compile-mode must be one of {', '.join(COMPILE_MODES)}; got {self.compile_mode!r}")
+        device = resolve_device(self.device)
+        if self.compile:
+            reason = compile_unavailable_reason(device.type)
+            if reason is not None:
+                raise CropScaleError(f"--compile: torch.compile is unavailable on {device.type}: {reason}")
+        if self.fused and device.type not in fused_devices():
+            raise CropScaleError(f"--fused: torch {torch.__version__} has no fused AdamW kernel for {device.type}")
 
 
 def resolve_device(name: str) -> torch.device:
@@ -249,9 +287,10 @@ def _unsupported_reason(precision: str, device: torch.device) -> str | None:
     return None
 
 
-def _tf32_off() -> dict[str, bool]:
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
+def set_tf32(on: bool = False) -> dict[str, bool]:
+    """Switch TF32 for matmul and cuDNN on or off; returns the switches as set ``{"matmul", "cudnn"}``."""
+    torch.backends.cuda.matmul.allow_tf32 = bool(on)
+    torch.backends.cudnn.allow_tf32 = bool(on)
     return {"matmul": bool(torch.backends.cuda.matmul.allow_tf32), "cudnn": bool(torch.backends.cudnn.allow_tf32)}
 
 
@@ -265,7 +304,7 @@ def _free(device: torch.device) -> None:
 def _empty_row(config: BenchmarkConfig, precision: str, batch_size: int, device: torch.device) -> dict[str, Any]:
     return {
         "precision": precision,
-        "precision_label": PRECISION_LABELS[precision],
+        "precision_label": row_label(precision, config.tf32),
         "batch_size": int(batch_size),
         "status": "ok",
         "error": None,
@@ -276,6 +315,8 @@ def _empty_row(config: BenchmarkConfig, precision: str, batch_size: int, device:
         "tf32": None,
         "channels_last": config.channels_last,
         "compile": config.compile,
+        "compile_mode": config.compile_mode if config.compile else None,
+        "fused": config.fused,
         "warmup": config.warmup,
         "iterations": config.iterations,
         "warmup_step_times_ms": [],
@@ -321,7 +362,7 @@ def _fresh_state(config: BenchmarkConfig, device: torch.device, row: dict[str, A
     Frees the previous configuration, switches TF32 off, resets the compile caches and the CUDA peak counters.
     """
     _free(device)
-    row["tf32"] = _tf32_off()
+    row["tf32"] = set_tf32(config.tf32)
     if config.compile:
         torch._dynamo.reset()
     if device.type == "cuda":
@@ -329,7 +370,7 @@ def _fresh_state(config: BenchmarkConfig, device: torch.device, row: dict[str, A
     return current_rss_bytes()
 
 
-def _build(config: BenchmarkConfig, precision: str, batch_size: int, device: torch.device) -> _Setup:
+def build_setup(config: BenchmarkConfig, precision: str, batch_size: int, device: torch.device) -> _Setup:
     """Model (seeded), loss, AdamW, scaler (enabled for ``16-mixed``) and the synthetic batch on ``device``."""
     torch.manual_seed(config.seed)
     model = CropMappingNet(num_classes=config.num_classes, **config.net_kwargs).to(device)
@@ -341,9 +382,10 @@ def _build(config: BenchmarkConfig, precision: str, batch_size: int, device: tor
     )
     return _Setup(
         model=model,
-        step_model=torch.compile(model) if config.compile else model,
+        step_model=torch.compile(model, mode=config.compile_mode) if config.compile else model,
         loss_fn=MultiTaskLoss().to(device),
-        optimizer=torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay),
+        optimizer=torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay,
+                                    **({"fused": True} if config.fused else {})),
         scaler=torch.amp.GradScaler(device.type, enabled=precision == "16-mixed"),
         batch=batch,
     )
@@ -351,7 +393,8 @@ def _build(config: BenchmarkConfig, precision: str, batch_size: int, device: tor
 
 def _run_steps(setup: _Setup, config: BenchmarkConfig, precision: str, device: torch.device,
                step_fn: Callable[..., tuple[torch.Tensor, torch.Tensor]], row: dict[str, Any],
-               peak_rss: int | None) -> tuple[list[float], torch.Tensor | None, int | None]:
+               peak_rss: int | None, progress: Progress | None = None,
+               ) -> tuple[list[float], torch.Tensor | None, int | None]:
     """Warm-up and measured steps; returns ``(step times in ms, last loss, host peak RSS in bytes)``.
 
     Fills ``loss_scale_initial``, ``nonfinite_warmup_steps`` and ``nonfinite_steps`` (a device
@@ -378,6 +421,8 @@ def _run_steps(setup: _Setup, config: BenchmarkConfig, precision: str, device: t
             rss = current_rss_bytes()
             if rss is not None and (peak_rss is None or rss > peak_rss):
                 peak_rss = rss
+        if progress is not None:
+            progress.step(i + 1)
     if config.warmup == 0:
         row["nonfinite_warmup_steps"] = 0
     row["nonfinite_steps"] = int(nonfinite.item())
@@ -456,6 +501,7 @@ def run_configuration(
     flops_per_sample: float | None = None,
     step_fn: Callable[..., tuple[torch.Tensor, torch.Tensor]] | None = None,
     flops_by_class: dict[str, float] | None = None,
+    progress: Progress | None = None,
 ) -> dict[str, Any]:
     """Measure one (precision, batch size) configuration in a fresh state; returns its result row.
 
@@ -473,8 +519,9 @@ def run_configuration(
     peak_rss = _fresh_state(config, device, row)
     setup = None
     try:
-        setup = _build(config, precision, batch_size, device)
-        times, loss, peak_rss = _run_steps(setup, config, precision, device, step_fn or train_step, row, peak_rss)
+        setup = build_setup(config, precision, batch_size, device)
+        times, loss, peak_rss = _run_steps(setup, config, precision, device, step_fn or train_step, row, peak_rss,
+                                           progress)
         _record_end_state(row, loss, setup.scaler, device, peak_rss)
     except torch.OutOfMemoryError as err:
         row.update(status="oom", error=f"out of memory at batch {batch_size}: {' '.join(str(err).split())[:400]}")
@@ -508,17 +555,73 @@ def _flops_by_class(config: BenchmarkConfig) -> dict[str, float]:
     return {k: float(v) for k, v in split.items()}
 
 
+def row_label(precision: str, tf32: bool = False) -> str:
+    """Display label of a benchmark row: the precision's (``FP32``, ``AMP FP16``, ...); ``TF32`` for 32-true + TF32."""
+    return "TF32" if tf32 and precision == "32-true" else PRECISION_LABELS[precision]
+
+
+def slow_notes(config: BenchmarkConfig, device: torch.device) -> list[str]:
+    """Configurations known to be slow on this device, said before they run (printed on stderr).
+
+    ``bf16-mixed`` on a CPU without bfloat16 units (:func:`cropscale.env.host.cpu_bf16_units`): autocast
+    converts around FP32 arithmetic there, and a step takes several times an FP32 one.
+    """
+    notes = []
+    if device.type == "cpu" and "bf16-mixed" in config.precisions and cpu_bf16_units() is False:
+        notes.append("bf16-mixed is known to be slow on this CPU: it has no bfloat16 units (no avx512_bf16 / "
+                     "amx_bf16 flag), so autocast converts around FP32 math; expect each bf16 step to take "
+                     "several times an FP32 step")
+    if device.type == "cpu" and "16-mixed" in config.precisions:
+        notes.append("16-mixed on a CPU: numerically meaningful, but its speed is not (no fast FP16 units)")
+    if config.compile:
+        notes.append(f"--compile: each configuration compiles during its {config.warmup} warm-up step(s) "
+                     "(the first one takes the longest)")
+    return notes
+
+
+def _skip_reason(config: BenchmarkConfig, oom_at: int | None, batch_size: int, elapsed_s: float) -> str | None:
+    """Why a configuration is not run (``--stop-at-oom``, ``--max-seconds``), or ``None``."""
+    if config.stop_at_oom and oom_at is not None and batch_size > oom_at:
+        return f"not run: batch {oom_at} already ran out of memory (--stop-at-oom)"
+    if config.max_seconds is not None and elapsed_s > config.max_seconds:
+        return f"not run: the --max-seconds {config.max_seconds:g} budget was spent ({elapsed_s:.0f} s)"
+    return None
+
+
+def _one_row(config: BenchmarkConfig, precision: str, batch_size: int, device: torch.device,
+             flops: dict[str, float] | None, step_fn: Callable[..., Any] | None,
+             by_class: dict[str, float], progress: Progress) -> dict[str, Any]:
+    """One configuration with its progress lines; an unexpected error becomes an ``error`` row."""
+    label = row_label(precision, config.tf32)
+    progress.start(f"{label} batch {batch_size}", steps=config.warmup + config.iterations)
+    try:
+        row = run_configuration(config, precision, batch_size, device, flops["total"] if flops else None,
+                                step_fn, by_class, progress)
+    except Exception as err:  # one broken configuration must not lose the others
+        row = _empty_row(config, precision, batch_size, device)
+        row.update(status="error", error=f"{type(err).__name__}: {' '.join(str(err).split())[:400]}")
+    took = progress.finish()
+    if row["status"] == "ok":
+        progress.note(f"{label} batch {batch_size}: {row['samples_per_s']:.1f} samples/s, median step "
+                      f"{row['median_step_ms']:.1f} ms ({took:.0f} s) [{MEASURED_MICROBENCHMARK}]")
+    else:
+        progress.note(f"{label} batch {batch_size}: {row['status']}: {row['error']}")
+    return row
+
+
 def run_benchmark(
     config: BenchmarkConfig,
     argv: list[str] | None = None,
     step_fn: Callable[..., tuple[torch.Tensor, torch.Tensor]] | None = None,
+    progress: Progress | None = None,
+    on_row: Callable[[dict[str, Any]], None] | None = None,
 ) -> dict[str, Any]:
     """Run every configuration of ``config`` (precision outer, batch size inner) and return the JSON document.
 
     Returns:
         ``{"schema", "evidence", "settings", "flops_per_sample", "flops_by_class", "flops_evidence" ("count"),
         "environment", "results", "amp_vs_fp32"}``; ``results`` has one row per configuration with
-        ``precision``, ``batch_size``, ``status`` (``ok | oom | unsupported | error``), ``error``,
+        ``precision``, ``batch_size``, ``status`` (``ok | oom | unsupported | error | skipped``), ``error``,
         ``step_times_ms`` (``iterations`` raw measured steps), ``warmup_step_times_ms``, ``median_step_ms``,
         ``p95_step_ms``, ``mean_step_ms``, ``min_step_ms``, ``max_step_ms``, ``samples_per_s`` (= batch / median s),
         ``peak_memory_gib`` and ``peak_memory_kind``, ``peak_reserved_gib`` (CUDA), ``flops_per_sample``,
@@ -527,6 +630,11 @@ def run_benchmark(
         ``loss_scale_final`` (16-mixed only), ``nonfinite_steps`` (measured steps with a non-finite loss
         or gradient norm; under 16-mixed exactly the steps the scaler skipped), ``nonfinite_warmup_steps``,
         ``final_loss``, ``tf32``, ``autocast_dtype``, ``grad_scaler``, ``evidence``.
+
+    Progress (configuration i of n, steps, time left) and configurations known to be slow go to stderr
+    through ``progress`` (a new :class:`~cropscale.progress.Progress` when ``None``). ``on_row`` receives
+    the document of the rows so far after each configuration (``main`` writes ``--output`` with it, so
+    a run stopped by a time limit keeps what it measured).
 
     Raises:
         CropScaleError: a bad argument (see :meth:`BenchmarkConfig.validate`).
@@ -540,30 +648,47 @@ def run_benchmark(
     by_class = _flops_by_class(config)
     environment = environment_record(Path(__file__), argv, device)
     rows: list[dict[str, Any]] = []
+    progress = progress or Progress(len(config.precisions) * len(config.batch_sizes), "benchmark")
+    for line in slow_notes(config, device):
+        progress.note(line)
+    started = time.monotonic()
+    oom_at: dict[str, int] = {}
     try:
-        for precision in config.precisions:
-            for batch_size in config.batch_sizes:
-                try:
-                    row = run_configuration(config, precision, int(batch_size), device,
-                                            flops["total"] if flops else None, step_fn, by_class)
-                except Exception as err:  # one broken configuration must not lose the others
-                    row = _empty_row(config, precision, int(batch_size), device)
-                    row.update(status="error", error=f"{type(err).__name__}: {' '.join(str(err).split())[:400]}")
+        for precision, batch_size in configurations(config):
+            skip = _skip_reason(config, oom_at.get(precision), batch_size, time.monotonic() - started)
+            if skip is not None:
+                row = _empty_row(config, precision, batch_size, device)
+                row.update(status="skipped", error=skip)
+                progress.start(f"{row['precision_label']} batch {batch_size}")
+                progress.finish()
+                progress.note(f"{row['precision_label']} batch {batch_size}: {skip}")
+            else:
+                row = _one_row(config, precision, batch_size, device, flops, step_fn, by_class, progress)
                 if flops is None:
                     row["mfu_reason"] = flops_reason
-                rows.append(row)
+                if row["status"] == "oom" and batch_size < oom_at.get(precision, batch_size + 1):
+                    oom_at[precision] = batch_size
+            rows.append(row)
+            if on_row is not None:
+                on_row(_document(config, flops, by_class, flops_reason, environment, rows))
     finally:
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = previous_tf32
     environment["host"]["load_average_1_5_15_min_end"] = load_average()
+    return _document(config, flops, by_class, flops_reason, environment, rows)
+
+
+def _document(config: BenchmarkConfig, flops: dict[str, float] | None, by_class: dict[str, float],
+              flops_reason: str | None, environment: dict[str, Any], rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The JSON document of :func:`run_benchmark` for the rows measured so far."""
     settings = asdict(config)
     settings.update(
-        optimizer="AdamW",
+        optimizer="AdamW (fused)" if config.fused else "AdamW",
         loss="MultiTaskLoss (default weights)",
         clip_grad_norm=CLIP_NORM,
         timing="host perf_counter around each step; torch.cuda.synchronize() after every step on CUDA",
         p95="numpy.percentile(q=95, linear interpolation)",
         samples_per_s="batch_size / (median_step_ms / 1000)",
-        tf32="off for matmul and cuDNN in every configuration",
+        tf32=f"{'on' if config.tf32 else 'off'} for matmul and cuDNN in every configuration",
     )
     return {
         "schema": SCHEMA,
@@ -574,9 +699,16 @@ def run_benchmark(
         "flops_evidence": COUNT,
         "flops_reason": flops_reason,
         "environment": environment,
-        "results": rows,
+        "results": list(rows),
         "amp_vs_fp32": amp_ratios(rows),
     }
+
+
+def configurations(config: BenchmarkConfig) -> list[tuple[str, int]]:
+    """``(precision, batch size)`` pairs in run order: precision outer (``order="precision"``) or batch outer."""
+    if config.order == "batch":
+        return [(p, int(b)) for b in config.batch_sizes for p in config.precisions]
+    return [(p, int(b)) for p in config.precisions for b in config.batch_sizes]
 
 
 # ---------------------------------------------------------------------------------------- output
@@ -611,7 +743,7 @@ def amp_ratios(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def _cell(row: dict[str, Any], key: str, fmt: str) -> str:
     if row["status"] != "ok":
-        return {"oom": "OOM", "unsupported": "unsupported", "error": "error"}[row["status"]]
+        return {"oom": "OOM", "unsupported": "unsupported", "error": "error", "skipped": "not run"}[row["status"]]
     value = row.get(key)
     return "n/a" if value is None else format(value, fmt)
 
@@ -653,10 +785,11 @@ def format_table(doc: dict[str, Any]) -> str:
     for r in rows:
         if r["status"] != "ok":
             lines.append(f"{r['precision_label']} batch {r['batch_size']}: {r['status']} — {r['error']}")
+    base = "TF32" if str(doc["settings"].get("tf32", "")).startswith("on") else "FP32"
     for a in doc["amp_vs_fp32"]:
         mem = (f", peak memory x{a['memory_ratio']:.2f}" if a["memory_ratio"] is not None else "")
         lines.append(
-            f"{PRECISION_LABELS[a['precision']]} vs FP32 at batch {a['batch_size']}: "
+            f"{PRECISION_LABELS[a['precision']]} vs {base} at batch {a['batch_size']}: "
             f"{a['speedup']:.2f}x samples/s ({a['throughput_gain_pct']:+.1f} %){mem} [{MEASURED_MICROBENCHMARK}]"
         )
     return "\n".join(lines)
@@ -692,6 +825,17 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default=None, help="cpu | cuda | cuda:i (default: cuda if available, else cpu)")
     p.add_argument("--channels-last", action="store_true", help="model in torch.channels_last memory format")
     p.add_argument("--compile", action="store_true", help="torch.compile the model (compiles during warm-up)")
+    p.add_argument("--compile-mode", default="default", choices=COMPILE_MODES,
+                   help="torch.compile mode with --compile (default: default)")
+    p.add_argument("--fused", action="store_true", help="fused AdamW (torch.optim.AdamW(fused=True))")
+    p.add_argument("--tf32", action="store_true",
+                   help="TF32 on for matmul and cuDNN (32-true rows labelled TF32); default off: true FP32")
+    p.add_argument("--stop-at-oom", action="store_true",
+                   help="after an out-of-memory batch size, skip the larger ones of the same precision")
+    p.add_argument("--order", choices=("precision", "batch"), default="precision",
+                   help="run order: precision outer (default) or batch size outer")
+    p.add_argument("--max-seconds", type=float, default=None,
+                   help="do not start configurations after this many seconds (they are listed as not run)")
     p.add_argument("--num-classes", type=int, default=10, help="semantic classes C (default 10)")
     p.add_argument("--t2", type=int, default=16, help="Sentinel-2 dates per sample (default 16)")
     p.add_argument("--t1", type=int, default=4, help="dates per Sentinel-1 orbit (default 4)")
@@ -740,19 +884,33 @@ def main(argv: list[str] | None = None) -> int:
         net_kwargs=net_kwargs,
         channels_last=args.channels_last,
         compile=args.compile,
+        compile_mode=args.compile_mode,
+        fused=args.fused,
+        tf32=args.tf32,
+        stop_at_oom=args.stop_at_oom,
+        max_seconds=args.max_seconds,
+        order=args.order,
         lr=args.lr,
         weight_decay=args.weight_decay,
         seed=args.seed,
         peak_tflops=args.peak_tflops,
     )
-    doc = run_benchmark(config, argv=list(sys.argv[1:] if argv is None else argv))
-    if args.output:
-        out = Path(args.output)
+    out = Path(args.output) if args.output else None
+
+    def write(document: dict[str, Any]) -> None:
         try:
-            out.parent.mkdir(parents=True, exist_ok=True)
-            out.write_text(json.dumps(doc, indent=2, allow_nan=False) + "\n")
+            atomic_write_text(out, json.dumps(document, indent=2, allow_nan=False) + "\n")
         except OSError as err:
             raise CropScaleError(f"--output {out}: cannot write: {err}") from None
+
+    if out is not None:
+        try:
+            out.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            raise CropScaleError(f"--output {out}: cannot create its folder: {err}") from None
+    doc = run_benchmark(config, argv=list(sys.argv[1:] if argv is None else argv), on_row=write if out else None)
+    if out is not None:
+        write(doc)
     if args.details:
         print(format_details(doc))
         print()

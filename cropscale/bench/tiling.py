@@ -39,6 +39,7 @@ from cropscale.evidence import MEASURED_MICROBENCHMARK
 from cropscale.model.network import CropMappingNet
 from cropscale.model.synthetic import synthetic_batch
 from cropscale.precision import normalise
+from cropscale.progress import Progress
 from cropscale.tiling import TilingStats, sliding_window_inference
 
 
@@ -99,11 +100,16 @@ def _build_model(name: str, num_classes: int) -> tuple[torch.nn.Module, str]:
     return ConvStandIn(num_classes), "conv stand-in (one 3x3 Conv2d + nearest x10 upsampling; not the real network)"
 
 
-def _timed(fn: Callable[[], object], device: torch.device, warmup: int, repeats: int) -> list[float]:
-    for _ in range(warmup):
+def _timed(fn: Callable[[], object], device: torch.device, warmup: int, repeats: int,
+           progress: Progress | None = None) -> list[float]:
+    for i in range(warmup):
         fn()
+        if progress is not None:
+            progress.step(i + 1)
     times = []
-    for _ in range(repeats):
+    for i in range(repeats):
+        if progress is not None and i:
+            progress.step(warmup + i)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         t0 = time.perf_counter()
@@ -181,8 +187,13 @@ def _measure(args: argparse.Namespace, net: torch.nn.Module, device: torch.devic
         with torch.inference_mode(), autocast():
             net(**tile)
 
-    tiled_s = _timed(tiled, device, args.warmup, args.repeats)
-    tile_s = _timed(one_tile, device, max(args.warmup, 1), max(args.repeats, 5))
+    progress = Progress(2, "tiling-bench")
+    progress.start(f"tiled validation of {args.patches} patch(es)", steps=args.warmup + args.repeats)
+    tiled_s = _timed(tiled, device, args.warmup, args.repeats, progress)
+    progress.finish()
+    progress.start("one-tile forward", steps=max(args.warmup, 1) + max(args.repeats, 5))
+    tile_s = _timed(one_tile, device, max(args.warmup, 1), max(args.repeats, 5), progress)
+    progress.finish()
     per_patch = statistics.median(tiled_s) / args.patches
     one = statistics.median(tile_s)
     predicted = stats.tiles_per_patch * one

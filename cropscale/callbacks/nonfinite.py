@@ -10,9 +10,8 @@ What is checked, per optimizer step (``docs/measuring.md``, "Gradient accumulati
 - **the inputs** (the floating-point batch tensors, inputs and targets) of a micro-batch whose loss was
   non-finite: under ``skip``/``raise`` from the micro-batch itself, kept until the optimizer step (a rare
   path, no per-step cost); under ``log`` only with ``check_inputs=True``, which adds per micro-batch one
-  ``torch.aminmax`` per tensor (min and max are both finite exactly when every element is; about 35 µs
-  for a ``[1, 3, 320, 320]`` target on one CPU thread, a few µs of launches on a GPU) — off by default
-  because it is per-step work in the mode that is meant to cost nothing;
+  ``torch._foreach_norm(tensors, inf)`` launch (``max |x|`` of each tensor, finite exactly when every
+  element is) — off by default because it is per-step work in the mode that is meant to cost nothing;
 - **the gradients**, once, when no GradScaler is in use (``on_before_optimizer_step``; one device reduction
   shared with :class:`~cropscale.callbacks.GradNormCallback`). Under FP16 with a GradScaler, non-finite
   gradients with finite losses are the scaler's business (an overflow: it skips the step and backs off,
@@ -87,7 +86,7 @@ class _MicroBatch:
     batch_idx: int
     ids: tuple[Any, Any]  # patch_id [B], crop_yx [B, 2] (references)
     input_keys: list[str]
-    input_extremes: Sequence[torch.Tensor] | None = None  # min, max of each floating-point batch tensor (0-d)
+    input_extremes: Sequence[torch.Tensor] | None = None  # max |x| of each floating-point batch tensor (0-d)
     loss: torch.Tensor | None = None  # 0-d, unscaled
     batch: Any = None  # skip / raise only
 
@@ -99,7 +98,7 @@ class NonFiniteCallback(ScalingCallback):
         policy: ``"log"``, ``"skip"`` (skip the optimizer step on every rank) or ``"raise"``.
         check_grads: also check the gradients (only when no GradScaler is in use).
         check_inputs: under ``log``, also reduce each micro-batch's floating-point tensors (inputs and targets)
-            so that a record says whether its input was non-finite (``torch.aminmax`` per tensor and micro-batch).
+            so that a record says whether its input was non-finite (``max |x|`` per tensor and micro-batch).
             ``None`` (default): no per-step work; under ``skip``/``raise`` the inputs of a non-finite micro-batch
             are examined anyway, on the rare path.
         max_records: keep at most this many records per rank (the counts go on).
@@ -315,7 +314,7 @@ class NonFiniteCallback(ScalingCallback):
         elif micro_index is not None and input_ok is False:
             micro = micros[0]
             flags = _finite_flags(micro.input_extremes or [])
-            rec.nonfinite_inputs = [k for i, k in enumerate(micro.input_keys) if not all(flags[2 * i:2 * i + 2])]
+            rec.nonfinite_inputs = [k for k, ok in zip(micro.input_keys, flags, strict=True) if not ok]
         if self.policy != "log" and all(isinstance(m.batch, Mapping) for m in micros):
             bad = [i for m in micros for i in _sample_flags(m.batch)]  # per sample of the step's micro-batches
             if rec.patch_id is not None and len(bad) == len(rec.patch_id):
@@ -370,22 +369,25 @@ class NonFiniteCallback(ScalingCallback):
 
 
 def _extremes(keys: list[str], tensors: list[torch.Tensor]) -> tuple[list[str], list[torch.Tensor]]:
-    """The keys of the non-empty tensors and ``[min_0, max_0, min_1, max_1, ...]`` of those; no host read.
+    """The keys of the non-empty tensors and the largest magnitude ``max |x|`` of each; no host read.
 
-    The extremes are 0-d tensors, NaN/inf when the tensor holds one (``torch.aminmax`` propagates NaN).
+    One ``torch._foreach_norm(..., inf)`` launch for all of them (a ``vector_norm`` per tensor where the
+    foreach kernel does not apply); each value is a 0-d tensor, NaN / inf when its tensor holds one (the
+    infinity norm propagates both), so one finiteness read per tensor tells which input was bad.
     """
-    kept: list[str] = []
-    out: list[torch.Tensor] = []
-    for key, t in zip(keys, tensors, strict=True):
-        if t.numel():
-            low, high = torch.aminmax(t.detach() if t.requires_grad else t)
-            kept.append(key)
-            out += [low, high]
-    return kept, out
+    kept = [k for k, t in zip(keys, tensors, strict=True) if t.numel()]
+    values = [(t.detach() if t.requires_grad else t) for t in tensors if t.numel()]
+    if not values:
+        return [], []
+    try:
+        return kept, list(torch._foreach_norm(values, math.inf))
+    except (RuntimeError, TypeError, AttributeError, NotImplementedError):  # integer-like or mixed devices
+        return kept, [torch.linalg.vector_norm(v.float() if not v.is_floating_point() else v, math.inf)
+                      for v in values]
 
 
 def _micro_values(micro: _MicroBatch) -> list[torch.Tensor]:
-    """The 0-d device values of a micro-batch whose finiteness is read: its loss, then its inputs' min and max."""
+    """The 0-d device values of a micro-batch whose finiteness is read: its loss, then its inputs' ``max |x|``."""
     return ([micro.loss] if micro.loss is not None else []) + list(micro.input_extremes or [])
 
 
@@ -417,9 +419,9 @@ def _finite_flags(values: Sequence[torch.Tensor]) -> list[bool]:
     """Finiteness of each 0-d tensor in ``values`` (one stack, one device-to-host copy)."""
     if not values:
         return []
-    try:
-        stacked = torch.stack([v.reshape(()).float() for v in values])
-    except RuntimeError:  # on different devices
+    try:  # 0-d values on one device (the common case): one op, whatever their floating dtypes
+        stacked = torch.stack(list(values))
+    except RuntimeError:  # other shapes, or on different devices
         stacked = torch.stack([v.reshape(()).float().to(values[0].device) for v in values])
     finite = torch.isfinite(stacked)
     if bool(finite.all()):  # the common case: one read

@@ -227,6 +227,7 @@ def build_optimizer(
     weight_decay: float = 0.01,
     momentum: float = 0.9,
     trust_coefficient: float = 1e-3,
+    fused: bool = False,
 ) -> torch.optim.Optimizer:
     """The optimiser ``optimizer`` over ``named_parameters`` (groups of :func:`parameter_groups`).
 
@@ -237,6 +238,8 @@ def build_optimizer(
         weight_decay: weight decay (AdamW, LAMB: decoupled; SGD, LARS: added to the gradient).
         momentum: momentum of SGD and LARS (unused by AdamW and LAMB, whose betas are (0.9, 0.999)).
         trust_coefficient: LARS ``eta`` (You et al. 2017 use 0.001).
+        fused: AdamW only: ``torch.optim.AdamW(fused=True)``, one kernel for the whole update (the caller
+            checks the device has it: :func:`cropscale.model.speed.choose_fused`).
 
     Returns:
         A ``torch.optim.Optimizer``: ``AdamW``, ``SGD``, ``pytorch_optimizer.LARS`` or ``pytorch_optimizer.Lamb``.
@@ -251,7 +254,7 @@ def build_optimizer(
             raise CropScaleError(f"model.{key} must be {what}, got {value!r}")
     groups = parameter_groups(named_parameters, optimizer, weight_decay)
     if optimizer == "adamw":
-        return torch.optim.AdamW(groups, lr=lr, weight_decay=weight_decay)
+        return torch.optim.AdamW(groups, lr=lr, weight_decay=weight_decay, **({"fused": True} if fused else {}))
     if optimizer == "sgd":
         return torch.optim.SGD(groups, lr=lr, momentum=momentum, weight_decay=weight_decay)
     if optimizer == "lars":

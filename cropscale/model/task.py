@@ -42,6 +42,7 @@ from cropscale.model.optim import (
     schedule_lambda,
     warmup_steps_of,
 )
+from cropscale.model.speed import COMPILE_MODES, choose_fused, compile_network
 from cropscale.model.synthetic import synthetic_batch
 from cropscale.tiling import sliding_window_inference
 
@@ -79,6 +80,15 @@ class CropMappingTask(LightningModule):
         val_stride: tile stride; None = ``val_window // 2``.
         tile_batch_size: tiles per network call in tiled validation.
         channels_last: convert the network to ``torch.channels_last``.
+        compile: run the training forward through ``torch.compile`` of the network (compiled at the first
+            step; validation's tiled inference and ``predict`` stay eager; the checkpoint keys are unchanged).
+            Raises :class:`~cropscale.errors.CropScaleError` at setup where no compiler is available
+            (:func:`cropscale.model.speed.compile_network`).
+        compile_mode: ``torch.compile`` mode: ``default | reduce-overhead | max-autotune |
+            max-autotune-no-cudagraphs``.
+        fused_optimizer: fused AdamW (one kernel per update): ``None`` (auto) where the device has the
+            kernel and not under ``16-mixed`` with gradient clipping; ``true`` forces it (an error where
+            it cannot work); ``false`` never (:func:`cropscale.model.speed.choose_fused`). AdamW only.
         allow_tf32: if not None, set ``torch.backends.cuda.matmul.allow_tf32`` and
             ``torch.backends.cudnn.allow_tf32`` to this value at setup (False for a true FP32 run on
             Ampere and later GPUs).
@@ -108,6 +118,9 @@ class CropMappingTask(LightningModule):
         momentum: float = 0.9,
         trust_coefficient: float = 1e-3,
         warmup_epochs: float = 0.0,
+        compile: bool = False,
+        compile_mode: str = "default",
+        fused_optimizer: bool | None = None,
     ) -> None:
         super().__init__()
         if optimizer not in OPTIMIZERS:
@@ -117,6 +130,8 @@ class CropMappingTask(LightningModule):
                          reference_batch_size=reference_batch_size, val_window=val_window,
                          val_stride=val_stride, tile_batch_size=tile_batch_size)
         warmup_steps_of(warmup_steps, warmup_epochs, updates_per_epoch=1)  # both units at once: refused here
+        if compile_mode not in COMPILE_MODES:
+            raise CropScaleError(f"model.compile_mode must be one of {', '.join(COMPILE_MODES)}; got {compile_mode!r}")
         self.save_hyperparameters()
         self.net = CropMappingNet(num_classes=num_classes, **self._net_kwargs())
         self.loss_fn = MultiTaskLoss(
@@ -139,6 +154,8 @@ class CropMappingTask(LightningModule):
         self.flops_per_sample: float | None = None
         self.flops_by_class: dict[str, float] | None = None
         self._last_train_loss: float | None = None
+        self._train_net: list[Any] = []  # the compiled network (model.compile), kept out of the module tree
+        self.fused_optimizer_used: tuple[bool, str] | None = None
 
     # ------------------------------------------------------------------ set-up
     @override
@@ -148,6 +165,7 @@ class CropMappingTask(LightningModule):
             torch.backends.cudnn.allow_tf32 = bool(self.hparams.allow_tf32)
         if self.hparams.channels_last:
             self.net = self.net.to(memory_format=torch.channels_last)
+        self._setup_compile()
         dm = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
         t2, t1, crop = (getattr(dm, "t2", 16), getattr(dm, "t1", 4), getattr(dm, "crop_size", 32))
         if crop % self.net.stride:
@@ -169,6 +187,13 @@ class CropMappingTask(LightningModule):
                 split = flops_per_sample_by_class(fresh, t2=t2, t1=t1, height=crop, width=crop)
                 self.flops_by_class = {k: float(v) for k, v in split.items()}
 
+    def _setup_compile(self) -> None:
+        """``model.compile``: the compiled network used by ``training_step`` (the parameters are ``self.net``'s)."""
+        if not self.hparams.get("compile", False) or self._train_net:
+            return
+        device = self.trainer.strategy.root_device.type if self._trainer is not None else "cpu"
+        self._train_net.append(compile_network(self.net, self.hparams.get("compile_mode", "default"), device))
+
     def _net_kwargs(self) -> dict[str, Any]:
         """``net_kwargs`` without ``num_classes``, which always comes from the task (linked from the data)."""
         kwargs = dict(self.hparams.net_kwargs or {})
@@ -189,7 +214,8 @@ class CropMappingTask(LightningModule):
         there: a device tensor in the progress bar would be read back (``.item()``, a synchronisation)
         at every step.
         """
-        outputs = self.net(**model_inputs(batch))
+        net = self._train_net[0] if self._train_net else self.net
+        outputs = net(**model_inputs(batch))
         loss, terms = self.loss_fn(outputs, batch)
         bs = batch["s2"].shape[0]
         self.log("train/loss", loss, on_step=True, on_epoch=True, batch_size=bs)
@@ -322,7 +348,7 @@ class CropMappingTask(LightningModule):
         self.global_batch = self._formed_global_batch(local)
         self.lr_effective = scale_learning_rate(hp.lr, self.global_batch, hp.reference_batch_size, hp.lr_scaling)
         optimizer = build_optimizer(self.named_parameters(), hp.optimizer, self.lr_effective, hp.weight_decay,
-                                    hp.momentum, hp.trust_coefficient)
+                                    hp.momentum, hp.trust_coefficient, fused=self._fused_adamw())
         total = per_epoch = None
         if hp.warmup_steps > 0 or hp.warmup_epochs > 0 or hp.schedule != "constant":
             total = int(self.trainer.estimated_stepping_batches)  # loads the training data: batches known after
@@ -332,13 +358,25 @@ class CropMappingTask(LightningModule):
         rank_zero_info(
             f"cropscale: global batch {self.global_batch} = local {local} x world size {self.trainer.world_size}"
             f" x accumulation {self.trainer.accumulate_grad_batches}; LR rule {hp.lr_scaling!r} vs reference"
-            f" {hp.reference_batch_size}: lr {hp.lr:g} -> {self.lr_effective:g}; optimizer {hp.optimizer!r};"
+            f" {hp.reference_batch_size}: lr {hp.lr:g} -> {self.lr_effective:g}; optimizer {hp.optimizer!r}"
+            f"{' (fused)' if self.fused_optimizer_used and self.fused_optimizer_used[0] else ''};"
             f" warm-up {warmup} update(s), then {hp.schedule}"
         )
         if total is None or (warmup <= 0 and hp.schedule == "constant"):
             return optimizer
         scheduler = LambdaLR(optimizer, schedule_lambda(warmup, total, hp.schedule))
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+    def _fused_adamw(self) -> bool:
+        """``model.fused_optimizer`` resolved for this run's device, precision and clipping (AdamW only)."""
+        if self.hparams.optimizer != "adamw":
+            self.fused_optimizer_used = (False, f"optimizer {self.hparams.optimizer!r} has no fused variant here")
+            return False
+        trainer = self.trainer
+        self.fused_optimizer_used = choose_fused(self.hparams.get("fused_optimizer"),
+                                                 trainer.strategy.root_device.type, str(trainer.precision),
+                                                 bool(trainer.gradient_clip_val))
+        return self.fused_optimizer_used[0]
 
     def _formed_global_batch(self, local: int) -> int:
         """``local x world size x accumulation``, checked against the batches this epoch really forms.

@@ -20,7 +20,7 @@ from cropscale.scaling.amdahl import amdahl_speedup
 def _left_out(record: RunRecord) -> str | None:
     if record.divergence is not None and record.divergence.diverged:
         return "diverged"
-    if record.status in ("failed", "running", "oom", "error", "unsupported"):
+    if record.status in ("failed", "running", "oom", "error", "unsupported", "skipped"):
         return str(record.status)
     return None
 

@@ -409,6 +409,8 @@ def load_benchmark(path: str | Path) -> list[RunRecord]:
     """Read a ``python -m cropscale benchmark`` JSON into one record per configuration.
 
     Figures are ``measured-microbenchmark``; quality, epoch-time and energy figures are n/a (compute-only).
+    A record's name is ``<file>: <row label> b<batch>`` (``TF32`` for a ``--tf32`` row), `` compiled`` added
+    for a ``--compile`` row.
 
     Raises:
         CropScaleError: unreadable file, or not a ``cropscale.benchmark/1`` document.
@@ -423,7 +425,8 @@ def load_benchmark(path: str | Path) -> list[RunRecord]:
     for row in doc["results"]:
         precision, batch = row.get("precision"), row.get("batch_size")
         records.append(RunRecord(
-            name=f"{path.name}: {precision_label_of(precision)} b{batch}", kind="microbenchmark", path=str(path),
+            name=f"{path.name}: {row.get('precision_label') or precision_label_of(precision)} b{batch}"
+                 f"{' compiled' if row.get('compile') else ''}", kind="microbenchmark", path=str(path),
             evidence=MEASURED_MICROBENCHMARK, status=row.get("status"), precision=precision,
             strategy=f"single device, compute-only ({device})", devices=1, global_batch=batch,
             figures=_benchmark_figures(row), pair_key=f"bench:{path.resolve()}:{batch}",

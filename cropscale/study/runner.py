@@ -45,6 +45,7 @@ from cropscale.env.host import PACKAGE_DIR, environment_record, git_info, gpu_to
 from cropscale.errors import CropScaleError
 from cropscale.evidence import ANALYTICAL_SCENARIO, MEASURED_RUN
 from cropscale.files import atomic_write_json
+from cropscale.progress import Progress
 from cropscale.runs.record import RunRecord, load_run
 from cropscale.study import protocol as P
 from cropscale.study.aggregate import StudyRow, add_speedups, base_row, measured_row, sweep_summary
@@ -200,14 +201,18 @@ def _collect(study: _Study, config: Configuration, record: dict[str, Any]) -> No
 
 
 def _launch_all(study: _Study, resume: bool) -> None:
+    """Run every runnable configuration and seed in order; progress (run i of n, time left) on stderr."""
     env = child_env(study.spec, study.accelerator)
     previous = _previous_runs(study.out) if resume else {}
-    for config in study.configs:
-        if not config.runnable or config.runs_as or (
-                study.node_rank > 0 and node_layout(study.spec, config.world_size, study.accelerator)[0] == 1):
-            continue
+    todo = [config for config in study.configs
+            if config.runnable and not config.runs_as and not (
+                study.node_rank > 0 and node_layout(study.spec, config.world_size, study.accelerator)[0] == 1)]
+    progress = Progress(len(todo) * len(study.spec.seeds), "study")
+    for config in todo:
         for seed in study.spec.seeds:
+            progress.start(f"{config.key} seed {seed}")
             record = _run_one(study, config, seed, env, previous)
+            progress.finish()
             study.doc["runs"].append(record)
             study.write_doc()  # progress: --resume can pick up from here
             if study.node_rank == 0:

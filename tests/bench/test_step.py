@@ -314,3 +314,92 @@ def test_mfu_divides_by_the_attainable_peak_of_the_row(monkeypatch):
                                                              (True, "bf16-mixed"): "bf16"}[(cudnn, precision)]
     finally:
         torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = saved
+
+
+def test_stop_at_oom_skips_larger_batches_and_progress_goes_to_stderr(capsys):
+    calls = []
+
+    def oom_from_two(model, loss_fn, optimizer, scaler, batch, device_type, dtype):
+        calls.append(batch["s2"].shape[0])
+        if batch["s2"].shape[0] >= 2:
+            raise torch.OutOfMemoryError("out of memory (fake)")
+        return bm.train_step(model, loss_fn, optimizer, scaler, batch, device_type, dtype)
+
+    config = bm.BenchmarkConfig(precisions=["32-true"], batch_sizes=[1, 2, 4, 8], stop_at_oom=True, **TINY)
+    doc = bm.run_benchmark(config, argv=[], step_fn=oom_from_two)
+    assert [(r["batch_size"], r["status"]) for r in doc["results"]] == [(1, "ok"), (2, "oom"), (4, "skipped"),
+                                                                        (8, "skipped")]
+    assert calls == [1, 2]  # 4 and 8 never built
+    assert "batch 2 already ran out of memory" in doc["results"][2]["error"]
+    assert "| FP32 | 4 | not run | not run |" in bm.format_table(doc)
+    captured = capsys.readouterr()
+    assert captured.out == ""  # run_benchmark prints nothing on stdout: the command prints the results
+    assert "benchmark: [1/4] FP32 batch 1 (1 steps)" in captured.err
+    assert "benchmark: [4/4] FP32 batch 8" in captured.err
+
+
+def test_max_seconds_budget_lists_what_was_not_run(monkeypatch):
+    ticks = iter([0.0, 0.0, 100.0, 100.0, 100.0, 100.0])
+    monkeypatch.setattr(bm.time, "monotonic", lambda: next(ticks, 100.0))
+    config = bm.BenchmarkConfig(precisions=["32-true"], batch_sizes=[1, 2], max_seconds=50, **TINY)
+    doc = bm.run_benchmark(config, argv=[], progress=bm.Progress(2, "t", stream=io.StringIO(),
+                                                                 clock=lambda: 0.0))
+    assert [r["status"] for r in doc["results"]] == ["ok", "skipped"]
+    assert "--max-seconds 50 budget was spent (100 s)" in doc["results"][1]["error"]
+
+
+def test_tf32_fused_and_compile_mode_reach_the_rows(monkeypatch):
+    seen = {}
+
+    def recording_step(model, loss_fn, optimizer, scaler, batch, device_type, dtype):
+        seen["fused"] = optimizer.defaults.get("fused")
+        seen["tf32"] = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
+        seen["model"] = model
+        return bm.train_step(model, loss_fn, optimizer, scaler, batch, device_type, dtype)
+
+    monkeypatch.setattr(bm, "compile_unavailable_reason", lambda device_type: None)
+    monkeypatch.setattr(torch, "compile", lambda model, mode: seen.setdefault("mode", mode) and model)
+    config = bm.BenchmarkConfig(precisions=["32-true"], batch_sizes=[1], tf32=True, fused=True, compile=True,
+                                compile_mode="max-autotune", **TINY)
+    doc = bm.run_benchmark(config, argv=[], step_fn=recording_step)
+    row = doc["results"][0]
+    assert seen["fused"] is True and seen["tf32"] == (True, True) and seen["mode"] == "max-autotune"
+    assert row["precision_label"] == "TF32" and row["tf32"] == {"matmul": True, "cudnn": True}
+    assert row["fused"] is True and row["compile_mode"] == "max-autotune"
+    assert "on for matmul" in doc["settings"]["tf32"]
+
+
+def test_compile_without_a_compiler_is_one_line(monkeypatch):
+    monkeypatch.setattr(bm, "compile_unavailable_reason", lambda device_type: "no C++ compiler (test)")
+    with pytest.raises(CropScaleError, match=r"^--compile: torch.compile is unavailable on cpu: no C\+\+ compiler"):
+        bm.main(["--compile", "--device", "cpu", "--batch-sizes", "1"])
+
+
+def test_bf16_on_a_cpu_without_bf16_units_is_said_up_front(monkeypatch):
+    monkeypatch.setattr(bm, "cpu_bf16_units", lambda: False)
+    config = bm.BenchmarkConfig(precisions=["32-true", "bf16-mixed"], **TINY)
+    notes = bm.slow_notes(config, torch.device("cpu"))
+    assert any("bf16-mixed is known to be slow on this CPU" in n for n in notes)
+    monkeypatch.setattr(bm, "cpu_bf16_units", lambda: True)
+    assert not any("bf16-mixed" in n for n in bm.slow_notes(config, torch.device("cpu")))
+
+
+def test_batch_order_and_the_output_written_after_every_configuration(tmp_path, monkeypatch):
+    out = tmp_path / "b.json"
+    seen_rows = []
+    real = bm.run_configuration
+
+    def spy(config, precision, batch_size, *args, **kwargs):
+        if out.exists():  # the rows before this one are on disk already
+            seen_rows.append(len(json.loads(out.read_text())["results"]))
+        return real(config, precision, batch_size, *args, **kwargs)
+
+    monkeypatch.setattr(bm, "run_configuration", spy)
+    status = bm.main(["--precision", "32-true", "16-mixed", "--batch-sizes", "1", "2", "--order", "batch",
+                      "--t2", "2", "--t1", "1", "--crop-size", "8", "--warmup", "0", "--iterations", "1",
+                      "--device", "cpu", "--output", str(out)])
+    assert status == 0
+    doc = json.loads(out.read_text())
+    assert [(r["precision"], r["batch_size"]) for r in doc["results"]] == [
+        ("32-true", 1), ("16-mixed", 1), ("32-true", 2), ("16-mixed", 2)]
+    assert seen_rows == [1, 2, 3]

@@ -198,3 +198,28 @@ def test_counts_are_exact_with_two_bad_micro_batches_in_one_step():
     assert nf.nonfinite_batches == 2 and nf.skipped_steps == 1
     assert [(r.global_step, r.micro_batch, r.patch_id) for r in nf.records] == [(1, 1, [1002, 1003]),
                                                                                  (1, 3, [1006, 1007])]
+
+
+def test_input_check_is_one_value_per_tensor_and_finite_exactly_when_every_element_is():
+    from cropscale.callbacks.nonfinite import _extremes
+
+    nan = float("nan")
+    tensors = [torch.tensor([1.0, nan]), torch.tensor([-5.0, 2.0]), torch.tensor([float("-inf")]),
+               torch.zeros(0), torch.tensor([3.0], dtype=torch.float16), torch.tensor([2.0], requires_grad=True)]
+    keys, values = _extremes(["a", "b", "c", "empty", "half", "leaf"], tensors)
+    assert keys == ["a", "b", "c", "half", "leaf"]  # the empty tensor has nothing to check
+    finite = [bool(torch.isfinite(v)) for v in values]
+    assert finite == [False, True, False, True, True]
+    assert float(values[1]) == 5.0 and float(values[3]) == 3.0  # max |x|, by hand
+
+
+def test_finite_flags_of_mixed_dtypes_and_shapes():
+    from cropscale.callbacks.nonfinite import _finite_flags
+
+    nan, inf = float("nan"), float("inf")
+    same_shape = [torch.tensor(1.0), torch.tensor(nan, dtype=torch.float16), torch.tensor(2.0, dtype=torch.bfloat16),
+                  torch.tensor(inf)]
+    assert _finite_flags(same_shape) == [True, False, True, False]
+    other_shapes = [torch.tensor([1.0]), torch.tensor(nan)]  # a [1] loss beside a 0-d value: the per-value path
+    assert _finite_flags(other_shapes) == [True, False]
+    assert _finite_flags([torch.tensor(3.0)] * 5) == [True] * 5

@@ -82,3 +82,17 @@ def test_every_summary_section_has_a_record_type():
 def test_a_section_that_is_not_an_object_is_refused():
     with pytest.raises(CropScaleError, match="StepTimingSummary: expected a JSON object"):
         StepTimingSummary.from_json([1, 2])
+
+
+def test_benchmark_rows_are_named_with_their_own_label_and_compile(tmp_path):
+    import json
+
+    from cropscale.runs.record import load_benchmark
+
+    rows = [{"precision": "32-true", "precision_label": "TF32", "batch_size": 4, "status": "ok", "compile": True},
+            {"precision": "bf16-mixed", "batch_size": 8, "status": "skipped", "compile": False}]
+    path = tmp_path / "bench_tf32.json"
+    path.write_text(json.dumps({"schema": "cropscale.benchmark/1", "results": rows,
+                                "environment": {"device": {"name": "NVIDIA H200"}}}))
+    names = [r.name for r in load_benchmark(path)]
+    assert names == ["bench_tf32.json: TF32 b4 compiled", "bench_tf32.json: AMP BF16 b8"]

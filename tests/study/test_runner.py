@@ -303,3 +303,14 @@ def test_failed_run_is_reported_not_hidden(tmp_path):
     assert doc["failed_runs"] == 2  # one per protocol
     row = next(r for r in doc["rows"] if r["protocol"] == "equal-global" and r["world_size"] == 2)
     assert row["seeds"] == 1 and "1 of 2 runs failed (see logs/): left out" in row["notes"]
+
+
+def test_progress_of_the_runs_goes_to_stderr(tmp_path, capsys):
+    out_lines = []
+    runner.run_study(spec_with(), tmp_path / "study", launcher=FakeLauncher(), available=2, echo=out_lines.append)
+    err = capsys.readouterr().err.splitlines()
+    starts = [ln for ln in err if ln.startswith("study: [")]
+    # 2 protocols x (N = 1, 2) x 2 seeds = 8 runs, numbered 1..8 of 8
+    assert [ln.split("]")[0] for ln in starts] == [f"study: [{i}/8" for i in range(1, 9)]
+    assert "left" in starts[1]  # from the second run on, the time left is estimated
+    assert not any(ln.startswith("study: [") for ln in out_lines)
