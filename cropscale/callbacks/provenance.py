@@ -45,6 +45,7 @@ from cropscale.env.host import (
 )
 from cropscale.errors import CropScaleError
 from cropscale.evidence import MEASURED_RUN
+from cropscale.files import atomic_write_json
 
 SCHEMA = "cropscale.run/1"
 _DATA_ATTRS = ("data_root", "root", "data_dir", "root_dir", "dataset_root")
@@ -270,12 +271,7 @@ class ProvenanceCallback(ScalingCallback):
 
     def _write(self) -> None:
         assert self.path is not None
-        os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
-        tmp = self.path + ".tmp"
-        with open(tmp, "w", encoding="utf-8") as f:
-            json.dump(_jsonable(self.record), f, indent=2, sort_keys=False, allow_nan=False)
-            f.write("\n")
-        os.replace(tmp, self.path)
+        atomic_write_json(self.path, _jsonable(self.record), indent=2, allow_nan=False)
 
     @override
     def summary(self) -> dict[str, Any]:
