@@ -10,7 +10,7 @@ SHARED_DATA ?= ../shared/data
 SAMPLES := worldcereal-flanders pastis-r-mini vhr-samples
 ARGS ?=
 
-.PHONY: install data fit test test-slow test-resilience test-perf test-all lint tensorboard gpu-check bench study-cpu clean
+.PHONY: install data fit report test test-slow test-resilience test-perf test-all lint tensorboard gpu-check bench study-cpu study-batch-cpu clean
 
 install: $(VENV)/.installed
 
@@ -36,7 +36,12 @@ data:
 fit: install data
 	$(PY) -m cropscale fit $(ARGS)
 
-test: install data
+# The quality-and-speed report of every run under runs/ (Markdown, CSV, PNG) into reports/.
+report: install
+	@test -d runs || { echo "make report: no runs/ folder here yet: run make fit first"; exit 2; }
+	$(PY) -m cropscale report runs --out reports $(ARGS)
+
+test: install data lint
 	$(PY) -m pytest -q $(ARGS)
 
 test-slow: install data
@@ -72,6 +77,10 @@ bench: install data
 
 study-cpu: install data
 	$(PY) -m cropscale study --config configs/study/cpu.yaml $(ARGS)
+
+# Batch sweep G = 4 ... 32 (AdamW and LAMB, square-root LR rule, 2 seeds): 16 short fits on 1 process.
+study-batch-cpu: install data
+	$(PY) -m cropscale study --config configs/study/batch_cpu.yaml $(ARGS)
 
 clean:
 	rm -rf runs reports lightning_logs .pytest_cache

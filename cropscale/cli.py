@@ -9,10 +9,19 @@ first, so ``python -m cropscale fit`` with no other argument trains on the bundl
 LightningCLI. Lightning's DDP launcher re-executes ``python -m cropscale ...`` on each rank, which
 lands here again with the same arguments.
 
+After ``fit``, global rank 0 prints the end-of-fit summary (:func:`cropscale.runs.summary.fit_summary`
+of the run folder, the same rules as the report). A run that diverged (:func:`cropscale.runs.rules.divergence`)
+ends with ``cropscale: error: training diverged ...`` and exit status 1.
+
 The other subcommands are plain functions ``main(argv) -> int`` listed in :data:`EXTRA_COMMANDS`.
 
 User errors (:class:`cropscale.CropScaleError`, Lightning's ``MisconfigurationException``) are
-printed as one paragraph naming the argument or path, and the process exits with status 2.
+printed as one paragraph naming the argument or path, and the process exits with status 2; an error
+re-raised from a DataLoader worker prints the worker's own message (:func:`user_error_text`).
+
+Parsing is exact: no option prefixes (``--trainer.max_epoch`` is an error, not ``max_epochs``), and the
+Trainer's ``int | float`` limits keep an integer as an integer (``--trainer.limit_train_batches=1`` is one
+batch, ``=1.0`` all of them), as in the Trainer's own API (:func:`integers_stay_integers`).
 
 Checkpoints (:mod:`cropscale.checkpointing`): every save goes through
 :class:`~cropscale.checkpointing.AtomicCheckpointIO` unless the configuration names another
@@ -33,11 +42,14 @@ status and its own error; the other ranks' collective errors are reduced to one 
 from __future__ import annotations
 
 import copy
+import functools
 import importlib
+import operator
 import os
 import re
 import sys
 import traceback
+import typing
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +61,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from typing_extensions import override
 
+from cropscale.callbacks.divergence import DivergenceCallback
 from cropscale.checkpointing import AtomicCheckpointIO, StopOnSigterm, find_last_checkpoint, run_version
 from cropscale.data.datamodule import PastisHDDataModule
 from cropscale.distributed import (
@@ -64,6 +77,8 @@ from cropscale.distributed import (
 from cropscale.errors import CropScaleError
 from cropscale.files import check_writable_folder
 from cropscale.model.task import RESUME_FIXED_SETTINGS, CropMappingTask
+from cropscale.runs.record import is_run_folder, load_run
+from cropscale.runs.summary import fit_summary
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_CONFIG = REPO_ROOT / "configs" / "default.yaml"
@@ -165,6 +180,132 @@ def explicit_model_settings(given: dict[str, Any], defaults: dict[str, Any], arg
     return {k: copy.deepcopy(v) for k, v in given.items() if k in named or defaults.get(k, object()) != v}
 
 
+def integers_stay_integers(parser: LightningArgumentParser, prefix: str = "trainer.") -> list[str]:
+    """Make the ``int | float`` options under ``prefix`` try ``int`` first, as the Trainer's API means them.
+
+    Lightning declares ``limit_train_batches: Optional[Union[int, float]]`` (an int: that many batches; a
+    float: that fraction), but ``typing`` caches unions by equality, so the hint can come out as
+    ``Union[float, int, None]`` (whichever equal union was built first) and jsonargparse, which tries the
+    members in order, parses ``1`` as ``1.0`` (all batches). The options' type hints are rebuilt as
+    ``int | float | ...`` (``types.UnionType``, which ``typing`` does not cache); ``1.0`` stays a float.
+
+    Returns:
+        The destinations changed (``trainer.limit_train_batches`` ...).
+    """
+    changed = []
+    for action in parser._actions:
+        hint = getattr(action, "_typehint", None)  # jsonargparse's ActionTypeHint keeps its hint here
+        if not action.dest.startswith(prefix) or typing.get_origin(hint) is not typing.Union:
+            continue
+        args = typing.get_args(hint)
+        if int in args and float in args and args.index(float) < args.index(int):
+            ordered = (int, *[a for a in args if a is not int])
+            action._typehint = functools.reduce(operator.or_, ordered)  # int | float | None, not cached
+            changed.append(action.dest)
+    return changed
+GROUP_CLASS = "cropscale.callbacks.CallbackGroup"
+PROVENANCE_CLASS = "cropscale.callbacks.ProvenanceCallback"
+
+
+def _class_path(entry: Any) -> str | None:
+    value = entry.get("class_path") if isinstance(entry, dict) else getattr(entry, "class_path", None)
+    return value.replace("cropscale.callbacks.group.", "cropscale.callbacks.") if isinstance(value, str) else value
+
+
+def _members(group: Any) -> list[Any]:
+    args = group.get("init_args") if isinstance(group, dict) else getattr(group, "init_args", None)
+    members = args.get("callbacks") if isinstance(args, dict) else getattr(args, "callbacks", None)
+    return members if isinstance(members, list) else []
+
+
+def _merge_member(members: list[Any], entry: Any) -> str:
+    """Put ``entry`` into a group's ``members``: over the member of its class, else before provenance."""
+    path = _class_path(entry)
+    for i, member in enumerate(members):
+        if _class_path(member) == path:
+            if member == entry:
+                return "kept once"
+            members[i] = entry
+            return "its later settings replace the group member's"
+    last = len(members)
+    if members and _class_path(members[-1]) == PROVENANCE_CLASS:
+        last -= 1  # ProvenanceCallback stays last: run.json holds every other member's summary
+    members.insert(last, entry)
+    return "added to the group"
+
+
+def merge_callbacks(entries: list[Any]) -> tuple[list[Any], list[str]]:
+    """The ``trainer.callbacks`` entries of the parsed configuration with repeats merged.
+
+    ``configs/default.yaml`` already holds the scaling callbacks' :class:`~cropscale.callbacks.CallbackGroup`,
+    so a later ``--config callbacks/scaling.yaml`` or ``callbacks/<name>.yaml`` (they append) would run
+    a callback twice. Instead: an entry equal to an earlier one is dropped; a later group's members
+    and a later single entry of a class that a group already holds go into that group, replacing the
+    member of the same class (later files win, as for any option); other entries stay as they are.
+
+    Returns:
+        ``(entries, notes)``: the merged list (groups changed in place) and one note per merge.
+    """
+    out: list[Any] = []
+    notes: list[str] = []
+    for entry in entries:
+        path = _class_path(entry)
+        group = next((e for e in out if _class_path(e) == GROUP_CLASS), None)
+        if path is None:
+            out.append(entry)
+        elif any(entry == e for e in out):
+            notes.append(f"{path} is configured twice: kept once")
+        elif path == GROUP_CLASS and group is not None:
+            for member in _members(entry):
+                merged = _merge_member(_members(group), member)
+                notes.append(f"{_class_path(member)} of a later CallbackGroup: {merged}")
+        elif group is not None and any(_class_path(m) == path for m in _members(group)):
+            notes.append(f"{path} is already in the CallbackGroup: {_merge_member(_members(group), entry)}")
+        else:
+            out.append(entry)
+    return out, notes
+
+
+def report_command(trainer: Trainer) -> str:
+    """The command that turns the runs under the trainer's logger folder into a report.
+
+    ``make report`` where that folder is ``runs`` in the working directory beside the Makefile.
+    """
+    save_dir = getattr(trainer.logger, "save_dir", None) or trainer.default_root_dir
+    try:
+        shown = os.path.relpath(save_dir)
+    except ValueError:  # another drive (Windows)
+        shown = str(save_dir)
+    command = f"python -m cropscale report {shown} --out reports"
+    if shown == "runs" and Path("Makefile").is_file():
+        return f"make report   (= {command})"
+    return command
+
+
+def end_of_fit(trainer: Trainer, folder: str | None) -> tuple[str, str | None]:
+    """The end-of-fit summary of the run folder ``folder`` and, for a run that diverged, the one-line error.
+
+    The verdict is the divergence rule's on the run folder's logged loss, or a
+    :class:`~cropscale.callbacks.DivergenceCallback`'s where the run left no folder to read.
+
+    Returns:
+        ``(summary text, error or None)``.
+    """
+    watcher = next((cb for cb in trainer.callbacks if isinstance(cb, DivergenceCallback)), None)
+    stopped = watcher.stopped_at_step if watcher is not None else None
+    if folder and is_run_folder(Path(folder)):
+        record = load_run(folder)
+        text = fit_summary(record, report_command(trainer), stopped)
+        verdict = record.divergence
+    else:
+        text = f"cropscale fit summary: no run folder to read ({folder} holds no run.json and no TensorBoard events)"
+        verdict = watcher.verdict if watcher is not None else None
+    if verdict is None or not verdict.diverged:
+        return text, None
+    where = f"; stopped at step {stopped}" if stopped is not None else ""
+    return text, f"training diverged: {verdict.why}{where} (run folder {folder})"
+
+
 class CropScaleCLI(LightningCLI):
     """LightningCLI that links the data module's class count and names into the task and checks ``--ckpt_path``.
 
@@ -172,12 +313,17 @@ class CropScaleCLI(LightningCLI):
     resolved to the newest ``last.ckpt`` of the runs of the logger's name
     (:func:`~cropscale.checkpointing.find_last_checkpoint`); model settings given by the user win over
     the checkpoint's (module docstring); output folders are checked for writing before the run starts.
+    The Trainer's ``int | float`` options parse integers as integers (:func:`integers_stay_integers`).
+    After ``fit``, global rank 0 prints the end-of-fit summary and keeps the divergence error in
+    :attr:`fit_error`.
     """
 
     _explicit_model: dict[str, Any] = {}
+    fit_error: str | None = None
 
     @override
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
+        integers_stay_integers(parser)
         parser.link_arguments("data.num_classes", "model.num_classes", apply_on="instantiate")
         parser.link_arguments("data.class_names", "model.class_names", apply_on="instantiate")
         parser.link_arguments("data.ignore_index", "model.ignore_index")
@@ -186,6 +332,12 @@ class CropScaleCLI(LightningCLI):
     def parse_arguments(self, parser: LightningArgumentParser, args) -> None:
         super().parse_arguments(parser, args)
         sub = self.config.get("subcommand")
+        trainer = (self.config[sub] if sub else self.config).get("trainer")
+        entries = trainer.get("callbacks") if trainer is not None else None
+        if isinstance(entries, list):
+            trainer["callbacks"], notes = merge_callbacks(entries)
+            for note in notes:
+                rank_zero_info(f"cropscale: trainer.callbacks: {note}")
         if not sub:
             return
         cfg = self.config[sub]
@@ -275,13 +427,22 @@ class CropScaleCLI(LightningCLI):
         """Check the output folders before predicting."""
         self._check_outputs()
 
+    def after_fit(self) -> None:
+        """Print the end-of-fit summary on global rank 0 (:func:`end_of_fit`); a divergence goes to ``fit_error``."""
+        folder = self.trainer.log_dir or self.trainer.default_root_dir  # a collective under DDP: every rank
+        if not self.trainer.is_global_zero:
+            return
+        text, self.fit_error = end_of_fit(self.trainer, folder)
+        print("\n" + text, flush=True)
+
 
 def _lightning_cli(args: list[str] | None) -> LightningCLI:
     # exit_on_error=False: jsonargparse raises ArgumentError instead of printing the whole usage, and
     # main() prints one paragraph naming the argument.
-    parser_kwargs: dict = {"exit_on_error": False, "prog": "python -m cropscale"}
+    # allow_abbrev=False: an option prefix (--trainer.max_epoch) is an error, not the option it abbreviates.
+    parser_kwargs: dict = {"exit_on_error": False, "prog": "python -m cropscale", "allow_abbrev": False}
     for sub in LIGHTNING_COMMANDS:
-        parser_kwargs[sub] = {"exit_on_error": False}
+        parser_kwargs[sub] = {"exit_on_error": False, "allow_abbrev": False}
         if DEFAULT_CONFIG.is_file():
             parser_kwargs[sub]["default_config_files"] = [str(DEFAULT_CONFIG)]
     return CropScaleCLI(
@@ -380,13 +541,16 @@ def main(argv: list[str] | None = None) -> None:
             ranks = ", ".join(f"local rank {r} exited with status {s}" for r, s in failed)
             print(f"cropscale: error: rank 0 finished but {ranks} (see that rank's output above)", file=sys.stderr)
             sys.exit(1)
+        if getattr(cli, "fit_error", None):
+            print(f"cropscale: error: {cli.fit_error}", file=sys.stderr)
+            sys.exit(1)
     except SIGTERMException:
         _stopped_by_sigterm()
     except (CropScaleError, MisconfigurationException, ArgumentError) as err:
         if isinstance(err, ArgumentError):
             sub = args[0] if args and args[0] in LIGHTNING_COMMANDS else ""
             _fail(f"{err} (see: python -m cropscale {sub} --help)".replace("  ", " "))
-        _fail(_name_trainer_argument(str(err)) if isinstance(err, MisconfigurationException) else str(err))
+        _fail(_name_trainer_argument(str(err)) if isinstance(err, MisconfigurationException) else user_error_text(err))
     except Exception as err:
         message = _user_error(err)
         if os.environ.get("CROPSCALE_TRACEBACK"):
@@ -412,6 +576,26 @@ def _in_distributed_run() -> bool:
 
     return (int(os.environ.get("LOCAL_RANK", "0") or 0) > 0 or bool(child_rank_processes(_ACTIVE.get("trainer")))
             or (dist.is_available() and dist.is_initialized()))
+
+
+_WORKER_WRAPPER = re.compile(r"^Caught \w+ in DataLoader worker process \d+\.\s+Original Traceback", re.S)
+
+
+def user_error_text(err: BaseException) -> str:
+    """The one-line text of a user error, unwrapped when a DataLoader worker raised it.
+
+    PyTorch re-raises a worker's exception in the main process as the same type with the message
+    ``Caught <Type> in DataLoader worker process <n>. Original Traceback ...`` followed by the worker's
+    whole traceback; the worker's own message is what follows ``<module>.<Type>: `` on the traceback's
+    last such line. Whitespace runs (newlines included) become one space.
+    """
+    text = str(err)
+    if _WORKER_WRAPPER.match(text):
+        name = re.escape(type(err).__name__)
+        found = list(re.finditer(rf"^(?:[\w.]+\.)?{name}: ", text, re.M))
+        if found:
+            text = text[found[-1].end():]
+    return " ".join(text.split())
 
 
 def _user_error(err: Exception) -> str | None:

@@ -4,8 +4,6 @@ from pathlib import Path
 
 import pytest
 
-pytest_plugins = ["tests.scaling_plugin"]
-
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO_ROOT.parent / "shared" / "data"
 FLANDERS = SHARED_DATA / "worldcereal-flanders"

@@ -1,4 +1,4 @@
-"""Measured strong-scaling probe: training step time of the real network on 1 vs N processes under DDP.
+"""Strong-scaling probe: training step time of the real network on 1 vs N processes under DDP (compute only).
 
 The runs go through Lightning's DDP strategy and its launcher; the two step times give the speed-up and the
 Karp-Flatt serial fraction.
@@ -16,7 +16,8 @@ Lightning's subprocess launcher starts ranks 1..N-1 by re-running this module.
 Timed window per step: ``Callback.on_train_batch_start`` -> ``on_train_batch_end`` (forward,
 loss, backward with the gradient all-reduce, clipping, optimiser step; Lightning's per-step DDP
 SIGTERM-flag broadcast is included for N > 1). The first ``warmup`` steps are excluded. Each rank
-reports its median; the run's figure is the slowest rank's median. Evidence: ``measured-run``.
+reports its median; the run's figure is the slowest rank's median. Evidence: ``measured-microbenchmark``
+(a compute-only step on synthetic batches, timed by a dedicated command: not a training run).
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from lightning.pytorch import Trainer, seed_everything
 
 from cropscale.distributed import finish_distributed
 from cropscale.errors import CropScaleError
-from cropscale.evidence import MEASURED_RUN
+from cropscale.evidence import MEASURED_MICROBENCHMARK
 from cropscale.testing.probe import ProbeTask, StepTimer, SyntheticSamples
 
 
@@ -98,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
         dist.all_gather_object(per_rank, mine)
     if trainer.global_rank == 0:
         record = {
-            "evidence": MEASURED_RUN,
+            "evidence": MEASURED_MICROBENCHMARK,
             "what": "training step time (forward, loss, backward + all-reduce, clipping, AdamW), strong scaling",
             "world_size": trainer.world_size,
             "accelerator": args.accelerator,

@@ -34,10 +34,13 @@ allocator caches kept from earlier configurations), so only an upper bound of th
 ``peak_memory_kind`` says which.
 
 FLOPs: :func:`cropscale.model.flops.flops_per_sample` (forward + backward of one sample, optimizer
-excluded) x batch / median step = achieved TFLOP/s; MFU = achieved / the dense peak of the device
-and compute dtype (FP32 -> ``fp32``; AMP -> ``fp16`` / ``bf16``, the usual convention although some
-ops stay in FP32) from the scaling callbacks' peak table; ``None`` with ``mfu_reason`` where the
-device is not in that table (always on CPU) unless ``--peak-tflops`` is given.
+excluded; evidence ``count``) x batch / median step = achieved TFLOP/s; MFU = achieved / the attainable
+dense peak of the math that ran (:func:`cropscale.env.peaks.attainable_peak_tflops`): the FLOPs per
+operator class (:func:`cropscale.model.flops.flops_per_sample_by_class`, ``flops_by_class`` in the JSON)
+weight the peaks of the dtypes each class ran in, read from torch's switches when the row runs
+(``dtypes_by_class``: the autocast dtype under AMP, FP32 under ``32-true`` since TF32 is off here;
+the usual convention although some ops stay in FP32); ``None`` with ``mfu_reason`` where the device is
+not in the scaling callbacks' peak table (always on CPU) unless ``--peak-tflops`` is given.
 
 16-mixed on CPU: torch (>= 2.3) has float16 autocast and ``torch.amp.GradScaler("cpu")`` on CPU, so the
 row runs with a real scaler there too; it is numerically meaningful but its speed is not (most CPUs
@@ -72,8 +75,8 @@ from cropscale.batch import model_inputs
 from cropscale.env import peaks
 from cropscale.env.host import current_rss_bytes, environment_record, load_average
 from cropscale.errors import CropScaleError
-from cropscale.evidence import MEASURED_MICROBENCHMARK
-from cropscale.model.flops import flops_per_sample
+from cropscale.evidence import COUNT, MEASURED_MICROBENCHMARK
+from cropscale.model.flops import flops_per_sample, flops_per_sample_by_class
 from cropscale.model.losses import MultiTaskLoss
 from cropscale.model.network import CropMappingNet
 from cropscale.model.synthetic import synthetic_batch
@@ -289,6 +292,7 @@ def _empty_row(config: BenchmarkConfig, precision: str, batch_size: int, device:
         "flops_per_sample": None,
         "achieved_tflops": None,
         "peak_tflops": None,
+        "dtypes_by_class": None,
         "mfu": None,
         "mfu_reason": None,
         "loss_scale_initial": None,
@@ -413,17 +417,32 @@ def _timing_figures(row: dict[str, Any], times: list[float], warmup: int, batch_
 
 
 def _mfu_figures(row: dict[str, Any], config: BenchmarkConfig, precision: str, batch_size: int,
-                 device: torch.device, flops_per_sample: float | None) -> None:
-    """Achieved TFLOP/s = FLOPs per sample x batch / median step (s) / 1e12, and MFU = achieved / peak."""
+                 device: torch.device, flops_per_sample: float | None,
+                 flops_by_class: dict[str, float] | None = None) -> None:
+    """Achieved TFLOP/s = FLOPs per sample x batch / median step (s) / 1e12, and MFU = achieved / attainable peak.
+
+    ``dtypes_by_class`` is read from torch's TF32 switches now (:func:`cropscale.env.peaks.tf32_settings`);
+    the peak is the ``--peak-tflops`` override, else the attainable peak of ``flops_by_class`` (or, without
+    it, the table's peak when every class runs in one dtype).
+    """
+    tf32 = peaks.tf32_settings()
+    dtypes = peaks.class_dtypes(precision, tf32["matmul"], tf32["cudnn_conv"])
+    row["dtypes_by_class"] = dtypes
     if flops_per_sample is None:
         row["mfu_reason"] = "FLOPs per sample unavailable"
         return
     row["flops_per_sample"] = flops_per_sample
     row["achieved_tflops"] = flops_per_sample * batch_size / (row["median_step_ms"] / 1e3) / 1e12
-    if device.type == "cpu" and config.peak_tflops is None:
+    if config.peak_tflops is not None:
+        peak, why = float(config.peak_tflops), None
+    elif device.type == "cpu":
         peak, why = None, "device is a CPU: no dense peak table for CPUs"
+    elif flops_by_class:
+        peak = peaks.attainable_peak_tflops(_device_name(device), flops_by_class, dtypes)
+        why = None if peak is not None else (f"device {_device_name(device)!r} / {sorted(set(dtypes.values()))} is "
+                                             "not in the dense peak table (pass --peak-tflops)")
     else:
-        peak, why = peak_tflops(_device_name(device), peaks.precision_dtype(precision), config.peak_tflops)
+        peak, why = peak_tflops(_device_name(device), dtypes["matmul"])
     row["peak_tflops"] = peak
     row["mfu"] = row["achieved_tflops"] / peak if peak else None
     row["mfu_reason"] = why
@@ -436,6 +455,7 @@ def run_configuration(
     device: torch.device,
     flops_per_sample: float | None = None,
     step_fn: Callable[..., tuple[torch.Tensor, torch.Tensor]] | None = None,
+    flops_by_class: dict[str, float] | None = None,
 ) -> dict[str, Any]:
     """Measure one (precision, batch size) configuration in a fresh state; returns its result row.
 
@@ -463,7 +483,7 @@ def run_configuration(
         del setup
         _free(device)
     _timing_figures(row, times, config.warmup, batch_size)
-    _mfu_figures(row, config, precision, batch_size, device, flops_per_sample)
+    _mfu_figures(row, config, precision, batch_size, device, flops_per_sample, flops_by_class)
     return row
 
 
@@ -480,6 +500,14 @@ def _flops(config: BenchmarkConfig) -> tuple[dict[str, float] | None, str | None
     return {k: float(v) for k, v in counts.items()}, None
 
 
+def _flops_by_class(config: BenchmarkConfig) -> dict[str, float]:
+    torch.manual_seed(config.seed)
+    net = CropMappingNet(num_classes=config.num_classes, **config.net_kwargs)
+    split = flops_per_sample_by_class(net, t2=config.t2, t1=config.t1, height=config.crop_size,
+                                      width=config.crop_size)
+    return {k: float(v) for k, v in split.items()}
+
+
 def run_benchmark(
     config: BenchmarkConfig,
     argv: list[str] | None = None,
@@ -488,13 +516,14 @@ def run_benchmark(
     """Run every configuration of ``config`` (precision outer, batch size inner) and return the JSON document.
 
     Returns:
-        ``{"schema", "evidence", "settings", "flops_per_sample", "environment", "results",
-        "amp_vs_fp32"}``; ``results`` has one row per configuration with ``precision``, ``batch_size``,
-        ``status`` (``ok | oom | unsupported | error``), ``error``, ``step_times_ms`` (``iterations``
-        raw measured steps), ``warmup_step_times_ms``, ``median_step_ms``, ``p95_step_ms``,
-        ``mean_step_ms``, ``min_step_ms``, ``max_step_ms``, ``samples_per_s`` (= batch / median s),
+        ``{"schema", "evidence", "settings", "flops_per_sample", "flops_by_class", "flops_evidence" ("count"),
+        "environment", "results", "amp_vs_fp32"}``; ``results`` has one row per configuration with
+        ``precision``, ``batch_size``, ``status`` (``ok | oom | unsupported | error``), ``error``,
+        ``step_times_ms`` (``iterations`` raw measured steps), ``warmup_step_times_ms``, ``median_step_ms``,
+        ``p95_step_ms``, ``mean_step_ms``, ``min_step_ms``, ``max_step_ms``, ``samples_per_s`` (= batch / median s),
         ``peak_memory_gib`` and ``peak_memory_kind``, ``peak_reserved_gib`` (CUDA), ``flops_per_sample``,
-        ``achieved_tflops``, ``peak_tflops``, ``mfu``, ``mfu_reason``, ``loss_scale_initial``,
+        ``achieved_tflops``, ``peak_tflops`` (the attainable peak), ``dtypes_by_class``, ``mfu``, ``mfu_reason``,
+        ``loss_scale_initial``,
         ``loss_scale_final`` (16-mixed only), ``nonfinite_steps`` (measured steps with a non-finite loss
         or gradient norm; under 16-mixed exactly the steps the scaler skipped), ``nonfinite_warmup_steps``,
         ``final_loss``, ``tf32``, ``autocast_dtype``, ``grad_scaler``, ``evidence``.
@@ -508,6 +537,7 @@ def run_benchmark(
         torch.cuda.set_device(device)
     previous_tf32 = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
     flops, flops_reason = _flops(config)
+    by_class = _flops_by_class(config)
     environment = environment_record(Path(__file__), argv, device)
     rows: list[dict[str, Any]] = []
     try:
@@ -515,7 +545,7 @@ def run_benchmark(
             for batch_size in config.batch_sizes:
                 try:
                     row = run_configuration(config, precision, int(batch_size), device,
-                                            flops["total"] if flops else None, step_fn)
+                                            flops["total"] if flops else None, step_fn, by_class)
                 except Exception as err:  # one broken configuration must not lose the others
                     row = _empty_row(config, precision, int(batch_size), device)
                     row.update(status="error", error=f"{type(err).__name__}: {' '.join(str(err).split())[:400]}")
@@ -540,6 +570,8 @@ def run_benchmark(
         "evidence": MEASURED_MICROBENCHMARK,
         "settings": settings,
         "flops_per_sample": flops,
+        "flops_by_class": by_class,
+        "flops_evidence": COUNT,
         "flops_reason": flops_reason,
         "environment": environment,
         "results": rows,

@@ -22,7 +22,7 @@ import torch
 
 from cropscale.batch import model_inputs
 from cropscale.errors import CropScaleError
-from cropscale.evidence import MEASURED_MICROBENCHMARK
+from cropscale.evidence import COUNT, MEASURED_MICROBENCHMARK
 from cropscale.model.flops import flops_per_sample
 from cropscale.model.losses import MultiTaskLoss
 from cropscale.model.network import CropMappingNet, count_parameters
@@ -74,11 +74,11 @@ def main(argv: list[str] | None = None) -> int:
     n = count_parameters(net)
     print(f"CropMappingNet(num_classes={args.num_classes}), default hyper-parameters")
     print(f"  parameters: {n:,} ({100.0 * (n - STUDY_PARAMETERS) / STUDY_PARAMETERS:+.3f} % vs the study's "
-          f"{STUDY_PARAMETERS:,}) [{MEASURED_MICROBENCHMARK}: exact count of the instantiated model]")
+          f"{STUDY_PARAMETERS:,}) [{COUNT}: parameters of the instantiated model]")
     f = flops_per_sample(net, t2=args.t2, t1=args.t1, height=args.height, width=args.width)
     print(f"  FLOPs per training sample (S2 [{args.t2},10,{args.height},{args.width}], S1A/S1D "
           f"[{args.t1},2,{args.height},{args.width}], hr {net.hr_scale * args.height}x{net.hr_scale * args.width}) "
-          f"[{MEASURED_MICROBENCHMARK}: FlopCounterMode, synthetic batch of 1]:")
+          f"[{COUNT}: torch.utils.flop_counter.FlopCounterMode, synthetic batch of 1]:")
     for key in ("forward", "backward", "total"):
         print(f"    {key:<8} {f[key] / 1e9:10.3f} GFLOP")
     for b in args.time:

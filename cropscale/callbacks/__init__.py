@@ -17,12 +17,17 @@ class                          concern                           TensorBoard pre
 :class:`ProvenanceCallback`    ``run.json``                      —
 =============================  ================================  ===================
 
+:class:`DivergenceCallback` (not a scaling callback: it records nothing) stops a run whose last logged
+training losses are all non-finite (:func:`cropscale.runs.rules.divergence`); ``configs/default.yaml``
+has it.
+
 :data:`STEP_WINDOWS` names the disjoint windows of a step that :class:`StepTimingCallback` records
 (``data_wait, transfer, forward, backward, optimizer, remainder``; they add up to ``step``).
 """
 
 from cropscale.callbacks._windows import STEP_WINDOWS
 from cropscale.callbacks.base import ScalingCallback
+from cropscale.callbacks.divergence import DivergenceCallback
 from cropscale.callbacks.energy import EnergyCallback
 from cropscale.callbacks.grad_norm import GradNormCallback
 from cropscale.callbacks.group import CallbackGroup
@@ -32,14 +37,11 @@ from cropscale.callbacks.nonfinite import NonFiniteCallback, NonFiniteError
 from cropscale.callbacks.provenance import ProvenanceCallback
 from cropscale.callbacks.step_timing import StepTimingCallback
 from cropscale.callbacks.throughput import ThroughputCallback
-from cropscale.evidence import MEASURED_MICROBENCHMARK as EVIDENCE_MICROBENCHMARK
-from cropscale.evidence import MEASURED_RUN as EVIDENCE_RUN
 
 __all__ = [
-    "EVIDENCE_MICROBENCHMARK",
-    "EVIDENCE_RUN",
     "STEP_WINDOWS",
     "CallbackGroup",
+    "DivergenceCallback",
     "EnergyCallback",
     "GradNormCallback",
     "LossScaleCallback",

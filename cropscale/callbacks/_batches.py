@@ -62,3 +62,30 @@ def ids_to_lists(patch_id: torch.Tensor | None, crop_yx: torch.Tensor | None) ->
     if crop_yx is not None:
         out["crop_yx"] = [[int(a) for a in row] for row in crop_yx.detach().reshape(-1, 2).cpu().tolist()]
     return out
+
+
+def float_tensors(batch: Any, prefix: str = "") -> tuple[list[str], list[torch.Tensor]]:
+    """The floating-point tensors of ``batch`` and their keys (no copy, no device read).
+
+    A dict batch gives its keys (nested dicts as ``outer.inner``), a list or tuple its indices, a bare tensor
+    ``"batch"``. For a cropscale batch: ``s2``, ``s1a``, ``s1d``, ``parcel``, ``hr`` (the model inputs and the
+    floating-point targets, see :mod:`cropscale.batch`).
+    """
+    keys: list[str] = []
+    tensors: list[torch.Tensor] = []
+    if isinstance(batch, torch.Tensor):
+        if batch.is_floating_point():
+            keys.append(prefix or "batch")
+            tensors.append(batch)
+        return keys, tensors
+    if isinstance(batch, Mapping):
+        items: Iterable[tuple[Any, Any]] = batch.items()
+    elif isinstance(batch, (list, tuple)):
+        items = enumerate(batch)
+    else:
+        return keys, tensors
+    for key, value in items:
+        k, t = float_tensors(value, f"{prefix}.{key}" if prefix else str(key))
+        keys += k
+        tensors += t
+    return keys, tensors

@@ -1,14 +1,15 @@
 """Gradient helpers shared by the gradient-norm and non-finite callbacks.
 
 One total-norm computation per optimizer step (device tensors, cached), combined on the host at log
-steps; the AMP scaler and its scale without a host sync; the trainable parameters; whether the strategy
-shards gradients.
+steps; the AMP scaler and its scale without a host sync; the trainable parameters; how the strategy
+lays out gradients across ranks (:class:`ShardLayout`); the unscaled loss under a GradScaler.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -34,13 +35,65 @@ def clear_grad_norm_cache() -> None:
     _GRAD_NORM_CACHE["value"] = None
 
 
+@dataclass(frozen=True)
+class ShardLayout:
+    """How a run's gradients are laid out across ranks, for the global gradient norm.
+
+    ``kind``:
+
+    - ``replicated``: every rank holds whole gradients (single device, DDP, FSDP ``NO_SHARD``, DeepSpeed
+      ZeRO-0/1, which shards optimizer states only): the local norm is the global one, nothing is reduced;
+    - ``flat``: FSDP (1) flat-parameter shards: a parameter FSDP flattened (``_fsdp_flattened``) holds this
+      rank's shard, and its ``sum |g|^p`` is summed over ``group``, the *shard* group only (under
+      ``HYBRID_SHARD`` the intra-node group: the replicas hold the same shards and are not added again);
+      parameters FSDP ignores are replicated;
+    - ``dtensor``: FSDP2 / tensor parallel (``ModelParallelStrategy``): each DTensor gradient is summed over
+      the mesh dimensions on which it is ``Shard``-ed and nowhere else (``Replicate`` dimensions hold copies);
+      plain-tensor gradients are replicated;
+    - ``world``: forced (``GradNormCallback(sharded=True)``): every plain gradient is a disjoint shard over
+      all ranks;
+    - ``unsupported``: the gradients are not in ``p.grad`` (DeepSpeed ZeRO-2/3); ``reason`` says why.
+    """
+
+    kind: str = "replicated"
+    group: Any = None
+    reason: str | None = None
+
+    @property
+    def sharded(self) -> bool:
+        """Whether some gradient is reduced across ranks."""
+        return self.kind in ("flat", "dtensor", "world")
+
+
+REPLICATED = ShardLayout("replicated")
+WORLD = ShardLayout("world")
+
+
+def shard_layout(trainer: Trainer) -> ShardLayout:
+    """The :class:`ShardLayout` of ``trainer``'s strategy (read once, at ``on_train_start``)."""
+    strategy = trainer.strategy
+    name = type(strategy).__name__
+    if name == "FSDPStrategy":
+        sharding = getattr(getattr(strategy, "sharding_strategy", None), "name", "")
+        if sharding == "NO_SHARD":
+            return REPLICATED
+        root = getattr(strategy, "model", None)
+        return ShardLayout("flat", getattr(root, "process_group", None))  # the shard group (HYBRID: intra-node)
+    if name == "ModelParallelStrategy":
+        return ShardLayout("dtensor")
+    if name == "DeepSpeedStrategy":
+        config = getattr(strategy, "config", None) or {}
+        stage = int((config.get("zero_optimization") or {}).get("stage", 0)) if isinstance(config, dict) else 0
+        if stage <= 1:  # ZeRO-1 shards the optimizer states; gradients are whole and all-reduced on every rank
+            return REPLICATED
+        return ShardLayout("unsupported", reason=f"DeepSpeed ZeRO stage {stage} keeps partitioned gradients in its "
+                           "own buffers, not in p.grad: the gradient norm is not measured")
+    return REPLICATED
+
+
 def is_sharded_strategy(trainer: Trainer) -> bool:
-    """True when parameters (and gradients) are sharded across ranks (FSDP / model-parallel strategies)."""
-    name = type(trainer.strategy).__name__
-    if name in ("FSDPStrategy",):
-        sharding = getattr(trainer.strategy, "sharding_strategy", None)
-        return getattr(sharding, "name", "") != "NO_SHARD"
-    return name in ("ModelParallelStrategy", "DeepSpeedStrategy")
+    """True when some gradients are reduced across ranks for the norm (see :func:`shard_layout`)."""
+    return shard_layout(trainer).sharded
 
 
 def grad_norm_parts(
@@ -48,50 +101,93 @@ def grad_norm_parts(
     params: Sequence[torch.nn.Parameter],
     optimizer: Any,
     norm_type: float = 2.0,
-    sharded: bool = False,
+    sharded: bool | ShardLayout = False,
 ) -> GradNormParts | None:
     """Device tensors whose ``norm_type`` norm is the total gradient norm of ``params`` (no host sync).
 
     Without sharding: the per-parameter norms (one ``torch._foreach_norm`` launch, about 20 µs on a
-    CPU); :func:`total_norms` combines them on the host at log steps. With ``sharded`` (FSDP: each
-    rank holds a shard of every gradient) the local ``sum |g|^p`` (local max for ``inf``) is
-    all-reduced over ranks, a device-side collective, and the single global norm is returned. DTensor
-    gradients are reduced on their local shards. Computed once per optimizer step and shared by the
-    callbacks that need it (gradient norm and non-finite checks). ``None`` when no parameter has a
-    gradient.
+    CPU); :func:`total_norms` combines them on the host at log steps. With a sharded layout
+    (:class:`ShardLayout`; ``True`` means :data:`WORLD`) the local ``sum |g|^p`` (local max for ``inf``) of
+    the sharded gradients is all-reduced over their shard group only, a device-side collective, and
+    returned as one part per group beside the replicated gradients' norms. Computed once per optimizer
+    step and shared by the callbacks that need it (gradient norm and non-finite checks). ``None`` when no
+    parameter has a gradient.
+
+    Raises:
+        RuntimeError: from the collectives, when ranks call this at different points.
     """
-    key = (id(optimizer), trainer.global_step, float(norm_type), bool(sharded))
+    layout = WORLD if sharded is True else (REPLICATED if sharded is False else sharded)
+    key = (id(optimizer), trainer.global_step, float(norm_type), layout.kind, id(layout.group))
     if _GRAD_NORM_CACHE["key"] == key:
         return _GRAD_NORM_CACHE["value"]
-    grads = [p.grad for p in params if p.grad is not None]
+    with_grad = [p for p in params if p.grad is not None]
     value: GradNormParts | None
-    if not grads:
+    if not with_grad:
         value = None
-    else:
-        if type(grads[0]) is not torch.Tensor:  # DTensor (FSDP2 / tensor parallel): local shards
+    elif not (layout.sharded and dist_ready(trainer)):
+        grads = [p.grad for p in with_grad]
+        if type(grads[0]) is not torch.Tensor:  # DTensor without a sharded layout: the local shards
             grads = [g.to_local() if hasattr(g, "to_local") else g for g in grads]
-        if grads[0].requires_grad:  # backward(create_graph=True): keep the norms out of the graph
-            grads = [g.detach() for g in grads]
-        # no torch.no_grad() block: gradients are leaves that need no graph, and entering one costs about
-        # 6 µs per step on a CPU (measured in a Lightning step of callback-bench's tiny model)
-        try:
-            parts = torch._foreach_norm(grads, norm_type)
-        except (RuntimeError, TypeError, AttributeError):  # mixed devices/dtypes, no foreach kernel
-            parts = [torch.linalg.vector_norm(g, norm_type) for g in grads]
-        if sharded and dist_ready(trainer):
-            local = torch.linalg.vector_norm(torch.stack([t.double() for t in parts]), norm_type)
-            if math.isinf(norm_type):
-                torch.distributed.all_reduce(local, op=torch.distributed.ReduceOp.MAX)
-                value = GradNormParts([local])
-            else:
-                powered = local ** norm_type
-                torch.distributed.all_reduce(powered, op=torch.distributed.ReduceOp.SUM)
-                value = GradNormParts([powered ** (1.0 / norm_type)])
-        else:
-            value = GradNormParts(parts)
+        value = GradNormParts(_local_norms(grads, norm_type))
+    else:
+        value = _sharded_parts(with_grad, layout, norm_type)
     _GRAD_NORM_CACHE["key"] = key
     _GRAD_NORM_CACHE["value"] = value
     return value
+
+
+def _local_norms(grads: list[torch.Tensor], norm_type: float) -> list[torch.Tensor]:
+    """The ``norm_type`` norm of each gradient (one ``_foreach_norm`` launch where it applies)."""
+    if grads[0].requires_grad:  # backward(create_graph=True): keep the norms out of the graph
+        grads = [g.detach() for g in grads]
+    # no torch.no_grad() block: gradients are leaves that need no graph, and entering one costs about
+    # 6 µs per step on a CPU (measured in a Lightning step of callback-bench's tiny model)
+    try:
+        return list(torch._foreach_norm(grads, norm_type))
+    except (RuntimeError, TypeError, AttributeError):  # mixed devices/dtypes, no foreach kernel
+        return [torch.linalg.vector_norm(g, norm_type) for g in grads]
+
+
+def _shard_groups(p: torch.nn.Parameter, layout: ShardLayout) -> tuple[Any, ...] | None:
+    """The process groups ``p``'s gradient is sharded over (``None``: replicated, nothing to reduce)."""
+    grad = p.grad
+    placements = getattr(grad, "placements", None)
+    if placements is not None:  # DTensor: the mesh dimensions it is Shard-ed on, whatever the layout
+        mesh = grad.device_mesh
+        dims = [i for i, pl in enumerate(placements) if pl.is_shard()]
+        return tuple(mesh.get_group(i) for i in dims) or None
+    if layout.kind == "world":
+        return (torch.distributed.group.WORLD,)
+    if layout.kind == "flat" and getattr(p, "_fsdp_flattened", False):
+        return (layout.group if layout.group is not None else torch.distributed.group.WORLD,)
+    return None
+
+
+def _sharded_parts(params: list[torch.nn.Parameter], layout: ShardLayout, norm_type: float) -> GradNormParts:
+    """Per shard group, the group's norm; per replicated gradient, its local norm.
+
+    A group's norm is the local ``sum |g|^p`` all-reduced over the group. The ``norm_type`` combination of
+    the parts is the global norm.
+    """
+    by_groups: dict[tuple[int, ...], tuple[tuple[Any, ...], list[torch.Tensor]]] = {}
+    replicated: list[torch.Tensor] = []
+    for p in params:
+        groups = _shard_groups(p, layout)
+        local = p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad
+        if groups is None:
+            replicated.append(local)
+        else:
+            by_groups.setdefault(tuple(id(g) for g in groups), (groups, []))[1].append(local)
+    parts = GradNormParts(_local_norms(replicated, norm_type) if replicated else [])
+    inf = math.isinf(norm_type)
+    for groups, grads in by_groups.values():
+        norms = torch.stack([n.double() for n in _local_norms(grads, norm_type)])
+        local = norms.max() if inf else (norms ** norm_type).sum()
+        for group in groups:  # Shard-ed on several mesh dimensions: summed over each in turn
+            op = torch.distributed.ReduceOp.MAX if inf else torch.distributed.ReduceOp.SUM
+            torch.distributed.all_reduce(local, op=op, group=group)
+        parts.append(local if inf else local ** (1.0 / norm_type))
+    return parts
 
 
 def total_norms(steps: Sequence[Sequence[torch.Tensor]], norm_type: float = 2.0) -> list[float]:
@@ -158,3 +254,50 @@ def scale_tensor(scaler: Any) -> torch.Tensor | None:
     if callable(get_async):
         return get_async()
     return getattr(scaler, "_scale", None)
+
+
+class _LossTap:
+    """Calls listeners with the tensor handed to ``GradScaler.scale``, then scales it as before."""
+
+    def __init__(self, scaler: Any) -> None:
+        self.scaler = scaler
+        self.listeners: list[Callable[[torch.Tensor], None]] = []
+        self.original = scaler.scale  # the bound method of the scaler's class
+        scaler.scale = self.scale  # an instance attribute shadows the method; removed in unwatch
+
+    def scale(self, outputs: Any) -> Any:
+        for fn in self.listeners:
+            fn(outputs)
+        return self.original(outputs)
+
+
+_TAP_ATTR = "_cropscale_loss_tap"
+
+
+def watch_unscaled_loss(scaler: Any, fn: Callable[[torch.Tensor], None]) -> None:
+    """Call ``fn(loss)`` with every loss the precision plugin hands to ``scaler.scale``: the *unscaled* loss.
+
+    Under ``16-mixed`` Lightning scales the loss in ``MixedPrecision.pre_backward`` and calls
+    ``on_before_backward`` with the **scaled** loss (``docs/measuring.md``): a finite loss that overflows
+    only once multiplied by the scale (an AMP overflow, the scaler's business) would look non-finite there.
+    ``fn`` sees the loss before that multiplication, once per micro-batch, just before ``on_before_backward``.
+    Adds one Python call per micro-batch; several callbacks share one wrapper.
+    """
+    tap = scaler.__dict__.get(_TAP_ATTR)
+    if tap is None:
+        tap = _LossTap(scaler)
+        setattr(scaler, _TAP_ATTR, tap)
+    if fn not in tap.listeners:
+        tap.listeners.append(fn)
+
+
+def unwatch_unscaled_loss(scaler: Any, fn: Callable[[torch.Tensor], None]) -> None:
+    """Undo :func:`watch_unscaled_loss` for ``fn``; the scaler's own ``scale`` is back when no listener is left."""
+    tap = scaler.__dict__.get(_TAP_ATTR) if scaler is not None else None
+    if tap is None:
+        return
+    if fn in tap.listeners:
+        tap.listeners.remove(fn)
+    if not tap.listeners:
+        scaler.__dict__.pop("scale", None)
+        scaler.__dict__.pop(_TAP_ATTR, None)

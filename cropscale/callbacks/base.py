@@ -16,6 +16,7 @@ from lightning.pytorch import Trainer
 from lightning.pytorch.callbacks import Callback
 
 from cropscale.evidence import MEASURED_RUN
+from cropscale.runs.schema import Record
 
 __all__ = ["ScalingCallback", "iter_callbacks", "scaling_callbacks"]
 
@@ -23,9 +24,10 @@ __all__ = ["ScalingCallback", "iter_callbacks", "scaling_callbacks"]
 class ScalingCallback(Callback):
     """Base of the cropscale scaling callbacks.
 
-    Subclasses set :attr:`summary_key` and implement :meth:`summary`, a JSON-ready dict that the
+    Subclasses set :attr:`summary_key` and implement :meth:`summary`, the typed record of their
+    ``run.json`` section (:mod:`cropscale.runs.schema`), which the
     :class:`~cropscale.callbacks.ProvenanceCallback` writes under ``run.json["summary"][summary_key]``
-    at the end of ``fit``. Summaries are final after ``on_train_end`` (the per-rank gathers run at
+    with ``to_json()`` at the end of ``fit``. Summaries are final after ``on_train_end`` (the per-rank gathers run at
     epoch ends and in ``on_train_end``, on every rank).
     """
 
@@ -34,8 +36,8 @@ class ScalingCallback(Callback):
     _log_every: int = 0
     _gstep: int = 0
 
-    def summary(self) -> dict[str, Any]:
-        """JSON-ready summary figures of this callback for ``run.json``."""
+    def summary(self) -> Record | dict[str, Any]:
+        """This callback's ``run.json`` section: a :class:`~cropscale.runs.schema.Record` (or a JSON-ready dict)."""
         return {"evidence": self.evidence}
 
     def wants_hook(self, hook: str) -> bool:

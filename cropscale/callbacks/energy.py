@@ -34,7 +34,7 @@ from cropscale.callbacks._logging import log_metrics
 from cropscale.callbacks.base import ScalingCallback
 from cropscale.env import nvml
 from cropscale.errors import CropScaleError
-from cropscale.evidence import MEASURED_RUN
+from cropscale.runs.schema import EnergyEpoch, EnergySummary, EnergyWindow
 
 
 class _PowerSampler:
@@ -94,7 +94,7 @@ class EnergyCallback(ScalingCallback):
         self.total_j = 0.0
         self.total_gpu_s = 0.0
         self.total_samples = 0
-        self.epochs: list[dict[str, Any]] = []
+        self.epochs: list[EnergyEpoch] = []
         self._dev: nvml.NvmlDevice | None = None
         self._reason: str | None = "not started"
         self._method: str | None = None
@@ -107,7 +107,7 @@ class EnergyCallback(ScalingCallback):
         self._fit_t0: float | None = None
         self._fit_e0: float | None = None
         self._samples = 0
-        self._fit: dict[str, Any] | None = None
+        self._fit: EnergyWindow | None = None
         self._cuda_device: torch.device | None = None
         self._participate = False
         self._stepped = False
@@ -116,14 +116,14 @@ class EnergyCallback(ScalingCallback):
     @override
     def state_dict(self) -> dict[str, Any]:
         return {"total_j": self.total_j, "total_gpu_s": self.total_gpu_s, "total_samples": self.total_samples,
-                "epochs": list(self.epochs)}
+                "epochs": [e.to_json() for e in self.epochs]}
 
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.total_j = float(state_dict.get("total_j", 0.0))
         self.total_gpu_s = float(state_dict.get("total_gpu_s", 0.0))
         self.total_samples = int(state_dict.get("total_samples", 0))
-        self.epochs = list(state_dict.get("epochs", []))
+        self.epochs = [EnergyEpoch.from_json(e) for e in state_dict.get("epochs", [])]
 
     @property
     def available(self) -> bool:
@@ -237,28 +237,28 @@ class EnergyCallback(ScalingCallback):
         samples = int(sum(n for n in n_rank if n is not None))
         avg_w = (total_j / max(s for s in s_rank if s is not None)) if (total_j is not None and gpu_s > 0) else None
         cost = self.price_per_gpu_hour * gpu_s / 3600.0 if self.price_per_gpu_hour is not None else None
-        record = {
-            "epoch": trainer.current_epoch,
-            "energy_j": total_j,
-            "energy_j_per_rank": j_rank,
-            "seconds_per_rank": s_rank,
-            "avg_power_w": avg_w,
-            "avg_power_w_per_rank": [
+        record = EnergyEpoch(
+            epoch=trainer.current_epoch,
+            energy_j=total_j,
+            energy_j_per_rank=j_rank,
+            seconds_per_rank=s_rank,
+            avg_power_w=avg_w,
+            avg_power_w_per_rank=[
                 None if (j is None or not s) else j / s for j, s in zip(j_rank, s_rank, strict=False)
             ],
-            "samples": samples,
-            "j_per_sample": (total_j / samples) if (total_j is not None and samples) else None,
-            "gpu_hours": gpu_s / 3600.0,
-            "cost": cost,
-            "throttle_reasons_rank0_end": self._dev.throttle_reasons() if self._dev is not None else None,
-        }
+            samples=samples,
+            j_per_sample=(total_j / samples) if (total_j is not None and samples) else None,
+            gpu_hours=gpu_s / 3600.0,
+            cost=cost,
+            throttle_reasons_rank0_end=self._dev.throttle_reasons() if self._dev is not None else None,
+        )
         self.epochs.append(record)
         if total_j is not None:
             self.total_j += total_j
         self.total_gpu_s += gpu_s
         self.total_samples += samples
         log_metrics(trainer, {"energy/epoch_j": total_j, "energy/epoch_avg_w": avg_w,
-                              "energy/j_per_sample": record["j_per_sample"], "energy/epoch_cost": cost})
+                              "energy/j_per_sample": record.j_per_sample, "energy/epoch_cost": cost})
 
     @override
     def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
@@ -269,11 +269,11 @@ class EnergyCallback(ScalingCallback):
         seconds = t1 - self._fit_t0 if (self._fit_t0 is not None and self._dev is not None) else None
         rows = gather_vectors(trainer, pl_module, [joules, seconds])
         j_rank = [r[0] for r in rows]
-        self._fit = {
-            "energy_j": sum(j_rank) if all(j is not None for j in j_rank) else None,
-            "energy_j_per_rank": j_rank,
-            "seconds_per_rank": [r[1] for r in rows],
-        }
+        self._fit = EnergyWindow(
+            energy_j=sum(j_rank) if all(j is not None for j in j_rank) else None,
+            energy_j_per_rank=j_rank,
+            seconds_per_rank=[r[1] for r in rows],
+        )
         self._stop_sampler()
 
     @override
@@ -291,25 +291,21 @@ class EnergyCallback(ScalingCallback):
 
     # ------------------------------------------------------------------ summary
     @override
-    def summary(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"evidence": MEASURED_RUN, "available": self._dev is not None}
+    def summary(self) -> EnergySummary:
         if self._dev is None:
-            out["reason"] = self._reason
-            out["devices"] = self._device_info
-            return out
-        out.update({
-            "method": self._method,
-            "devices": self._device_info,
-            "price_per_gpu_hour": self.price_per_gpu_hour,
-            "currency": self.currency,
-            "total_energy_j": self.total_j,
-            "total_gpu_hours": self.total_gpu_s / 3600.0,
-            "total_samples": self.total_samples,
-            "j_per_sample": (self.total_j / self.total_samples) if self.total_samples else None,
-            "total_cost": (
-                (self.price_per_gpu_hour * self.total_gpu_s / 3600.0) if self.price_per_gpu_hour is not None else None
-            ),
-            "training": self._fit,
-            "epochs": list(self.epochs),
-        })
-        return out
+            return EnergySummary(available=False, reason=self._reason, devices=list(self._device_info))
+        return EnergySummary(
+            available=True,
+            method=self._method,
+            devices=list(self._device_info),
+            price_per_gpu_hour=self.price_per_gpu_hour,
+            currency=self.currency,
+            total_energy_j=self.total_j,
+            total_gpu_hours=self.total_gpu_s / 3600.0,
+            total_samples=self.total_samples,
+            j_per_sample=(self.total_j / self.total_samples) if self.total_samples else None,
+            total_cost=(self.price_per_gpu_hour * self.total_gpu_s / 3600.0)
+            if self.price_per_gpu_hour is not None else None,
+            training=self._fit,
+            epochs=list(self.epochs),
+        )

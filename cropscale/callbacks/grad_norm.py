@@ -6,9 +6,13 @@ Optimizers that unscale inside ``step()`` (fused, ``_step_supports_amp_scaling``
 ``unscale_``; the norm is then divided by the scale on the device.
 
 Global across ranks: under DDP every rank holds the all-reduced gradients, so the local norm is the
-global one; under FSDP / model-parallel strategies (sharded gradients) the local ``sum |g|^p`` is
-all-reduced (a device-side collective, no host sync). The per-step norms stay on the device and are
-read at log steps.
+global one. Under sharded strategies the local ``sum |g|^p`` of the *sharded* gradients is all-reduced
+over their *shard* group only (a device-side collective, no host sync): FSDP flat parameters over the
+FSDP process group (under ``HYBRID_SHARD`` the intra-node shard group, not the replicas), FSDP2 / tensor
+parallel DTensors over the mesh dimensions they are ``Shard``-ed on; replicated parameters and DeepSpeed
+ZeRO-1 gradients are whole on every rank and are not added up again
+(:class:`~cropscale.callbacks._grads.ShardLayout`). The per-step norms stay on the device and are read
+at log steps.
 """
 
 from __future__ import annotations
@@ -21,19 +25,22 @@ from lightning.pytorch import LightningModule, Trainer
 from typing_extensions import override
 
 from cropscale.callbacks._grads import (
+    REPLICATED,
+    WORLD,
+    ShardLayout,
     clear_grad_norm_cache,
     grad_norm_parts,
     grad_scaler,
-    is_sharded_strategy,
     scale_tensor,
+    shard_layout,
     total_norms,
     trainable_params,
 )
 from cropscale.callbacks._logging import log_metrics
 from cropscale.callbacks.base import ScalingCallback
 from cropscale.errors import CropScaleError
-from cropscale.evidence import MEASURED_RUN
 from cropscale.numbers import median_p95
+from cropscale.runs.schema import GradNormEpoch, GradNormSummary
 
 
 class GradNormCallback(ScalingCallback):
@@ -43,8 +50,8 @@ class GradNormCallback(ScalingCallback):
         norm_type: the norm (2.0 = L2, ``float("inf")`` = max-abs).
         clip_val: threshold for "clipped"; ``None`` takes ``trainer.gradient_clip_val`` when the
             trainer clips by norm (``gradient_clip_algorithm="norm"``).
-        sharded: force (``True``/``False``) the cross-rank reduction of the norm; ``None`` decides from
-            the strategy (FSDP / model-parallel: sharded).
+        sharded: ``None`` (default) reads the gradient layout from the strategy; ``True`` forces every
+            plain gradient to count as a disjoint shard over all ranks; ``False`` forces the local norm.
 
     Logged (TensorBoard): at log steps ``numerics/grad_norm`` (mean over the interval),
     ``numerics/grad_norm_max``, ``numerics/grad_clip_fraction``; at epoch end
@@ -68,9 +75,9 @@ class GradNormCallback(ScalingCallback):
         self.steps = 0
         self.clipped_steps = 0
         self.nonfinite_steps = 0
-        self.epochs: list[dict[str, Any]] = []
+        self.epochs: list[GradNormEpoch] = []
         self._params: list[torch.nn.Parameter] = []
-        self._sharded = False
+        self._layout: ShardLayout = REPLICATED
         self._threshold: float | None = None
         self._threshold_reason: str | None = None
         self._scaler: Any = None
@@ -84,19 +91,22 @@ class GradNormCallback(ScalingCallback):
     def state_dict(self) -> dict[str, Any]:
         self._flush()
         return {"steps": self.steps, "clipped_steps": self.clipped_steps, "nonfinite_steps": self.nonfinite_steps,
-                "epochs": list(self.epochs)}
+                "epochs": [e.to_json() for e in self.epochs]}
 
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.steps = int(state_dict.get("steps", 0))
         self.clipped_steps = int(state_dict.get("clipped_steps", 0))
         self.nonfinite_steps = int(state_dict.get("nonfinite_steps", 0))
-        self.epochs = list(state_dict.get("epochs", []))
+        self.epochs = [GradNormEpoch.from_json(e) for e in state_dict.get("epochs", [])]
 
     @override
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._params = trainable_params(pl_module)
-        self._sharded = is_sharded_strategy(trainer) if self.sharded is None else bool(self.sharded)
+        if self.sharded is None:
+            self._layout = shard_layout(trainer)
+        else:
+            self._layout = WORLD if self.sharded else REPLICATED
         self._scaler = grad_scaler(trainer)
         self._norms = []
         if self.clip_val is not None:
@@ -111,6 +121,10 @@ class GradNormCallback(ScalingCallback):
         self._start_log_schedule(trainer)
 
     @override
+    def wants_hook(self, hook: str) -> bool:
+        return self._layout.kind != "unsupported"  # gradients outside p.grad: nothing to measure per step
+
+    @override
     def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
         clear_grad_norm_cache()
         self._stepped = False
@@ -118,7 +132,7 @@ class GradNormCallback(ScalingCallback):
     @override
     def on_before_optimizer_step(self, trainer: Trainer, pl_module: LightningModule, optimizer: Any) -> None:
         self._stepped = True
-        parts = grad_norm_parts(trainer, self._params, optimizer, norm_type=self.norm_type, sharded=self._sharded)
+        parts = grad_norm_parts(trainer, self._params, optimizer, norm_type=self.norm_type, sharded=self._layout)
         if parts is None:
             return
         scale = None
@@ -148,13 +162,13 @@ class GradNormCallback(ScalingCallback):
         norms = self._epoch_norms
         stats = median_p95(norms)
         frac = (self._epoch_clipped / len(norms)) if (norms and self._threshold is not None) else None
-        self.epochs.append({
-            "epoch": trainer.current_epoch, "steps": len(norms) + self._epoch_nonfinite,
-            "grad_norm_median": stats["median"], "grad_norm_p95": stats["p95"],
-            "grad_norm_max": max(norms) if norms else None,
-            "clipped_steps": self._epoch_clipped if self._threshold is not None else None,
-            "clip_fraction": frac, "nonfinite_steps": self._epoch_nonfinite,
-        })
+        self.epochs.append(GradNormEpoch(
+            epoch=trainer.current_epoch, steps=len(norms) + self._epoch_nonfinite,
+            grad_norm_median=stats["median"], grad_norm_p95=stats["p95"],
+            grad_norm_max=max(norms) if norms else None,
+            clipped_steps=self._epoch_clipped if self._threshold is not None else None,
+            clip_fraction=frac, nonfinite_steps=self._epoch_nonfinite,
+        ))
         log_metrics(trainer, {"numerics/epoch/grad_norm_median": stats["median"],
                               "numerics/epoch/grad_norm_p95": stats["p95"],
                               "numerics/epoch/grad_clip_fraction": frac})
@@ -187,22 +201,23 @@ class GradNormCallback(ScalingCallback):
         return values
 
     @override
-    def summary(self) -> dict[str, Any]:
+    def summary(self) -> GradNormSummary:
         finite_steps = self.steps - self.nonfinite_steps
-        return {
-            "evidence": MEASURED_RUN,
-            "norm_type": self.norm_type,
-            "sharded_reduction": self._sharded,
-            "clip_threshold": self._threshold,
-            "clip_threshold_reason": self._threshold_reason,
-            "steps": self.steps,
-            "nonfinite_steps": self.nonfinite_steps,
-            "clipped_steps": self.clipped_steps if self._threshold is not None else None,
-            "clip_fraction": (
+        return GradNormSummary(
+            norm_type=self.norm_type,
+            sharded_reduction=self._layout.sharded,
+            sharding=self._layout.kind,
+            sharding_reason=self._layout.reason,
+            clip_threshold=self._threshold,
+            clip_threshold_reason=self._threshold_reason,
+            steps=self.steps,
+            nonfinite_steps=self.nonfinite_steps,
+            clipped_steps=self.clipped_steps if self._threshold is not None else None,
+            clip_fraction=(
                 (self.clipped_steps / finite_steps) if (finite_steps and self._threshold is not None) else None
             ),
-            "epochs": list(self.epochs),
-        }
+            epochs=list(self.epochs),
+        )
 
 
 def _algorithm(value: Any) -> str:

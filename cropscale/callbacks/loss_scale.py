@@ -8,10 +8,19 @@ unscaled gradients held inf/NaN, and by ``growth_factor`` after ``growth_interva
 (PyTorch ``torch/amp/grad_scaler.py``, ``_amp_update_scale_``). So a decrease of the scale between
 two steps is one back-off event and one skipped step, an increase is one growth event.
 
-Skipped steps split into *overflow* skips (the loss was finite: the FP16 gradients overflowed) and
-skips with a non-finite loss (a bad batch, which :class:`~cropscale.callbacks.NonFiniteCallback`
-counts as such). Lightning steps step-interval LR schedulers even when the scaler skipped the
-optimizer step (Lightning issues #5558, #16228): those scheduler steps are counted.
+Skipped steps split into *overflow* skips (every micro-batch loss was finite: the FP16 gradients, or the
+loss once multiplied by the scale, overflowed) and skips with a non-finite loss (a bad batch, which
+:class:`~cropscale.callbacks.NonFiniteCallback` counts as such). The losses are judged *before* scaling
+(:func:`~cropscale.callbacks._grads.watch_unscaled_loss`): ``on_before_backward`` receives the scaled
+loss under fp16, and a finite loss of 1e37 becomes inf there.
+
+Lightning steps LR schedulers with ``interval: step`` even when the scaler skipped the optimizer step
+(Lightning issues #5558, #16228), so the schedule drifts. What the schedulers really did is counted:
+the sum of their ``last_epoch`` is read (host integers, no device work) before the optimizer step
+(``on_before_optimizer_step``) and after Lightning's scheduler step (``on_train_batch_end``); the
+difference on a skipped step is its drift (``lr_scheduler_steps_on_skipped``). With ``frequency: 2``
+a scheduler steps on every other optimizer step only, and a skipped step between two of its steps
+adds no drift.
 
 Under ``bf16-mixed``, FP32 or any precision without a scaler the callback records once that no
 scaler is in use and does nothing per step.
@@ -26,10 +35,10 @@ from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.utilities import rank_zero_info
 from typing_extensions import override
 
-from cropscale.callbacks._grads import grad_scaler, scale_tensor
+from cropscale.callbacks._grads import grad_scaler, scale_tensor, unwatch_unscaled_loss, watch_unscaled_loss
 from cropscale.callbacks._logging import log_metrics
 from cropscale.callbacks.base import ScalingCallback
-from cropscale.evidence import MEASURED_RUN
+from cropscale.runs.schema import LossScaleEpoch, LossScaleSummary
 
 _COUNTS = ("steps", "backoff_events", "growth_events", "skipped_steps", "overflow_skips", "nonfinite_loss_skips",
            "lr_scheduler_steps_on_skipped")
@@ -39,8 +48,9 @@ class LossScaleCallback(ScalingCallback):
     """Counts GradScaler growth and back-off events and skipped optimizer steps, without a per-step sync.
 
     Logged (TensorBoard, at log steps): ``amp/loss_scale``, ``amp/backoff_events``,
-    ``amp/growth_events``, ``amp/skipped_steps``, ``amp/overflow_skips`` (cumulative counts over
-    the run); ``amp/scaler_in_use`` (0 or 1) once at the start of training.
+    ``amp/growth_events``, ``amp/skipped_steps``, ``amp/overflow_skips``,
+    ``amp/lr_scheduler_steps_on_skipped`` (cumulative counts over the run); ``amp/scaler_in_use``
+    (0 or 1) once at the start of training.
 
     Counts are global: DDP ranks share one scale (the scaler's inf check sees all-reduced gradients),
     so rank 0's counts stand for the run. ``state_dict`` keeps the counts (read from the device when
@@ -51,7 +61,7 @@ class LossScaleCallback(ScalingCallback):
 
     def __init__(self) -> None:
         self.counts: dict[str, int] = dict.fromkeys(_COUNTS, 0)
-        self.epochs: list[dict[str, Any]] = []
+        self.epochs: list[LossScaleEpoch] = []
         self._scaler: Any = None
         self._reason: str | None = None
         self._precision: str | None = None
@@ -59,23 +69,25 @@ class LossScaleCallback(ScalingCallback):
         self._scales: list[torch.Tensor] = []  # scale before the first pending step, then after each step
         self._loss_ok: list[torch.Tensor] = []  # per pending step: all micro-batch losses finite
         self._micro_ok: list[torch.Tensor] = []
+        self._sched_steps: list[int] = []  # per pending step: scheduler steps taken after it (host ints)
+        self._schedulers: list[Any] = []
+        self._sched_before = 0
         self._stepped = False
         self._last_scale: float | None = None
         self._initial_scale: float | None = None
-        self._step_schedulers = 0
         self._epoch_start_counts: dict[str, int] = dict(self.counts)
 
     # ------------------------------------------------------------------ state
     @override
     def state_dict(self) -> dict[str, Any]:
         self._flush()
-        return {"counts": dict(self.counts), "epochs": list(self.epochs), "last_scale": self._last_scale,
-                "initial_scale": self._initial_scale}
+        return {"counts": dict(self.counts), "epochs": [e.to_json() for e in self.epochs],
+                "last_scale": self._last_scale, "initial_scale": self._initial_scale}
 
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.counts.update({k: int(v) for k, v in state_dict.get("counts", {}).items()})
-        self.epochs = list(state_dict.get("epochs", []))
+        self.epochs = [LossScaleEpoch.from_json(e) for e in state_dict.get("epochs", [])]
         self._last_scale = state_dict.get("last_scale")
         self._initial_scale = state_dict.get("initial_scale")
 
@@ -88,10 +100,9 @@ class LossScaleCallback(ScalingCallback):
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._precision = str(trainer.precision)
         self._scaler = grad_scaler(trainer)
-        self._scales, self._loss_ok, self._micro_ok = [], [], []
-        self._step_schedulers = sum(
-            1 for cfg in trainer.lr_scheduler_configs if getattr(cfg, "interval", "epoch") == "step"
-        )
+        self._scales, self._loss_ok, self._micro_ok, self._sched_steps = [], [], [], []
+        self._schedulers = [cfg.scheduler for cfg in trainer.lr_scheduler_configs
+                            if getattr(cfg, "interval", "epoch") == "step"]
         if self._scaler is None or not getattr(self._scaler, "is_enabled", lambda: True)():
             self._scaler = None
             self._reason = (
@@ -106,9 +117,14 @@ class LossScaleCallback(ScalingCallback):
                 "backoff_factor": float(s.get_backoff_factor()),
                 "growth_interval": int(s.get_growth_interval()),
             }
+            watch_unscaled_loss(s, self._on_unscaled_loss)
         log_metrics(trainer, {"amp/scaler_in_use": 0.0 if self._scaler is None else 1.0})
         self._start_log_schedule(trainer)
         self._epoch_start_counts = dict(self.counts)
+
+    def _on_unscaled_loss(self, loss: torch.Tensor) -> None:
+        """The micro-batch loss before scaling: its finiteness flag (a device op, no read)."""
+        self._micro_ok.append(torch.isfinite(loss.detach()).all())
 
     @override
     def on_before_backward(self, trainer: Trainer, pl_module: LightningModule, loss: torch.Tensor) -> None:
@@ -118,11 +134,11 @@ class LossScaleCallback(ScalingCallback):
             scale = scale_tensor(self._scaler)
             if scale is not None:
                 self._scales.append(scale.detach().clone())
-        self._micro_ok.append(torch.isfinite(loss.detach()).all())
 
     @override
     def on_before_optimizer_step(self, trainer: Trainer, pl_module: LightningModule, optimizer: Any) -> None:
         self._stepped = True
+        self._sched_before = _scheduler_steps(self._schedulers)
 
     @override
     def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
@@ -140,6 +156,7 @@ class LossScaleCallback(ScalingCallback):
         micro = self._micro_ok
         self._loss_ok.append(micro[0] if len(micro) == 1 else torch.stack(micro).all())
         self._micro_ok = []
+        self._sched_steps.append(_scheduler_steps(self._schedulers) - self._sched_before)
         if log_now:
             self._flush()
             log_metrics(trainer, self._metrics())
@@ -149,17 +166,22 @@ class LossScaleCallback(ScalingCallback):
         if self._scaler is None:
             return
         self._flush()
-        self.epochs.append({
-            "epoch": trainer.current_epoch,
+        self.epochs.append(LossScaleEpoch(
+            epoch=trainer.current_epoch,
             **{k: self.counts[k] - self._epoch_start_counts.get(k, 0) for k in _COUNTS},
-            "loss_scale_end": self._last_scale,
-        })
+            loss_scale_end=self._last_scale,
+        ))
         self._epoch_start_counts = dict(self.counts)
         log_metrics(trainer, self._metrics())
 
     @override
     def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._flush()
+        unwatch_unscaled_loss(self._scaler, self._on_unscaled_loss)
+
+    @override
+    def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
+        unwatch_unscaled_loss(self._scaler, self._on_unscaled_loss)
 
     # ------------------------------------------------------------------ resolution
     def _flush(self) -> None:
@@ -177,12 +199,14 @@ class LossScaleCallback(ScalingCallback):
                 self.counts["backoff_events"] += 1
                 self.counts["skipped_steps"] += 1
                 self.counts["overflow_skips" if ok else "nonfinite_loss_skips"] += 1
-                self.counts["lr_scheduler_steps_on_skipped"] += self._step_schedulers
+                drift = self._sched_steps[i] if i < len(self._sched_steps) else 0
+                self.counts["lr_scheduler_steps_on_skipped"] += drift
             elif after > before:
                 self.counts["growth_events"] += 1
         self._last_scale = scales[-1]
         self._scales = [self._scales[-1]]
         self._loss_ok = []
+        self._sched_steps = []
 
     def _metrics(self) -> dict[str, float | None]:
         return {
@@ -191,20 +215,20 @@ class LossScaleCallback(ScalingCallback):
             "amp/growth_events": self.counts["growth_events"],
             "amp/skipped_steps": self.counts["skipped_steps"],
             "amp/overflow_skips": self.counts["overflow_skips"],
+            "amp/lr_scheduler_steps_on_skipped": self.counts["lr_scheduler_steps_on_skipped"],
         }
 
     # ------------------------------------------------------------------ summary
     @override
-    def summary(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            "evidence": MEASURED_RUN,
-            "precision": self._precision,
-            "scaler_in_use": self._scaler is not None,
-        }
+    def summary(self) -> LossScaleSummary:
         if self._scaler is None:
-            out["reason"] = self._reason
-            return out
-        out.update(self._config)
-        out.update({"initial_scale": self._initial_scale, "final_scale": self._last_scale, **self.counts,
-                    "epochs": list(self.epochs)})
-        return out
+            return LossScaleSummary(precision=self._precision, scaler_in_use=False, reason=self._reason)
+        return LossScaleSummary(
+            precision=self._precision, scaler_in_use=True, **self._config, initial_scale=self._initial_scale,
+            final_scale=self._last_scale, **self.counts, epochs=list(self.epochs),
+        )
+
+
+def _scheduler_steps(schedulers: list[Any]) -> int:
+    """Steps taken so far by ``schedulers``: the sum of their ``last_epoch`` (host integers)."""
+    return sum(int(getattr(s, "last_epoch", 0)) for s in schedulers)

@@ -21,7 +21,7 @@ from typing_extensions import override
 from cropscale.callbacks._dist import gather_vectors
 from cropscale.callbacks._logging import log_metrics
 from cropscale.callbacks.base import ScalingCallback
-from cropscale.evidence import MEASURED_RUN
+from cropscale.runs.schema import MemoryEpoch, MemorySummary
 
 GIB = float(1 << 30)
 """Bytes per GiB."""
@@ -56,18 +56,18 @@ class MemoryCallback(ScalingCallback):
     summary_key = "memory"
 
     def __init__(self) -> None:
-        self.epochs: list[dict[str, Any]] = []
+        self.epochs: list[MemoryEpoch] = []
         self._device: torch.device | None = None
         self._reason: str | None = None
         self._stepped = False
 
     @override
     def state_dict(self) -> dict[str, Any]:
-        return {"epochs": list(self.epochs)}
+        return {"epochs": [e.to_json() for e in self.epochs]}
 
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self.epochs = list(state_dict.get("epochs", []))
+        self.epochs = [MemoryEpoch.from_json(e) for e in state_dict.get("epochs", [])]
 
     @override
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
@@ -119,35 +119,34 @@ class MemoryCallback(ScalingCallback):
             vals = [v for v in col if v is not None]
             return max(vals) if vals else None
 
-        record = {
-            "epoch": trainer.current_epoch,
-            "peak_allocated_gib": vmax(cols[0]),
-            "peak_reserved_gib": vmax(cols[1]),
-            "host_rss_gib": vmax(cols[2]),
-            "host_peak_rss_gib": vmax(cols[3]),
-            "per_rank": {
+        record = MemoryEpoch(
+            epoch=trainer.current_epoch,
+            peak_allocated_gib=vmax(cols[0]),
+            peak_reserved_gib=vmax(cols[1]),
+            host_rss_gib=vmax(cols[2]),
+            host_peak_rss_gib=vmax(cols[3]),
+            per_rank={
                 "peak_allocated_gib": list(cols[0]), "peak_reserved_gib": list(cols[1]),
                 "host_rss_gib": list(cols[2]), "host_peak_rss_gib": list(cols[3]),
             },
-        }
+        )
         self.epochs.append(record)
         log_metrics(trainer, {
-            "memory/peak_allocated_gib": record["peak_allocated_gib"],
-            "memory/peak_reserved_gib": record["peak_reserved_gib"],
-            "memory/host_peak_rss_gib": record["host_peak_rss_gib"],
+            "memory/peak_allocated_gib": record.peak_allocated_gib,
+            "memory/peak_reserved_gib": record.peak_reserved_gib,
+            "memory/host_peak_rss_gib": record.host_peak_rss_gib,
         })
 
     @override
-    def summary(self) -> dict[str, Any]:
-        peaks = [e["peak_allocated_gib"] for e in self.epochs if e.get("peak_allocated_gib") is not None]
-        reserved = [e["peak_reserved_gib"] for e in self.epochs if e.get("peak_reserved_gib") is not None]
-        host = [e["host_peak_rss_gib"] for e in self.epochs if e.get("host_peak_rss_gib") is not None]
-        return {
-            "evidence": MEASURED_RUN,
-            "gpu_available": self._device is not None,
-            "gpu_reason": self._reason,
-            "peak_allocated_gib": max(peaks) if peaks else None,
-            "peak_reserved_gib": max(reserved) if reserved else None,
-            "host_peak_rss_gib": max(host) if host else None,
-            "epochs": list(self.epochs),
-        }
+    def summary(self) -> MemorySummary:
+        peaks = [e.peak_allocated_gib for e in self.epochs if e.peak_allocated_gib is not None]
+        reserved = [e.peak_reserved_gib for e in self.epochs if e.peak_reserved_gib is not None]
+        host = [e.host_peak_rss_gib for e in self.epochs if e.host_peak_rss_gib is not None]
+        return MemorySummary(
+            gpu_available=self._device is not None,
+            gpu_reason=self._reason,
+            peak_allocated_gib=max(peaks) if peaks else None,
+            peak_reserved_gib=max(reserved) if reserved else None,
+            host_peak_rss_gib=max(host) if host else None,
+            epochs=list(self.epochs),
+        )

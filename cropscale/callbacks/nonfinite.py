@@ -1,38 +1,55 @@
-"""Non-finite batches: detect a non-finite loss (and gradients) and record the offending batch's sample ids.
+"""Non-finite batches: detect a non-finite loss (and gradients) and record the offending micro-batch's sample ids.
 
 Then, by policy, ``log`` it, ``skip`` the optimizer step, or ``raise``.
 
-What is checked per optimizer step: every micro-batch loss (``on_before_backward``) and, when no
-GradScaler is in use, the total gradient norm (``on_before_optimizer_step``; one device reduction,
-shared with :class:`~cropscale.callbacks.GradNormCallback`). Under FP16 with a GradScaler,
-non-finite *gradients* with a finite loss are the scaler's business (an overflow: it skips the step
-and backs off, counted by :class:`~cropscale.callbacks.LossScaleCallback`), so only the loss is
-checked; the two counts stay distinct.
+What is checked, per optimizer step (``docs/measuring.md``, "Gradient accumulation"):
+
+- **every micro-batch**: its loss (``on_before_backward``; under a GradScaler the loss *before* scaling,
+  see :func:`~cropscale.callbacks._grads.watch_unscaled_loss`: a finite loss that overflows only once
+  multiplied by the scale is an AMP overflow, never a non-finite batch);
+- **the inputs** (the floating-point batch tensors, inputs and targets) of a micro-batch whose loss was
+  non-finite: under ``skip``/``raise`` from the micro-batch itself, kept until the optimizer step (a rare
+  path, no per-step cost); under ``log`` only with ``check_inputs=True``, which adds per micro-batch one
+  ``torch.aminmax`` per tensor (min and max are both finite exactly when every element is; about 35 µs
+  for a ``[1, 3, 320, 320]`` target on one CPU thread, a few µs of launches on a GPU) — off by default
+  because it is per-step work in the mode that is meant to cost nothing;
+- **the gradients**, once, when no GradScaler is in use (``on_before_optimizer_step``; one device reduction
+  shared with :class:`~cropscale.callbacks.GradNormCallback`). Under FP16 with a GradScaler, non-finite
+  gradients with finite losses are the scaler's business (an overflow: it skips the step and backs off,
+  counted by :class:`~cropscale.callbacks.LossScaleCallback`), so only losses and inputs are checked.
+
+A *non-finite batch* is a micro-batch whose loss is NaN/inf; its record names the micro-batch (index in
+the optimizer step, ``batch_idx``), its sample ids (``patch_id``, ``crop_yx``) and which of input / loss /
+gradients was non-finite. When the gradients are non-finite but every loss was finite, one record names
+the step (``micro_batch: null``, the sample ids of all its micro-batches). Counts are per micro-batch.
 
 Policies:
 
-- ``log`` (default): no host sync per step. The flags and references to the batch's
-  ``patch_id`` / ``crop_yx`` tensors are kept and read at log steps. Under DDP a rank whose own loss
-  was finite but whose averaged gradients were not also records its batch (``loss_finite: true``).
-- ``skip``: one host read of the flags per step (the user asks for it). Under DDP the flags are first
-  all-reduced (MAX) so that every rank skips together (a rank skipping alone would hang the others).
-  Since DDP averages gradients, one rank's non-finite loss makes every rank's gradients non-finite;
-  the record is written by the rank(s) whose loss was non-finite (by every rank with non-finite
-  gradients when no loss was).
-  The step is skipped by setting every gradient to ``None`` in ``on_before_optimizer_step``: PyTorch
-  optimizers leave parameters without a gradient untouched (no update, no weight decay, no moment
-  update). The LR scheduler still steps (Lightning steps it after every batch).
+- ``log`` (default): no host read per step. The flags and references to the micro-batches'
+  ``patch_id`` / ``crop_yx`` tensors are kept and read at log steps (one device-to-host copy for the
+  losses and inputs, one for the gradient norms). Each rank judges alone: under DDP a rank whose losses
+  were finite but whose averaged gradients were not records its step too (``loss_finite: true``).
+- ``skip``: one host read of the flags per optimizer step (the user asks for it). Under DDP the flags
+  are first all-reduced (MAX) so that every rank skips the same optimizer step (a rank skipping alone
+  would hang the others). Since DDP averages gradients, one rank's non-finite loss makes every rank's
+  gradients non-finite; the record is written by the rank(s) whose loss was non-finite (by every rank
+  with non-finite gradients when no loss was). The step is skipped by setting every gradient to ``None``
+  in ``on_before_optimizer_step``: PyTorch optimizers leave parameters without a gradient untouched (no
+  update, no weight decay, no moment update). The LR scheduler still steps (Lightning steps it after
+  every optimizer step). Under ``skip``/``raise`` the micro-batches of the current optimizer step are
+  kept referenced until it (``accumulate_grad_batches`` batches of inputs in memory), so that the record
+  also lists which samples hold non-finite values (``nonfinite_input_patch_id`` / ``_crop_yx``).
 - ``raise``: as ``skip``, then :class:`NonFiniteError` on every rank.
 
 Records name the batch by its dataset sample ids (``batch["patch_id"]``, ``batch["crop_yx"]``, see
-:mod:`cropscale.batch`), not ``batch_idx``. Under ``skip``/``raise`` the record also lists which
-samples of the batch hold non-finite input values (``nonfinite_input_patch_id``).
+:mod:`cropscale.batch`), not only ``batch_idx``.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
@@ -40,68 +57,87 @@ from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.utilities import rank_zero_warn
 from typing_extensions import override
 
-from cropscale.callbacks._batches import id_tensors, ids_to_lists
+from cropscale.callbacks._batches import float_tensors, id_tensors, ids_to_lists
 from cropscale.callbacks._dist import dist_ready, gather_objects
 from cropscale.callbacks._grads import (
     clear_grad_norm_cache,
     grad_norm_parts,
     grad_scaler,
-    is_sharded_strategy,
+    shard_layout,
     total_norms,
     trainable_params,
+    unwatch_unscaled_loss,
+    watch_unscaled_loss,
 )
 from cropscale.callbacks._logging import log_metrics
 from cropscale.callbacks.base import ScalingCallback
 from cropscale.errors import CropScaleError
-from cropscale.evidence import MEASURED_RUN
+from cropscale.runs.schema import NonFiniteRecord, NonFiniteSummary, RankCounts
 
 
 class NonFiniteError(CropScaleError):
     """Training met a non-finite loss or gradient under ``NonFiniteCallback(policy="raise")``."""
 
 
+@dataclass(slots=True)
+class _MicroBatch:
+    """What one micro-batch left for the decision at the optimizer step (device tensors, no host values)."""
+
+    index: int  # 0-based position in its optimizer step
+    batch_idx: int
+    ids: tuple[Any, Any]  # patch_id [B], crop_yx [B, 2] (references)
+    input_keys: list[str]
+    input_extremes: Sequence[torch.Tensor] | None = None  # min, max of each floating-point batch tensor (0-d)
+    loss: torch.Tensor | None = None  # 0-d, unscaled
+    batch: Any = None  # skip / raise only
+
+
 class NonFiniteCallback(ScalingCallback):
-    """Detects non-finite losses and gradients and records the sample ids of the offending batches.
+    """Detects non-finite losses and gradients and records the sample ids of the offending micro-batches.
 
     Args:
         policy: ``"log"``, ``"skip"`` (skip the optimizer step on every rank) or ``"raise"``.
         check_grads: also check the gradients (only when no GradScaler is in use).
-        max_records: keep at most this many batch records (the counts go on).
+        check_inputs: under ``log``, also reduce each micro-batch's floating-point tensors (inputs and targets)
+            so that a record says whether its input was non-finite (``torch.aminmax`` per tensor and micro-batch).
+            ``None`` (default): no per-step work; under ``skip``/``raise`` the inputs of a non-finite micro-batch
+            are examined anyway, on the rare path.
+        max_records: keep at most this many records per rank (the counts go on).
 
     Logged (TensorBoard, at log steps): ``numerics/nonfinite_batches`` and
     ``numerics/nonfinite_skipped_steps`` (cumulative, this rank; all ranks' records are gathered
     into ``run.json`` at the end of training).
 
     Raises:
-        CropScaleError: for an unknown ``policy``.
+        CropScaleError: for an unknown ``policy`` or a negative ``max_records``.
         NonFiniteError: under ``policy="raise"``, on every rank, when a step is non-finite.
     """
 
     summary_key = "nonfinite"
 
     def __init__(self, policy: Literal["log", "skip", "raise"] = "log", check_grads: bool = True,
-                 max_records: int = 100) -> None:
+                 check_inputs: bool | None = None, max_records: int = 100) -> None:
         if policy not in ("log", "skip", "raise"):
             raise CropScaleError(f"NonFiniteCallback(policy={policy!r}): use 'log', 'skip' or 'raise'")
         if max_records < 0:
             raise CropScaleError(f"NonFiniteCallback(max_records={max_records}): must be >= 0")
         self.policy = policy
         self.check_grads = check_grads
+        self.check_inputs = check_inputs
         self.max_records = max_records
         self.nonfinite_batches = 0
         self.skipped_steps = 0
-        self.records: list[dict[str, Any]] = []
-        self.all_records: list[dict[str, Any]] | None = None
+        self.records: list[NonFiniteRecord] = []
+        self.all_records: list[NonFiniteRecord] | None = None
+        self._per_rank_counts: list[tuple[int, int]] | None = None
         self._params: list[torch.nn.Parameter] = []
         self._scaler: Any = None
-        self._sharded = False
-        self._batch: Any = None
-        self._ids: tuple[Any, Any] = (None, None)
-        self._losses: list[torch.Tensor] = []
-        self._pending: list[tuple] = []
+        self._layout: Any = False
+        self._micros: list[_MicroBatch] = []
+        self._input_keys: dict[tuple[Any, ...], list[str]] = {}
+        self._pending: list[tuple[list[_MicroBatch], Any, tuple[int, int]]] = []
         self._rank = 0
         self._epoch = 0
-        self._batch_idx = 0
         self._stepped = False
         self._logged = 0
 
@@ -110,22 +146,24 @@ class NonFiniteCallback(ScalingCallback):
     def state_dict(self) -> dict[str, Any]:
         self._flush()
         return {"nonfinite_batches": self.nonfinite_batches, "skipped_steps": self.skipped_steps,
-                "records": list(self.records)}
+                "records": [r.to_json() for r in self.records]}
 
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.nonfinite_batches = int(state_dict.get("nonfinite_batches", 0))
         self.skipped_steps = int(state_dict.get("skipped_steps", 0))
-        self.records = list(state_dict.get("records", []))
+        self.records = [NonFiniteRecord.from_json(r) for r in state_dict.get("records", [])]
 
     # ------------------------------------------------------------------ hooks
     @override
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._params = trainable_params(pl_module)
         self._scaler = grad_scaler(trainer)
-        self._sharded = is_sharded_strategy(trainer)
+        if self._scaler is not None:
+            watch_unscaled_loss(self._scaler, self._on_unscaled_loss)
+        self._layout = shard_layout(trainer)
         self._rank = trainer.global_rank
-        self._pending = []
+        self._micros, self._pending = [], []
         self.all_records = None
         self._start_log_schedule(trainer)
 
@@ -136,52 +174,86 @@ class NonFiniteCallback(ScalingCallback):
     @override
     def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
         clear_grad_norm_cache()
-        self._batch = batch if self.policy != "log" else None
-        self._ids = id_tensors(batch)
-        self._losses = []
-        self._batch_idx = batch_idx
+        micro = _MicroBatch(len(self._micros), batch_idx, id_tensors(batch), [])
+        if self.check_inputs:
+            keys, tensors = self._inputs(batch)
+            if tensors:
+                micro.input_keys, micro.input_extremes = _extremes(keys, tensors)
+        if self.policy != "log":
+            micro.batch = batch
+        self._micros.append(micro)
         self._stepped = False
+
+    def _inputs(self, batch: Any) -> tuple[list[str], list[torch.Tensor]]:
+        """The floating-point tensors of ``batch`` and their keys; the keys of a flat dict batch are cached."""
+        if isinstance(batch, dict):
+            names = tuple(batch)
+            cached = self._input_keys.get(names)
+            if cached is None:
+                keys, tensors = float_tensors(batch)
+                if all(k in batch for k in keys):  # flat: remember which keys hold floating-point tensors
+                    self._input_keys[names] = keys
+                return keys, tensors
+            tensors = [batch[k] for k in cached]
+            if all(isinstance(t, torch.Tensor) and t.is_floating_point() for t in tensors):
+                return cached, tensors
+        return float_tensors(batch)
+
+    def _on_unscaled_loss(self, loss: torch.Tensor) -> None:
+        """The loss before GradScaler scaling (16-mixed), called just before ``on_before_backward``."""
+        if self._micros:
+            self._micros[-1].loss = loss.detach()
 
     @override
     def on_before_backward(self, trainer: Trainer, pl_module: LightningModule, loss: torch.Tensor) -> None:
-        self._losses.append(loss.detach())
+        if self._scaler is None and self._micros:  # under a scaler this loss is scaled: the tap has the real one
+            self._micros[-1].loss = loss.detach()
 
     @override
     def on_before_optimizer_step(self, trainer: Trainer, pl_module: LightningModule, optimizer: Any) -> None:
-        losses = self._losses
+        micros, self._micros = self._micros, []
         parts = None
         if self.check_grads and self._scaler is None:
-            parts = grad_norm_parts(trainer, self._params, optimizer, sharded=self._sharded)
+            parts = grad_norm_parts(trainer, self._params, optimizer, sharded=self._layout)
         self._stepped = True
-        meta = (self._gstep + 1, self._epoch, self._batch_idx)  # global step after this optimizer step
+        meta = (self._gstep + 1, self._epoch)  # global step after this optimizer step
         if self.policy == "log":
-            self._pending.append((losses, parts, self._ids, meta))
+            self._pending.append((micros, parts, meta))
             return
-        # skip / raise: decide now, consistently on every rank
-        loss_ok = torch.isfinite(torch.stack([v.reshape(()) for v in losses])).all() if losses else None
-        grad_ok = torch.isfinite(torch.stack([t.reshape(()) for t in parts])).all() if parts else None
+        self._decide(trainer, pl_module, micros, parts, meta)
+
+    def _decide(self, trainer: Trainer, pl_module: LightningModule, micros: list[_MicroBatch], parts: Any,
+                meta: tuple[int, int]) -> None:
+        """Under skip / raise: read this step's flags (all-reduced under DDP) and act on every rank alike."""
         dev = pl_module.device
-        no = torch.zeros((), dtype=torch.int32, device=dev)
-        local = torch.stack([no if loss_ok is None else (~loss_ok).to(torch.int32).to(dev),
-                             no if grad_ok is None else (~grad_ok).to(torch.int32).to(dev)])
-        glob = local.clone()
+        flags = _step_flags(micros, parts, dev)  # [loss_bad..., input_bad..., grads_bad] as 0/1 int32
+        n = len(micros)
+        glob = torch.stack([flags[:n].amax() if n else flags.new_zeros(()), flags[-1]])
         if dist_ready(trainer):  # every rank takes part, bad or not: the same collective each step
             torch.distributed.all_reduce(glob, op=torch.distributed.ReduceOp.MAX)
-        (loss_bad, grad_bad), (loss_bad_any, grad_bad_any) = torch.stack([local, glob]).bool().tolist()
-        if not (loss_bad_any or grad_bad_any):
+        host = torch.cat([flags, glob]).tolist()
+        loss_bad, input_bad, grads_bad = host[:n], host[n:2 * n], host[2 * n]
+        loss_bad_any, grads_bad_any = host[-2:]
+        if not (loss_bad_any or grads_bad_any):
             return
+        grad_ok = None if parts is None else not grads_bad
         # DDP averages gradients, so one rank's NaN loss makes every rank's gradients NaN: the rank(s)
         # with a non-finite loss own the record; without one, every rank with bad gradients records
-        if loss_bad or (grad_bad and not loss_bad_any):
-            record = self._record(meta, loss_ok, grad_ok, self._ids, batch=self._batch)
-            where = (f"non-finite {'loss' if record['loss_finite'] is False else 'gradients'} on rank "
-                     f"{self._rank}: patch_id={record.get('patch_id')}, crop_yx={record.get('crop_yx')}")
+        records: list[NonFiniteRecord] = []
+        for micro, lb, ib in zip(micros, loss_bad, input_bad, strict=True):
+            if lb:
+                records.append(self._record(meta, [micro], False, grad_ok, _input_ok(micro, ib), micro.index))
+        if grads_bad and not loss_bad_any:
+            records.append(self._record(meta, micros, True, False, _inputs_ok(micros, input_bad), None))
+        if records:
+            rec = records[0]
+            where = (f"non-finite {'loss' if rec.loss_finite is False else 'gradients'} on rank {self._rank}"
+                     f"{'' if rec.micro_batch is None else f', micro-batch {rec.micro_batch}'}: "
+                     f"patch_id={rec.patch_id}, crop_yx={rec.crop_yx}")
         else:
             where = "non-finite loss on another rank (its record names the samples)"
         if self.policy == "raise":
-            raise NonFiniteError(
-                f"NonFiniteCallback(policy='raise'): global step {meta[0]} (epoch {meta[1]}): {where}"
-            )
+            raise NonFiniteError(f"NonFiniteCallback(policy='raise'): global step {meta[0]} (epoch {meta[1]}): {where}")
         for p in self._params:
             p.grad = None
         self.skipped_steps += 1
@@ -190,7 +262,6 @@ class NonFiniteCallback(ScalingCallback):
     def on_train_batch_end(
         self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        self._batch = None
         if self._stepped and self._count_step():
             self._flush()
             if self.nonfinite_batches != self._logged:  # a scalar only when the count moved
@@ -207,93 +278,176 @@ class NonFiniteCallback(ScalingCallback):
     @override
     def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._flush()
-        gathered = gather_objects(trainer, (self.nonfinite_batches, self.skipped_steps, self.records))
-        self.all_records = [r for _, _, recs in gathered for r in recs]
+        self._micros = []
+        unwatch_unscaled_loss(self._scaler, self._on_unscaled_loss)
+        gathered = gather_objects(trainer, (self.nonfinite_batches, self.skipped_steps,
+                                            [r.to_json() for r in self.records]))
+        self.all_records = [NonFiniteRecord.from_json(r) for _, _, recs in gathered for r in recs]
         self._per_rank_counts = [(n, s) for n, s, _ in gathered]
         if self.nonfinite_batches and trainer.is_global_zero:
             rank_zero_warn(f"NonFiniteCallback: {self.nonfinite_batches} non-finite batch(es) on rank 0 "
                            f"(policy={self.policy}); sample ids are in run.json")
 
+    @override
+    def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
+        unwatch_unscaled_loss(self._scaler, self._on_unscaled_loss)
+
     # ------------------------------------------------------------------ records
-    def _record(self, meta: tuple, loss_ok: Any, grad_ok: Any, ids: tuple, batch: Any = None) -> dict[str, Any]:
-        step, epoch, batch_idx = meta
-        rec: dict[str, Any] = {
-            "global_step": int(step), "epoch": int(epoch), "batch_idx": int(batch_idx), "rank": self._rank,
-            "loss_finite": None if loss_ok is None else bool(loss_ok),
-            "grads_finite": None if grad_ok is None else bool(grad_ok),
-            **ids_to_lists(*ids),
-        }
-        if isinstance(batch, Mapping):
-            bad_samples = _nonfinite_samples(batch)
-            if bad_samples is not None and ids[0] is not None:
-                pids = rec.get("patch_id", [])
-                rec["nonfinite_input_patch_id"] = [pids[i] for i in bad_samples if i < len(pids)]
-                if "crop_yx" in rec:
-                    rec["nonfinite_input_crop_yx"] = [rec["crop_yx"][i] for i in bad_samples if i < len(rec["crop_yx"])]
-        self.nonfinite_batches += 1
+    def _record(self, meta: tuple[int, int], micros: list[_MicroBatch], loss_ok: bool, grad_ok: bool | None,
+                input_ok: bool | None, micro_index: int | None) -> NonFiniteRecord:
+        """One record: a micro-batch with a non-finite loss, or (``micro_index`` None) a step with non-finite gradients.
+
+        Reads the sample ids from the device (a rare path).
+        """
+        step, epoch = meta
+        ids = [ids_to_lists(*m.ids) for m in micros]
+        rec = NonFiniteRecord(
+            global_step=int(step), epoch=int(epoch), batch_idx=int(micros[-1].batch_idx if micros else -1),
+            micro_batch=micro_index, rank=self._rank, loss_finite=loss_ok, grads_finite=grad_ok, input_finite=input_ok,
+            patch_id=[v for d in ids for v in d.get("patch_id", [])] if any("patch_id" in d for d in ids) else None,
+            crop_yx=[v for d in ids for v in d.get("crop_yx", [])] if any("crop_yx" in d for d in ids) else None,
+        )
+        if all(m.batch is not None for m in micros):  # skip / raise: examine the inputs themselves (rare path)
+            bad_keys = [k for m in micros for k in _nonfinite_keys(m.batch)]
+            rec.input_finite = not bad_keys
+            if micro_index is not None and bad_keys:
+                rec.nonfinite_inputs = bad_keys
+        elif micro_index is not None and input_ok is False:
+            micro = micros[0]
+            flags = _finite_flags(micro.input_extremes or [])
+            rec.nonfinite_inputs = [k for i, k in enumerate(micro.input_keys) if not all(flags[2 * i:2 * i + 2])]
+        if self.policy != "log" and all(isinstance(m.batch, Mapping) for m in micros):
+            bad = [i for m in micros for i in _sample_flags(m.batch)]  # per sample of the step's micro-batches
+            if rec.patch_id is not None and len(bad) == len(rec.patch_id):
+                rec.nonfinite_input_patch_id = [p for p, b in zip(rec.patch_id, bad, strict=True) if b]
+            if rec.crop_yx is not None and len(bad) == len(rec.crop_yx):
+                rec.nonfinite_input_crop_yx = [c for c, b in zip(rec.crop_yx, bad, strict=True) if b]
+        self.nonfinite_batches += 1  # a micro-batch with a non-finite loss, or a step with non-finite gradients
         if len(self.records) < self.max_records:
             self.records.append(rec)
         return rec
 
     def _flush(self) -> None:
-        """Read the pending ``log``-policy gradient norms and losses, and record the bad batches.
+        """Read the pending ``log``-policy flags and record the bad micro-batches.
 
-        Two device-to-host copies: the gradient norms (shared, read once) and the loss flags.
+        Two device-to-host copies: the gradient norms (shared, read once) and the loss and input flags.
         """
         if not self._pending:
             return
         pending, self._pending = self._pending, []
-        grad_host = iter(total_norms([item[1] for item in pending if item[1] is not None]))  # shared, read once
-        loss_host = iter(_finite_flags([v for item in pending for v in item[0]]))
-        for losses, parts, ids, meta in pending:
-            flags = [next(loss_host) for _ in losses]
-            loss_ok = all(flags) if flags else None
+        grad_host = iter(total_norms([parts for _, parts, _ in pending if parts is not None]))  # shared, read once
+        values = [v for micros, _, _ in pending for m in micros for v in _micro_values(m)]
+        flags = iter(_finite_flags(values))
+        for micros, parts, meta in pending:
             grad_ok = math.isfinite(next(grad_host)) if parts is not None else None
-            if loss_ok is False or grad_ok is False:
-                self._record(meta, loss_ok, grad_ok, ids)
+            loss_oks, input_oks = [], []
+            for m in micros:
+                loss_oks.append(next(flags) if m.loss is not None else None)
+                inputs = [next(flags) for _ in (m.input_extremes or [])]
+                input_oks.append(all(inputs) if inputs else None)
+            for m, lo, io in zip(micros, loss_oks, input_oks, strict=True):
+                if lo is False:
+                    self._record(meta, [m], False, grad_ok, io, m.index)
+            if grad_ok is False and not any(lo is False for lo in loss_oks):
+                checked = [io for io in input_oks if io is not None]
+                self._record(meta, micros, True, False, all(checked) if checked else None, None)
 
     # ------------------------------------------------------------------ summary
     @override
-    def summary(self) -> dict[str, Any]:
+    def summary(self) -> NonFiniteSummary:
         records = self.all_records if self.all_records is not None else self.records
-        return {
-            "evidence": MEASURED_RUN,
-            "policy": self.policy,
-            "check_grads": self.check_grads and self._scaler is None,
-            "nonfinite_batches_rank0": self.nonfinite_batches,
-            "skipped_steps_rank0": self.skipped_steps,
-            "per_rank": [{"nonfinite_batches": n, "skipped_steps": s}
-                         for n, s in getattr(self, "_per_rank_counts", [(self.nonfinite_batches, self.skipped_steps)])],
-            "records": records,
-        }
+        counts = self._per_rank_counts or [(self.nonfinite_batches, self.skipped_steps)]
+        return NonFiniteSummary(
+            policy=self.policy,
+            check_grads=self.check_grads and self._scaler is None,
+            input_check=("every micro-batch" if self.check_inputs else
+                         ("non-finite micro-batches" if self.policy != "log" else "off")),
+            nonfinite_batches_rank0=self.nonfinite_batches,
+            skipped_steps_rank0=self.skipped_steps,
+            per_rank=[RankCounts(nonfinite_batches=n, skipped_steps=s) for n, s in counts],
+            records=list(records),
+        )
 
 
-def _finite_flags(values: list[torch.Tensor]) -> list[bool]:
+def _extremes(keys: list[str], tensors: list[torch.Tensor]) -> tuple[list[str], list[torch.Tensor]]:
+    """The keys of the non-empty tensors and ``[min_0, max_0, min_1, max_1, ...]`` of those; no host read.
+
+    The extremes are 0-d tensors, NaN/inf when the tensor holds one (``torch.aminmax`` propagates NaN).
+    """
+    kept: list[str] = []
+    out: list[torch.Tensor] = []
+    for key, t in zip(keys, tensors, strict=True):
+        if t.numel():
+            low, high = torch.aminmax(t.detach() if t.requires_grad else t)
+            kept.append(key)
+            out += [low, high]
+    return kept, out
+
+
+def _micro_values(micro: _MicroBatch) -> list[torch.Tensor]:
+    """The 0-d device values of a micro-batch whose finiteness is read: its loss, then its inputs' min and max."""
+    return ([micro.loss] if micro.loss is not None else []) + list(micro.input_extremes or [])
+
+
+def _input_ok(micro: _MicroBatch, input_bad: int) -> bool | None:
+    return None if micro.input_extremes is None else not input_bad
+
+
+def _inputs_ok(micros: list[_MicroBatch], input_bad: list[int]) -> bool | None:
+    """Whether the inputs of all ``micros`` were finite (``None`` when none was checked)."""
+    checked = [not bad for m, bad in zip(micros, input_bad, strict=True) if m.input_extremes is not None]
+    return all(checked) if checked else None
+
+
+def _step_flags(micros: list[_MicroBatch], parts: Any, device: torch.device) -> torch.Tensor:
+    """``[loss_bad per micro-batch, input_bad per micro-batch, grads_bad]`` as 0/1 int32 on ``device`` (no read)."""
+    zero = torch.zeros((), dtype=torch.int32, device=device)
+
+    def bad(values: Sequence[torch.Tensor]) -> torch.Tensor:
+        if not values:
+            return zero
+        return (~torch.isfinite(torch.stack([v.reshape(()).float().to(device) for v in values]))).any().to(torch.int32)
+
+    loss = [zero if m.loss is None else bad([m.loss]) for m in micros]
+    inputs = [bad(m.input_extremes or []) for m in micros]
+    return torch.stack([*loss, *inputs, bad(list(parts)) if parts else zero])
+
+
+def _finite_flags(values: Sequence[torch.Tensor]) -> list[bool]:
     """Finiteness of each 0-d tensor in ``values`` (one stack, one device-to-host copy)."""
     if not values:
         return []
     try:
-        stacked = torch.stack(values)
-    except RuntimeError:  # not all 0-d, or on different devices
-        stacked = torch.stack([v.detach().reshape(-1)[:1].reshape(()).to(values[0].device) for v in values])
+        stacked = torch.stack([v.reshape(()).float() for v in values])
+    except RuntimeError:  # on different devices
+        stacked = torch.stack([v.reshape(()).float().to(values[0].device) for v in values])
     finite = torch.isfinite(stacked)
     if bool(finite.all()):  # the common case: one read
         return [True] * len(values)
-    return finite.reshape(len(values), -1).all(dim=1).cpu().tolist()
+    return finite.cpu().tolist()
 
 
-def _nonfinite_samples(batch: Mapping) -> list[int] | None:
-    """Indices of the samples whose floating-point tensors hold NaN/inf (rare path: reads the device)."""
+def _nonfinite_keys(batch: Any) -> list[str]:
+    """Keys of the floating-point tensors of ``batch`` that hold NaN/inf (rare path: reads the device)."""
+    keys, tensors = float_tensors(batch)
+    if not tensors:
+        return []
+    finite = torch.stack([torch.isfinite(t).all().to(tensors[0].device) for t in tensors]).cpu().tolist()
+    return [k for k, ok in zip(keys, finite, strict=True) if not ok]
+
+
+def _sample_flags(batch: Mapping) -> list[bool]:
+    """Per sample of ``batch``: does any of its floating-point tensors hold NaN/inf (rare path: reads the device)."""
+    _, tensors = float_tensors(batch)
     n = None
     bad: torch.Tensor | None = None
-    for value in batch.values():
-        if isinstance(value, torch.Tensor) and value.is_floating_point() and value.dim() > 0:
-            if n is None:
-                n = value.shape[0]
-            if value.shape[0] != n:
-                continue
-            per_sample = ~torch.isfinite(value.detach()).reshape(n, -1).all(dim=1)
-            bad = per_sample if bad is None else (bad | per_sample.to(bad.device))
-    if bad is None:
-        return None
-    return [int(i) for i in torch.nonzero(bad).reshape(-1).cpu().tolist()]
+    for value in tensors:
+        if value.dim() == 0:
+            continue
+        if n is None:
+            n = value.shape[0]
+        if value.shape[0] != n:
+            continue
+        per_sample = ~torch.isfinite(value.detach()).reshape(n, -1).all(dim=1)
+        bad = per_sample if bad is None else (bad | per_sample.to(bad.device))
+    return [] if bad is None else [bool(b) for b in bad.cpu().tolist()]

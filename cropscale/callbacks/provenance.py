@@ -6,10 +6,11 @@ full resolved configuration (from LightningCLI's ``SaveConfigCallback``, else ``
 run folder, else the module's and datamodule's hyper-parameters), host name, Python / torch /
 Lightning / CUDA / cuDNN / NCCL versions, every rank's device (name, UUID) and, from NVML, driver,
 power limit and persistence mode, ``nvidia-smi topo -m`` where available, world size, seeds,
-precision and strategy. At ``on_fit_end`` it adds the ``summary`` section: one entry per scaling
-callback (their :meth:`~cropscale.callbacks.base.ScalingCallback.summary`, each labelled
-``measured-run``) and sets ``status: "finished"``; on an exception ``status: "failed"`` with the
-error. The schema is documented in ``docs/run_json.md``.
+precision and strategy, and what the data module's checks found (its ``data_warnings`` attribute, read,
+not imported). At ``on_fit_end`` it adds the ``summary`` section: one entry per scaling callback (their
+:meth:`~cropscale.callbacks.base.ScalingCallback.summary`, each labelled ``measured-run``) and sets
+``status: "finished"``; on an exception ``status: "failed"`` with the error. The schema is documented
+in ``docs/run_json.md``.
 
 The run folder is ``trainer.log_dir`` (the TensorBoardLogger version folder), else
 ``trainer.default_root_dir``.
@@ -46,8 +47,9 @@ from cropscale.env.host import (
 from cropscale.errors import CropScaleError
 from cropscale.evidence import MEASURED_RUN
 from cropscale.files import atomic_write_json
+from cropscale.runs.schema import RUN_SCHEMA, SUMMARY_TYPES, Record, RunJson, RunSummary
 
-SCHEMA = "cropscale.run/1"
+SCHEMA = RUN_SCHEMA
 _DATA_ATTRS = ("data_root", "root", "data_dir", "root_dir", "dataset_root")
 RUN_JSON_LIBRARIES = ("cropscale", "torch", "lightning", "torchmetrics", "numpy", "jsonargparse", "nvidia-ml-py")
 """The libraries ``run.json["versions"]`` lists (with python, cuda, cudnn and nccl)."""
@@ -119,6 +121,16 @@ def _jsonable(obj: Any) -> Any:
     return clean(json.loads(json.dumps(obj, default=str)))
 
 
+def _section(key: str, summary: Any) -> Any:
+    """A callback's summary as the record type of its ``run.json`` section.
+
+    A plain dict (from a callback that returns one) is read into that type; a key without a type stays JSON.
+    """
+    if isinstance(summary, Record) or key not in SUMMARY_TYPES:
+        return summary if isinstance(summary, Record) else _jsonable(summary)
+    return SUMMARY_TYPES[key].from_json(_jsonable(summary))
+
+
 def _data_root(trainer: Trainer, explicit: str | None) -> str | None:
     if explicit:
         return explicit
@@ -128,6 +140,12 @@ def _data_root(trainer: Trainer, explicit: str | None) -> str | None:
         if isinstance(value, (str, os.PathLike)) and Path(value).is_dir():
             return str(value)
     return None
+
+
+def _data_warnings(trainer: Trainer) -> list[str]:
+    """What the data module's checks found: its ``data_warnings`` attribute (a list of lines), else ``[]``."""
+    found = getattr(trainer.datamodule, "data_warnings", None)
+    return [str(w) for w in found] if isinstance(found, (list, tuple)) else []
 
 
 class ProvenanceCallback(ScalingCallback):
@@ -163,7 +181,7 @@ class ProvenanceCallback(ScalingCallback):
         self.topology = topology
         self.extra = dict(extra or {})
         self.path: str | None = None
-        self.record: dict[str, Any] = {}
+        self.record: RunJson | None = None
 
     @override
     def state_dict(self) -> dict[str, Any]:
@@ -191,23 +209,21 @@ class ProvenanceCallback(ScalingCallback):
                 dataset = {"available": False, "reason": str(err)}
         config, source = _config(trainer, pl_module, log_dir)
         strategy = trainer.strategy
-        self.record = {
-            "schema": SCHEMA,
-            "evidence": MEASURED_RUN,
-            "status": "running",
-            "started_utc": utc_now(),
-            "finished_utc": None,
-            "run_dir": os.path.abspath(log_dir),
-            "command": list(sys.argv),
-            "git": git_info(),
-            "dataset": dataset,
-            "config": config,
-            "config_source": source,
-            "host": host_record(),
-            "versions": library_versions(RUN_JSON_LIBRARIES),
-            "devices": devices,
-            "topology": gpu_topology() if self.topology else {"available": False, "reason": "topology=False"},
-            "distributed": {
+        self.record = RunJson(
+            status="running",
+            started_utc=utc_now(),
+            finished_utc=None,
+            run_dir=os.path.abspath(log_dir),
+            command=list(sys.argv),
+            git=git_info(),
+            dataset=dataset,
+            config=config,
+            config_source=source,
+            host=host_record(),
+            versions=library_versions(RUN_JSON_LIBRARIES),
+            devices=devices,
+            topology=gpu_topology() if self.topology else {"available": False, "reason": "topology=False"},
+            distributed={
                 "world_size": trainer.world_size,
                 "num_nodes": trainer.num_nodes,
                 "devices_per_node": trainer.num_devices,
@@ -216,14 +232,14 @@ class ProvenanceCallback(ScalingCallback):
                 or getattr(strategy, "_process_group_backend", None),
                 "accelerator": type(trainer.accelerator).__name__,
             },
-            "precision": str(trainer.precision),
-            "float32_matmul_precision": torch.get_float32_matmul_precision(),
-            "seeds": {
+            precision=str(trainer.precision),
+            float32_matmul_precision=torch.get_float32_matmul_precision(),
+            seeds={
                 "PL_GLOBAL_SEED": os.environ.get("PL_GLOBAL_SEED"),
                 "PL_SEED_WORKERS": os.environ.get("PL_SEED_WORKERS"),
                 "torch_initial_seed": int(torch.initial_seed()),
             },
-            "trainer": {
+            trainer={
                 "max_epochs": trainer.max_epochs,
                 "max_steps": trainer.max_steps,
                 "accumulate_grad_batches": trainer.accumulate_grad_batches,
@@ -234,10 +250,10 @@ class ProvenanceCallback(ScalingCallback):
                 "val_check_interval": trainer.val_check_interval,
                 "deterministic": torch.are_deterministic_algorithms_enabled(),
             },
-            "callbacks": [type(cb).__name__ for cb in iter_callbacks(trainer)],
-            "extra": _jsonable(self.extra),
-            "summary": {},
-        }
+            callbacks=[type(cb).__name__ for cb in iter_callbacks(trainer)],
+            extra=_jsonable(self.extra),
+            data_warnings=_data_warnings(trainer),
+        )
         self._write()
         rank_zero_info(f"ProvenanceCallback: wrote {self.path}")
 
@@ -250,28 +266,35 @@ class ProvenanceCallback(ScalingCallback):
         self._finish(trainer, "failed", exception)
 
     def _finish(self, trainer: Trainer, status: str, exception: BaseException | None) -> None:
-        if not trainer.is_global_zero or not self.record:
+        if not trainer.is_global_zero or self.record is None:
             return
-        summary: dict[str, Any] = {}
+        summary = RunSummary()
         for cb in scaling_callbacks(trainer):
             if cb is self:
                 continue
             try:
-                summary[cb.summary_key] = _jsonable(cb.summary())
+                section = _section(cb.summary_key, cb.summary())
             except Exception as err:  # a broken summary must not lose the record
-                summary[cb.summary_key] = {"evidence": cb.evidence, "error": f"{type(err).__name__}: {err}"}
-        self.record["summary"] = summary
-        self.record["status"] = status
-        self.record["finished_utc"] = utc_now()
-        self.record["global_step"] = trainer.global_step
-        self.record["epochs_completed"] = trainer.current_epoch
+                section = {"evidence": cb.evidence, "error": f"{type(err).__name__}: {err}"}
+            if isinstance(section, Record) and cb.summary_key in SUMMARY_TYPES:
+                setattr(summary, cb.summary_key, section)
+            else:
+                summary.other[cb.summary_key] = section
+        record = self.record
+        record.summary = summary
+        record.data_warnings = _data_warnings(trainer)
+        record.status = status
+        record.finished_utc = utc_now()
+        record.global_step = trainer.global_step
+        record.epochs_completed = trainer.current_epoch
         if exception is not None:
-            self.record["error"] = {"type": type(exception).__name__, "message": str(exception)}
+            record.error = {"type": type(exception).__name__, "message": str(exception)}
         self._write()
 
     def _write(self) -> None:
-        assert self.path is not None
-        atomic_write_json(self.path, _jsonable(self.record), indent=2, allow_nan=False)
+        assert self.path is not None and self.record is not None
+        os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
+        atomic_write_json(self.path, _jsonable(self.record.to_json()))
 
     @override
     def summary(self) -> dict[str, Any]:

@@ -82,6 +82,8 @@ from cropscale.callbacks._windows import (
 from cropscale.callbacks.base import ScalingCallback
 from cropscale.errors import CropScaleError
 from cropscale.evidence import MEASURED_RUN
+from cropscale.runs.schema import RankStats, StepTimingEpoch, StepTimingSummary
+from cropscale.runs.schema import WindowStats as WindowFigures
 
 COMPONENTS: tuple[str, ...] = STEP_WINDOWS
 """The windows of one optimizer step, in order (:data:`cropscale.callbacks.STEP_WINDOWS`)."""
@@ -188,7 +190,7 @@ class StepTimingCallback(ScalingCallback):
         # persistent state
         self.steps_total = 0
         self.steps_measured = 0
-        self.epochs: list[dict[str, Any]] = []
+        self.epochs: list[StepTimingEpoch] = []
         # run state
         self._clock: HostClock | CudaEventClock = HostClock()
         self._profiler: _StepTimingProfiler | None = None
@@ -213,13 +215,14 @@ class StepTimingCallback(ScalingCallback):
     # ------------------------------------------------------------------ state
     @override
     def state_dict(self) -> dict[str, Any]:
-        return {"steps_total": self.steps_total, "steps_measured": self.steps_measured, "epochs": list(self.epochs)}
+        return {"steps_total": self.steps_total, "steps_measured": self.steps_measured,
+                "epochs": [e.to_json() for e in self.epochs]}
 
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.steps_total = int(state_dict.get("steps_total", 0))
         self.steps_measured = int(state_dict.get("steps_measured", 0))
-        self.epochs = list(state_dict.get("epochs", []))
+        self.epochs = [StepTimingEpoch.from_json(e) for e in state_dict.get("epochs", [])]
 
     # ------------------------------------------------------------------ set-up
     @override
@@ -458,17 +461,14 @@ class StepTimingCallback(ScalingCallback):
         step_idx = ALL_FIGURES.index("step")
         step_ranks = rank_stats([row[step_idx] for row in per_rank])
         first_wait = [None if row[-1] is None else row[-1] * 1e3 for row in per_rank]
-        record = {
-            "epoch": trainer.current_epoch,
-            "steps_measured": self._stats.epoch_steps,
-            "windows_ms": stats,
-            "step_ms_per_rank": step_ranks,
-            "window_median_ms_per_rank": {
-                name: [row[i] for row in per_rank] for i, name in enumerate(ALL_FIGURES)
-            },
-            "first_batch_wait_ms_per_rank": first_wait,
-        }
-        self.epochs.append(record)
+        self.epochs.append(StepTimingEpoch(
+            epoch=trainer.current_epoch,
+            steps_measured=self._stats.epoch_steps,
+            windows_ms={name: WindowFigures(**figures) for name, figures in stats.items()},
+            step_ms_per_rank=RankStats(**step_ranks),
+            window_median_ms_per_rank={name: [row[i] for row in per_rank] for i, name in enumerate(ALL_FIGURES)},
+            first_batch_wait_ms_per_rank=first_wait,
+        ))
         metrics: dict[str, float | None] = {}
         for name in ALL_FIGURES:
             metrics[f"perf/epoch/{name}_ms_median"] = stats[name]["median"]
@@ -484,9 +484,10 @@ class StepTimingCallback(ScalingCallback):
         self._resolve(block=True)
         self._close_trace()
         if trainer.is_global_zero and self.epochs:
-            last = self.epochs[-1]["windows_ms"]["step"]["median"]
+            step = self.epochs[-1].windows_ms.get("step")
+            last = None if step is None else step.median
             if last is not None:
-                rank_zero_info(f"StepTimingCallback: median step {last:.3f} ms (last epoch, rank 0, measured-run)")
+                rank_zero_info(f"StepTimingCallback: median step {last:.3f} ms (last epoch, rank 0, {MEASURED_RUN})")
 
     @override
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
@@ -494,16 +495,15 @@ class StepTimingCallback(ScalingCallback):
 
     # ------------------------------------------------------------------ summary
     @override
-    def summary(self) -> dict[str, Any]:
-        return {
-            "evidence": MEASURED_RUN,
-            "clock": self._clock.kind,
-            "warmup_steps": self.warmup_steps,
-            "sync_cuda": self.sync_cuda,
-            "steps_total": self.steps_total,
-            "steps_measured": self.steps_measured,
-            "comm_timing": dict(self._comm_status),
-            "trace_path": self._trace_file,
-            "windows": list(ALL_FIGURES),
-            "epochs": list(self.epochs),
-        }
+    def summary(self) -> StepTimingSummary:
+        return StepTimingSummary(
+            clock=self._clock.kind,
+            warmup_steps=self.warmup_steps,
+            sync_cuda=self.sync_cuda,
+            steps_total=self.steps_total,
+            steps_measured=self.steps_measured,
+            comm_timing=dict(self._comm_status),
+            trace_path=self._trace_file,
+            windows=list(ALL_FIGURES),
+            epochs=list(self.epochs),
+        )

@@ -15,7 +15,16 @@ Definitions (host clock, ``time.perf_counter``):
   rank's train time. ``samples_per_s_steady``: samples of the measured steps / their summed latency.
 - *achieved TFLOP/s*: ``flops_per_sample`` (forward + backward FLOPs of one training sample, from the
   constructor or ``pl_module.flops_per_sample``) x samples / train time, per GPU; *MFU* = achieved
-  per GPU / dense peak of the device and dtype (:mod:`cropscale.env.peaks`, or ``peak_tflops``).
+  per GPU / the **attainable** dense peak of the math that ran (``peak_tflops`` overrides it).
+- *attainable peak* (:func:`cropscale.env.peaks.attainable_peak_tflops`): each operator class
+  (convolution, matmul, attention) runs in the dtype its switches select, read at ``on_train_start``
+  (:func:`cropscale.env.peaks.tf32_settings`: ``torch.backends.cudnn.allow_tf32`` for convolutions,
+  ``torch.get_float32_matmul_precision()`` / ``torch.backends.cuda.matmul.allow_tf32`` for matmuls and
+  attention under ``32-true``; the autocast dtype under ``*-mixed``), and the peak is
+  ``sum f_c / sum (f_c / P_c)`` with ``f_c`` the FLOPs per class (``flops_by_class`` from the constructor
+  or ``pl_module.flops_by_class``, counted by ``torch.utils.flop_counter``). Under ``32-true`` on an H200 a
+  convolution-heavy model runs mostly in TF32 (494.5 TFLOP/s dense), so dividing by the FP32 peak (67)
+  would overstate MFU up to about 7x. When every class runs in the same dtype the split is not needed.
   Without FLOPs or without a peak, MFU is not reported and the reason is recorded.
 """
 
@@ -33,9 +42,10 @@ from cropscale.callbacks._dist import gather_vectors
 from cropscale.callbacks._logging import log_metrics
 from cropscale.callbacks.base import ScalingCallback
 from cropscale.env import peaks
+from cropscale.env.peaks import OPERATOR_CLASSES
 from cropscale.errors import CropScaleError
-from cropscale.evidence import MEASURED_RUN
 from cropscale.numbers import median_p95
+from cropscale.runs.schema import ThroughputEpoch, ThroughputSummary, WindowStats
 
 
 class ThroughputCallback(ScalingCallback):
@@ -44,7 +54,10 @@ class ThroughputCallback(ScalingCallback):
     Args:
         flops_per_sample: forward + backward FLOPs of one training sample; ``None`` reads
             ``pl_module.flops_per_sample`` at each epoch end (absent or ``None``: no TFLOP/s, no MFU).
-        peak_tflops: dense peak TFLOP/s of one device for the run's dtype, overriding the table.
+        flops_by_class: FLOPs of one training sample per operator class (``convolution``, ``matmul``,
+            ``attention``; only the proportions matter) for the attainable peak; ``None`` reads
+            ``pl_module.flops_by_class`` at each epoch end.
+        peak_tflops: dense peak TFLOP/s of one device for the run, overriding the attainable peak.
         warmup_steps: optimizer steps at the start of ``fit`` left out of the latency statistics.
         sync_cuda_at_epoch_end: synchronise the device at epoch start and end (two syncs per epoch) so
             that epoch times include the queued GPU work.
@@ -61,20 +74,27 @@ class ThroughputCallback(ScalingCallback):
     summary_key = "throughput"
 
     def __init__(self, flops_per_sample: float | None = None, peak_tflops: float | None = None,
-                 warmup_steps: int = 5, sync_cuda_at_epoch_end: bool = True) -> None:
+                 warmup_steps: int = 5, sync_cuda_at_epoch_end: bool = True,
+                 flops_by_class: dict[str, float] | None = None) -> None:
         if flops_per_sample is not None and flops_per_sample <= 0:
             raise CropScaleError(f"ThroughputCallback(flops_per_sample={flops_per_sample}): must be > 0")
+        if flops_by_class is not None and (
+            set(flops_by_class) - set(OPERATOR_CLASSES) or any(not v >= 0 for v in flops_by_class.values())
+        ):
+            raise CropScaleError(f"ThroughputCallback(flops_by_class={flops_by_class}): give FLOPs >= 0 for "
+                                 f"the classes {', '.join(OPERATOR_CLASSES)}")
         if peak_tflops is not None and peak_tflops <= 0:
             raise CropScaleError(f"ThroughputCallback(peak_tflops={peak_tflops}): must be > 0")
         if warmup_steps < 0:
             raise CropScaleError(f"ThroughputCallback(warmup_steps={warmup_steps}): must be >= 0")
         self.flops_per_sample = flops_per_sample
+        self.flops_by_class = dict(flops_by_class) if flops_by_class is not None else None
         self.peak_tflops = peak_tflops
         self.warmup_steps = warmup_steps
         self.sync_cuda_at_epoch_end = sync_cuda_at_epoch_end
         self.total_samples = 0
         self.total_train_s = 0.0
-        self.epochs: list[dict[str, Any]] = []
+        self.epochs: list[ThroughputEpoch] = []
         self._cuda: torch.device | None = None
         self._steps_this_fit = 0
         self._last_end: float | None = None
@@ -90,18 +110,24 @@ class ThroughputCallback(ScalingCallback):
         self._log_samples = 0
         self._device_name = "cpu"
         self._dtype = "fp32"
+        self._tf32: dict[str, bool] = {}
+        self._class_dtypes: dict[str, str] = {}
+        self._split: dict[str, float] | None = None
+        self._peak: float | None = None
+        self._peak_source: str | None = None
         self._mfu_reason: str | None = None
         self._flops_source: str | None = None
 
     @override
     def state_dict(self) -> dict[str, Any]:
-        return {"total_samples": self.total_samples, "total_train_s": self.total_train_s, "epochs": list(self.epochs)}
+        return {"total_samples": self.total_samples, "total_train_s": self.total_train_s,
+                "epochs": [e.to_json() for e in self.epochs]}
 
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.total_samples = int(state_dict.get("total_samples", 0))
         self.total_train_s = float(state_dict.get("total_train_s", 0.0))
-        self.epochs = list(state_dict.get("epochs", []))
+        self.epochs = [ThroughputEpoch.from_json(e) for e in state_dict.get("epochs", [])]
 
     # ------------------------------------------------------------------ hooks
     def _sync(self) -> None:
@@ -112,8 +138,10 @@ class ThroughputCallback(ScalingCallback):
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         dev = pl_module.device
         self._cuda = dev if (dev.type == "cuda" and torch.cuda.is_available()) else None
-        self._device_name = torch.cuda.get_device_name(dev) if self._cuda is not None else dev.type
-        self._dtype = peaks.precision_dtype(str(trainer.precision), torch.get_float32_matmul_precision())
+        self._device_name = device_name(dev)
+        self._tf32 = peaks.tf32_settings()
+        self._class_dtypes = peaks.class_dtypes(str(trainer.precision), self._tf32["matmul"], self._tf32["cudnn_conv"])
+        self._dtype = self._class_dtypes["matmul"]
         self._steps_this_fit = 0
         self._start_log_schedule(trainer)
 
@@ -190,31 +218,31 @@ class ThroughputCallback(ScalingCallback):
         sps_steady = (sum(n for n, _ in steady_rows) / max(s for _, s in steady_rows)) if steady_rows else None
         lat = median_p95(self._lat, scale=1e3)
         flops, tflops, mfu, peak = self._flops_figures(pl_module, total_samples, slowest_train, trainer.world_size)
-        record = {
-            "epoch": trainer.current_epoch,
-            "samples": total_samples,
-            "samples_per_rank": samples_rank,
-            "samples_per_s": sps,
-            "samples_per_s_per_rank": [(n / t) if t else None for n, t in zip(samples_rank, train_rank, strict=False)],
-            "samples_per_s_steady": sps_steady,
-            "step_latency_ms": lat,
-            "train_s": slowest_train,
-            "train_s_per_rank": train_rank,
-            "val_s": max((r[2] for r in rows if r[2] is not None), default=None),
-            "wall_s": max((r[3] for r in rows if r[3] is not None), default=None),
-            "flops_per_sample": flops,
-            "tflops_per_s_per_gpu": tflops,
-            "peak_tflops": peak,
-            "mfu": mfu,
-        }
+        record = ThroughputEpoch(
+            epoch=trainer.current_epoch,
+            samples=total_samples,
+            samples_per_rank=samples_rank,
+            samples_per_s=sps,
+            samples_per_s_per_rank=[(n / t) if t else None for n, t in zip(samples_rank, train_rank, strict=False)],
+            samples_per_s_steady=sps_steady,
+            step_latency_ms=WindowStats(**lat),
+            train_s=slowest_train,
+            train_s_per_rank=train_rank,
+            val_s=max((r[2] for r in rows if r[2] is not None), default=None),
+            wall_s=max((r[3] for r in rows if r[3] is not None), default=None),
+            flops_per_sample=flops,
+            tflops_per_s_per_gpu=tflops,
+            peak_tflops=peak,
+            mfu=mfu,
+        )
         self.epochs.append(record)
         self.total_samples += total_samples
         self.total_train_s += slowest_train or 0.0
         log_metrics(trainer, {
             "perf/epoch/samples_per_s": sps, "perf/epoch/samples_per_s_steady": sps_steady,
             "perf/epoch/step_latency_ms_median": lat["median"], "perf/epoch/step_latency_ms_p95": lat["p95"],
-            "perf/epoch/train_s": slowest_train, "perf/epoch/val_s": record["val_s"],
-            "perf/epoch/wall_s": record["wall_s"],
+            "perf/epoch/train_s": slowest_train, "perf/epoch/val_s": record.val_s,
+            "perf/epoch/wall_s": record.wall_s,
             "perf/epoch/tflops_per_s": tflops, "perf/epoch/mfu": mfu,
         })
 
@@ -231,7 +259,7 @@ class ThroughputCallback(ScalingCallback):
                     self._flops_source = "pl_module.flops_per_sample"
                 except (TypeError, ValueError):
                     flops = None
-        peak = self.peak_tflops if self.peak_tflops is not None else peaks.peak_tflops(self._device_name, self._dtype)
+        peak = self._peak_figure(pl_module)
         if flops is None or flops <= 0:
             self._mfu_reason = ("no FLOPs per sample: pass ThroughputCallback(flops_per_sample=...) or set "
                                 "pl_module.flops_per_sample")
@@ -241,23 +269,66 @@ class ThroughputCallback(ScalingCallback):
             return flops, None, None, peak
         tflops = flops * samples / train_s / max(world, 1) / 1e12
         if peak is None:
-            self._mfu_reason = (f"no dense peak for device {self._device_name!r} and dtype {self._dtype!r}: "
-                                "pass ThroughputCallback(peak_tflops=...)")
             return flops, tflops, None, None
         self._mfu_reason = None
         return flops, tflops, tflops / peak, peak
 
+    def _peak_figure(self, pl_module: LightningModule) -> float | None:
+        """The peak MFU divides by: the override, else the attainable peak of the operator classes' dtypes.
+
+        Sets :attr:`_peak`, :attr:`_peak_source` (``"peak_tflops"``, ``"attainable"``, ``"table"``),
+        :attr:`_split` and, when there is no peak, :attr:`_mfu_reason`.
+        """
+        split = self.flops_by_class if self.flops_by_class is not None else getattr(pl_module, "flops_by_class", None)
+        self._split = {c: float(split.get(c, 0.0)) for c in OPERATOR_CLASSES} if split else None
+        self._peak, self._peak_source = None, None
+        if self.peak_tflops is not None:
+            self._peak, self._peak_source = float(self.peak_tflops), "peak_tflops"
+            return self._peak
+        dtypes = self._class_dtypes
+        if self._split is not None and any(self._split.values()):
+            self._peak = peaks.attainable_peak_tflops(self._device_name, self._split, dtypes)
+            used = {dtypes[c] for c, f in self._split.items() if f > 0}
+            self._peak_source = "attainable" if self._peak is not None else None
+        else:
+            used = set(dtypes.values())
+            if len(used) == 1:  # every class in one dtype: the split does not matter
+                self._peak = peaks.peak_tflops(self._device_name, next(iter(used)))
+                self._peak_source = "table" if self._peak is not None else None
+            else:
+                self._mfu_reason = (
+                    "the operator classes run in different dtypes (" + ", ".join(f"{c} {d}" for c, d in dtypes.items())
+                    + ") and their FLOPs split is unknown: pass ThroughputCallback(flops_by_class=...) or set "
+                    "pl_module.flops_by_class"
+                )
+                return None
+        if self._peak is None:
+            self._mfu_reason = (f"no dense peak for device {self._device_name!r} and dtype(s) "
+                                f"{', '.join(sorted(used))}: pass ThroughputCallback(peak_tflops=...)")
+        return self._peak
+
     @override
-    def summary(self) -> dict[str, Any]:
-        return {
-            "evidence": MEASURED_RUN,
-            "device": self._device_name,
-            "dtype": self._dtype,
-            "warmup_steps": self.warmup_steps,
-            "flops_source": self._flops_source,
-            "mfu_reason": self._mfu_reason,
-            "total_samples": self.total_samples,
-            "total_train_s": self.total_train_s,
-            "samples_per_s": (self.total_samples / self.total_train_s) if self.total_train_s else None,
-            "epochs": list(self.epochs),
-        }
+    def summary(self) -> ThroughputSummary:
+        return ThroughputSummary(
+            device=self._device_name,
+            dtype=self._dtype,
+            dtypes_by_class=dict(self._class_dtypes),
+            tf32=dict(self._tf32),
+            flops_by_class=None if self._split is None else dict(self._split),
+            peak_tflops=self._peak,
+            peak_source=self._peak_source,
+            warmup_steps=self.warmup_steps,
+            flops_source=self._flops_source,
+            mfu_reason=self._mfu_reason,
+            total_samples=self.total_samples,
+            total_train_s=self.total_train_s,
+            samples_per_s=(self.total_samples / self.total_train_s) if self.total_train_s else None,
+            epochs=list(self.epochs),
+        )
+
+
+def device_name(device: torch.device) -> str:
+    """``torch.cuda.get_device_name`` of a CUDA ``device``, else its type (``"cpu"``)."""
+    if device.type == "cuda" and torch.cuda.is_available():
+        return torch.cuda.get_device_name(device)
+    return device.type

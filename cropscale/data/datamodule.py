@@ -39,8 +39,9 @@ from torch.utils.data import DataLoader, get_worker_info
 from typing_extensions import override
 
 from cropscale.data.collate import collate
+from cropscale.data.content import PatchScan, scale_warnings, zero_but_clear_warning
 from cropscale.data.dataset import PastisHDDataset
-from cropscale.data.index import S1_ORBITS
+from cropscale.data.index import S1_ORBITS, orphan_warning
 from cropscale.data.metadata import read_classes, read_metadata
 from cropscale.data.sharding import EvalShardSampler, PaddedEvalDataset, TrainShardSampler
 from cropscale.data.stats import NormStats, compute_norm_stats
@@ -115,10 +116,20 @@ class PastisHDDataModule(LightningDataModule):
         s1_orbits: Sentinel-1 orbits to read where present.
         min_clear_fraction: fraction of clear pixels for a date to count as valid.
         augment: random flips and 90-degree rotations of training crops.
+        allow_fold_overlap: accept training folds that are also validation or test folds (scores on
+            patches the model trained on); refused by default.
+
+    Attributes:
+        data_warnings: what the checks found that is not an error, one line each (also issued as
+            ``UserWarning``, or logged for an allowed fold overlap): overlapping folds allowed, files
+            without a metadata entry, the documented fallbacks, patches on another scale than the
+            training statistics, masks that mark no-data pixels clear. ``ProvenanceCallback`` writes
+            them to ``run.json``.
 
     Raises:
-        CropScaleError: missing root, ``metadata.geojson`` or ``classes.json`` (at construction);
-            empty folds and bad patch files (at :meth:`setup`).
+        CropScaleError: missing root, ``metadata.geojson`` or ``classes.json``, or overlapping folds (at
+            construction); empty folds, bad patch files and bad values (at :meth:`setup`, for every fold
+            the stage reads, before the first step).
     """
 
     def __init__(
@@ -147,6 +158,7 @@ class PastisHDDataModule(LightningDataModule):
         s1_orbits: list[str] = ["S1A", "S1D"],  # noqa: B006
         min_clear_fraction: float = 0.5,
         augment: bool = True,
+        allow_fold_overlap: bool = False,
     ) -> None:
         super().__init__()
         self.root = Path(root)
@@ -168,6 +180,9 @@ class PastisHDDataModule(LightningDataModule):
         self.train_folds = list(train_folds)
         self.val_folds = list(val_folds)
         self.test_folds = list(test_folds) if test_folds is not None else None
+        self.data_warnings: list[str] = []
+        self._scans: dict[int, PatchScan] = {}
+        self._check_folds(bool(allow_fold_overlap))
         self.batch_size = int(batch_size)
         self.val_batch_size = int(val_batch_size)
         self.crop_size, self.t2, self.t1 = int(crop_size), int(t2), int(t1)
@@ -201,6 +216,46 @@ class PastisHDDataModule(LightningDataModule):
     def class_names(self) -> list[str]:
         """Class names, index = class id."""
         return list(self._class_names)
+
+    # ------------------------------------------------------------------ checks
+    def _note(self, message: str | None, *, warn: bool = True) -> None:
+        """Record ``message`` once in :attr:`data_warnings` (and issue it as a ``UserWarning``)."""
+        if not message or message in self.data_warnings:
+            return
+        self.data_warnings.append(message)
+        if warn:
+            warnings.warn(message, stacklevel=2)
+
+    def _check_folds(self, allow_overlap: bool) -> None:
+        """Refuse training folds that are also validation or test folds, unless ``allow_overlap``."""
+        for name, folds in (("val_folds", self.val_folds), ("test_folds", self.test_folds or [])):
+            shared = sorted(set(self.train_folds) & set(folds))
+            if not shared:
+                continue
+            what = f"data.train_folds {self.train_folds} and data.{name} {folds} share fold(s) {shared}"
+            if not allow_overlap:
+                raise CropScaleError(
+                    f"{what}: {'validation' if name == 'val_folds' else 'test'} would score patches the model"
+                    " trained on; use disjoint folds, or set data.allow_fold_overlap=true if that is intended"
+                )
+            self._note(f"{what} (allowed by data.allow_fold_overlap)", warn=False)
+            rank_zero_info(f"cropscale: {self.data_warnings[-1]}")
+
+    def _check_values(self, datasets: list[PastisHDDataset]) -> list[PatchScan]:
+        """Scan every patch of ``datasets`` not scanned before (:meth:`PastisHDDataset.check_content`)."""
+        for dataset in datasets:
+            for message in dataset.data_warnings:
+                self._note(message, warn=False)  # already issued by the index
+            todo = [p for p in dataset.patches if p.patch_id not in self._scans]
+            if todo:
+                self._scans.update((s.patch_id, s) for s in dataset.check_content())
+        return [self._scans[p.patch_id] for d in datasets for p in d.patches]
+
+    def _note_values(self, scans: list[PatchScan], stats: NormStats) -> None:
+        """Record the scale and mask findings of ``scans`` against the training statistics."""
+        for message in scale_warnings(scans, stats):
+            self._note(message)
+        self._note(zero_but_clear_warning(list({s.patch_id: s for s in scans}.values())))
 
     # ------------------------------------------------------------------ stats
     def compute_stats(self, path: str | None = None) -> NormStats:
@@ -260,6 +315,7 @@ class PastisHDDataModule(LightningDataModule):
         """
         if self._records is None:
             self._records = read_metadata(self.metadata_path)
+            self._note(orphan_warning(self.root, self._records))
         if stage in ("test", "predict") and self.test_folds is None:
             raise CropScaleError(
                 f"data.test_folds: no test folds given; the '{getattr(stage, 'value', stage)}' stage reads the"
@@ -276,9 +332,11 @@ class PastisHDDataModule(LightningDataModule):
         if stage in ("test", "predict") or (stage is None and self.test_folds):
             self.test_dataset = self._dataset(self.test_folds, train=False)
             built.append(self.test_dataset)
+        scans = self._check_values(built)
         stats = self._ensure_stats()
         for dataset in built:
             dataset.stats = stats
+        self._note_values(scans, stats)
 
     # ------------------------------------------------------------ dataloaders
     def _loader_kwargs(self) -> dict:

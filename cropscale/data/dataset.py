@@ -24,10 +24,12 @@ Arrays are opened with ``numpy.load(mmap_mode="r")`` and sliced, never loaded wh
 Checks at construction (before training; each error names the patch and the file): missing or
 unreadable ``.npy`` (truncated, bad header), wrong number of dimensions or bands, spatial shapes that
 disagree, metadata date counts that differ from the array's ``T``, a high-grid directory for patches
-the metadata cannot georeference. Checks while reading a sample: NaN or Inf in Sentinel-2
-reflectance at a pixel the mask calls clear (NaN or Inf under the mask is accepted: masked values
-are set to 0 after normalisation and never reach the network), class ids ``>= num_classes`` (other
-than ``ignore_index``), a patch whose Sentinel-2 series has no clear observation at all.
+the metadata cannot georeference, a dtype that cannot hold the unit. :meth:`PastisHDDataset.check_content`
+(called by the data module at setup) checks a bounded sample of the values (:mod:`.content`). Checks
+while reading a sample: NaN or Inf in Sentinel-2 reflectance at a pixel the mask calls clear (NaN or Inf
+under the mask is accepted: masked values are set to 0 after normalisation and never reach the network),
+class ids ``>= num_classes`` (other than ``ignore_index``), a patch whose Sentinel-2 series has no clear
+observation at all.
 
 Documented fallbacks (a warning at construction lists the patches): when ``DATA_S1A``/``DATA_S1D``,
 ``INSTANCE_ANNOTATIONS`` or the high-grid directory exists but one patch's file is absent, that
@@ -35,7 +37,9 @@ sample has the orbit absent (masks all False), ``parcel_present = False`` or ``h
 Sentinel-1 masks are per date (:mod:`cropscale.batch`): a date with a non-finite VV or VH value in the
 sample's window is invalid for that sample (``s1x_mask`` False, values 0), as is a date with no
 finite, non-zero pixel; dates with fewer than ``min_clear_fraction`` such pixels are chosen last
-(see :mod:`.temporal`). No NaN or Inf reaches a batch.
+(see :mod:`.temporal`). No NaN or Inf reaches a batch. A Sentinel-2 pixel whose ten bands are all 0
+is no data (``s2_mask`` False) even where ``DATA_S2_MASK`` marks it clear; dates are chosen by the
+mask's clear fraction.
 """
 
 from __future__ import annotations
@@ -48,6 +52,7 @@ import torch
 from torch.utils.data import Dataset
 
 from cropscale.batch import HR_SCALE, S2_BANDS
+from cropscale.data.content import PatchScan, label_problem, no_clear_observation, nonfinite_s2_message, scan_patch
 from cropscale.data.hr import HighGridReader, crop_bounds, high_grid_shape
 from cropscale.data.index import S1_ORBITS, PatchFiles, index_patches, open_npy
 from cropscale.data.metadata import PatchRecord, read_classes
@@ -97,6 +102,10 @@ class PastisHDDataset(Dataset):
         seed: seed of the training generator.
         records: pre-parsed metadata (default: read ``root/metadata.geojson``).
 
+    Attributes:
+        patches: the indexed patches (:class:`~cropscale.data.index.PatchFiles`), metadata order.
+        data_warnings: the documented fallbacks met while indexing (also issued as ``UserWarning``).
+
     Raises:
         CropScaleError: see the module docstring.
     """
@@ -137,8 +146,9 @@ class PastisHDDataset(Dataset):
         self.num_classes = len(read_classes(self.root / "classes.json")) if num_classes is None else int(num_classes)
         self.ignore_index = ignore_index
         self.min_clear_fraction = float(min_clear_fraction)
+        self.data_warnings: list[str] = []
         self.patches = index_patches(root, folds, records=records, s1_orbits=s1_orbits, hr_dir=hr_dir,
-                                     hr_pattern=hr_pattern)
+                                     hr_pattern=hr_pattern, notes=self.data_warnings)
         if not self.patches:
             raise CropScaleError(f"no patches in folds {folds} under {self.root}")
         if self.train:
@@ -233,14 +243,11 @@ class PastisHDDataset(Dataset):
         idx = select_dates(frac, self.t2, min_clear_fraction=self.min_clear_fraction, rng=rng)
         data = data_all[idx] if data_all is not None else np.asarray(arr[(idx, slice(None), *window)])
         clear = valid_all[idx]                                              # [n, h, w]
-        if data.dtype.kind == "f":
-            bad = ~np.isfinite(data) & clear[:, None]
-            if bad.any():  # NaN or Inf where the mask (or no-data detection) says clear
-                t, band, r, c = np.argwhere(bad)[0]
-                raise CropScaleError(
-                    f"patch {p.patch_id}: S2 file {p.s2}: non-finite reflectance (NaN or Inf) at a clear pixel:"
-                    f" date index {int(idx[t])}, band {S2_BANDS[band]}, pixel ({y + int(r)}, {x + int(c)})"
-                )
+        if p.mask is not None:  # zero in every band is no data, whatever the mask says (NaN is not zero)
+            clear = clear & s2_pixel_validity(data)
+        message = nonfinite_s2_message(p, data, idx, y, x, clear=clear)
+        if message:  # NaN or Inf where the mask (or no-data detection) says clear
+            raise CropScaleError(message)
         data = data.astype(np.float32)
         if self.stats is not None:
             with np.errstate(invalid="ignore", over="ignore"):
@@ -257,20 +264,25 @@ class PastisHDDataset(Dataset):
 
     def _check_patch_has_clear_s2(self, p: PatchFiles) -> None:
         """Raise when the whole patch has no clear Sentinel-2 observation on any date."""
-        if p.mask is not None:
-            mask = self._array(p.mask, p.patch_id, "S2 mask")
-            if not np.asarray(mask).any():
-                raise CropScaleError(
-                    f"patch {p.patch_id}: all {p.s2_t} dates invalid: S2 mask file {p.mask} marks no clear "
-                    "observation; remove the patch or fix the mask"
-                )
-        else:
-            arr = np.asarray(self._array(p.s2, p.patch_id, "S2"))
-            if not s2_pixel_validity(arr).any():
-                raise CropScaleError(
-                    f"patch {p.patch_id}: all {p.s2_t} dates invalid: S2 file {p.s2} is no data (all bands 0) "
-                    "everywhere; remove the patch"
-                )
+        mask = self._array(p.mask, p.patch_id, "S2 mask") if p.mask is not None else None
+        message = no_clear_observation(p, self._array(p.s2, p.patch_id, "S2"), mask)
+        if message:
+            raise CropScaleError(message)
+
+    def check_content(self) -> list[PatchScan]:
+        """Check a bounded sample of every patch's values (:func:`~cropscale.data.content.scan_patch`).
+
+        Returns:
+            One :class:`~cropscale.data.content.PatchScan` per patch, in order.
+
+        Raises:
+            CropScaleError: the first patch with a bad value (named with its file).
+        """
+        try:
+            return [scan_patch(p, num_classes=self.num_classes, ignore_index=self.ignore_index,
+                               hr_reader=self.hr_reader) for p in self.patches]
+        finally:
+            self.hr_reader.close()
 
     def _read_s1(self, p: PatchFiles, orbit: str, y: int, x: int, hw: tuple[int, int], rng) -> dict[str, np.ndarray]:
         h, w = hw
@@ -306,16 +318,9 @@ class PastisHDDataset(Dataset):
     def _read_semantic(self, p: PatchFiles, y: int, x: int, hw: tuple[int, int]) -> np.ndarray:
         arr = self._array(p.target, p.patch_id, "TARGET")
         labels = np.asarray(arr[0] if arr.ndim == 3 else arr).astype(np.int64)
-        bad = (labels < 0) | (labels >= self.num_classes)
-        if self.ignore_index is not None:
-            bad &= labels != self.ignore_index
-        if bad.any():
-            r, c = np.argwhere(bad)[0]
-            raise CropScaleError(
-                f"patch {p.patch_id}: TARGET file {p.target}: class id {int(labels[r, c])} "
-                f"at pixel ({int(r)}, {int(c)}) is outside 0..{self.num_classes - 1} "
-                f"(num_classes {self.num_classes}, ignore_index {self.ignore_index})"
-            )
+        problem = label_problem(labels, self.num_classes, self.ignore_index)
+        if problem:
+            raise CropScaleError(f"patch {p.patch_id}: TARGET file {p.target}: {problem}")
         h, w = hw
         return labels[y:y + h, x:x + w]
 

@@ -4,9 +4,14 @@ Layout read under ``root`` (PASTIS, Sainte Fare Garnot & Landrieu, ICCV 2021; PA
 2022; PASTIS-HD adds ``DATA_SPOT``); the table is in :mod:`cropscale.data.dataset`.
 
 Checks (each error names the patch and the file): missing or unreadable ``.npy`` (truncated, bad
-header), wrong number of dimensions or bands, spatial shapes that disagree, metadata date counts that
+header), wrong number of dimensions or bands, a dtype that cannot hold the modality's unit (8-bit
+Sentinel-2, unsigned or 8-bit Sentinel-1), spatial shapes that disagree, metadata date counts that
 differ from the array's ``T``, a high-grid image for a patch the metadata cannot georeference. Only
-array headers are read (memory maps), no pixel data.
+array headers are read (memory maps), no pixel data; the values are checked by
+:mod:`cropscale.data.content`.
+
+Files of patches that ``metadata.geojson`` does not list are never read; :func:`orphan_files` counts
+them for one warning (the reverse, a listed patch without its files, is an error).
 
 Documented fallbacks (one warning lists the patches): when ``DATA_S1A``/``DATA_S1D``,
 ``INSTANCE_ANNOTATIONS`` or the high-grid directory exists but one patch's file is absent, that
@@ -100,6 +105,31 @@ def _check(cond: bool, patch_id: int, what: str, path: Path, message: str) -> No
         raise CropScaleError(f"patch {patch_id}: {what} file {path}: {message}")
 
 
+def s2_dtype_problem(dtype: np.dtype) -> str | None:
+    """Why ``dtype`` cannot hold Sentinel-2 reflectance x 1e4, or None.
+
+    Reflectance x 1e4 runs from about -1000 (L2A offset) to above 10,000 (bright targets, clouds): it
+    needs a float, or integers of at least 16 bits. An 8-bit array has wrapped values (mod 256) or
+    another unit.
+    """
+    if dtype.kind == "f" or (dtype.kind in "iu" and dtype.itemsize >= 2):
+        return None
+    return (f"dtype {dtype} cannot hold reflectance x 1e4 (values up to 10,000 and more); expected int16,"
+            " uint16 or a float (an 8-bit export wraps the values mod 256)")
+
+
+def s1_dtype_problem(dtype: np.dtype) -> str | None:
+    """Why ``dtype`` cannot hold Sentinel-1 backscatter in dB, or None.
+
+    Backscatter in dB is mostly negative (VV about -10, VH about -17 dB over crops): it needs a float or
+    a signed integer of at least 16 bits.
+    """
+    if dtype.kind == "f" or (dtype.kind == "i" and dtype.itemsize >= 2):
+        return None
+    return (f"dtype {dtype} cannot hold backscatter in dB (mostly negative values, VV about -10 dB); expected"
+            " float32 (or a signed integer of at least 16 bits)")
+
+
 def _select_records(records: list[PatchRecord], folds, meta_path: Path) -> list[PatchRecord]:
     """The records of ``folds`` (None = all), metadata order; an empty requested fold is an error."""
     if folds is None:
@@ -121,6 +151,8 @@ def _s2(layout: _Layout, rec: PatchRecord) -> tuple[Path, tuple[int, int, int]]:
            f"expected {len(S2_BANDS)} bands {S2_BANDS} on axis 1, got shape {s2.shape}")
     t, _, h, w = s2.shape
     _check(t >= 1 and h >= 1 and w >= 1, pid, "S2", path, f"empty array, shape {s2.shape}")
+    problem = s2_dtype_problem(s2.dtype)
+    _check(problem is None, pid, "S2", path, problem or "")
     if "S2" not in rec.dates:
         raise CropScaleError(f"patch {pid}: {layout.meta_path} has no dates-S2 for S2 file {path}")
     _check(len(rec.dates["S2"]) == t, pid, "S2", path,
@@ -151,6 +183,8 @@ def _s1(layout: _Layout, rec: PatchRecord, hw: tuple[int, int]) -> tuple[dict[st
         arr = open_npy(path, patch_id=pid, what=orbit)
         _check(arr.ndim == 4 and arr.shape[1] >= 2 and arr.shape[2:] == hw, pid, orbit, path,
                f"expected [T, >=2 (VV, VH, ...), {hw[0]}, {hw[1]}], got shape {arr.shape}")
+        problem = s1_dtype_problem(arr.dtype)
+        _check(problem is None, pid, orbit, path, problem or "")
         if orbit not in rec.dates:
             raise CropScaleError(f"patch {pid}: {layout.meta_path} has no dates-{orbit} for {orbit} file {path}")
         _check(len(rec.dates[orbit]) == arr.shape[0], pid, orbit, path,
@@ -212,6 +246,47 @@ def _patch_files(layout: _Layout, rec: PatchRecord) -> PatchFiles:
     )
 
 
+PATCH_FILE_PATTERNS: tuple[tuple[str, str], ...] = (
+    ("DATA_S2", "S2_"), ("DATA_S2_MASK", "MASK_"), ("DATA_S1A", "S1A_"), ("DATA_S1D", "S1D_"),
+    ("ANNOTATIONS", "TARGET_"), ("INSTANCE_ANNOTATIONS", "INSTANCES_"),
+)
+"""``(folder, file prefix)`` of the per-patch ``<prefix><id>.npy`` files of the layout."""
+
+
+def orphan_files(root: str | Path, records: list[PatchRecord]) -> dict[int, list[Path]]:
+    """Patch files under ``root`` whose id ``records`` (the metadata) does not list.
+
+    Only directory listings are read. Files named ``<prefix><id>.npy`` in the folders of
+    :data:`PATCH_FILE_PATTERNS` count; other names are not patch files.
+
+    Returns:
+        patch id -> its files (sorted by id, paths in folder order); empty when every file has its entry.
+    """
+    root = Path(root)
+    listed = {r.patch_id for r in records}
+    found: dict[int, list[Path]] = {}
+    for folder, prefix in PATCH_FILE_PATTERNS:
+        if not (root / folder).is_dir():
+            continue
+        for path in sorted((root / folder).glob(f"{prefix}*.npy")):
+            stem = path.stem[len(prefix):]
+            if stem.isdigit() and int(stem) not in listed:
+                found.setdefault(int(stem), []).append(path)
+    return dict(sorted(found.items()))
+
+
+def orphan_warning(root: str | Path, records: list[PatchRecord], shown: int = 5) -> str | None:
+    """One line for :func:`orphan_files` (the count, the first ``shown`` ids and one file), or None."""
+    orphans = orphan_files(root, records)
+    if not orphans:
+        return None
+    ids = list(orphans)
+    first = orphans[ids[0]][0]
+    listed = ", ".join(map(str, ids[:shown])) + (" ..." if len(ids) > shown else "")
+    return (f"{Path(root)}: {len(ids)} patch id(s) have files but no entry in metadata.geojson ({listed}; e.g."
+            f" {first}); their files are not read")
+
+
 def index_patches(
     root: str | Path,
     folds: list[int] | tuple[int, ...] | None,
@@ -220,11 +295,13 @@ def index_patches(
     s1_orbits: tuple[str, ...] | list[str] = S1_ORBITS,
     hr_dir: str | None = "DATA_SPOT",
     hr_pattern: str = "SPOT_{patch_id}.tif",
+    notes: list[str] | None = None,
 ) -> list[PatchFiles]:
     """Resolve and check the files of every patch in ``folds`` (None = all folds), metadata order.
 
     Opens each array's header (memory map, no data read) to check shapes against each other and
-    against the metadata's date counts.
+    against the metadata's date counts. The documented fallbacks are one ``UserWarning`` each, also
+    appended to ``notes`` when given.
 
     Raises:
         CropScaleError: missing root or metadata, no patch in a requested fold, or any check of the
@@ -246,6 +323,8 @@ def index_patches(
     out = [_patch_files(layout, rec) for rec in records]
     for what, ids in layout.fallbacks.items():
         shown = ", ".join(map(str, ids[:10])) + (" ..." if len(ids) > 10 else "")
-        warnings.warn(f"{root}: no {what} for {len(ids)} patch(es) ({shown}); those samples mark it absent",
-                      stacklevel=2)
+        message = f"{root}: no {what} for {len(ids)} patch(es) ({shown}); those samples mark it absent"
+        warnings.warn(message, stacklevel=2)
+        if notes is not None:
+            notes.append(message)
     return out

@@ -4,7 +4,8 @@ Layout (PASTIS, Sainte Fare Garnot & Landrieu, ICCV 2021; PASTIS-R, ISPRS J. 202
 SPOT-6/7): ``metadata.geojson`` is a GeoJSON FeatureCollection with one feature per patch. The
 properties used here are ``ID_PATCH`` (int), ``Fold`` (int, 1..5) and ``dates-<MODALITY>``
 (``dates-S2``, ``dates-S1A``, ``dates-S1D``), each a mapping ``{index: yyyymmdd}`` whose index
-``i`` is the position of the date on axis 0 of the modality's array. The geometry is the patch
+``i`` is the position of the date on axis 0 of the modality's array, so the dates must not decrease
+with ``i`` (refused otherwise: the arrays would not be in time order). The geometry is the patch
 polygon in a projected CRS (the collection's ``crs`` member; PASTIS: EPSG:2154, the bundled
 Flanders sample: EPSG:32631) or, in reduced copies such as ``pastis-r-mini``, only the patch centre in
 lon/lat, which cannot georeference a high-grid image.
@@ -92,7 +93,26 @@ def _parse_dates(raw: Any, *, patch_id: int, key: str, path: Path) -> np.ndarray
             raise CropScaleError(
                 f"{path}: patch {patch_id}: {key} has an invalid date {v} (expected yyyymmdd)"
             ) from None
-    return np.array([v for _, v in items], dtype=np.int64)
+    dates = np.array([v for _, v in items], dtype=np.int64)
+    _check_chronological(dates, patch_id=patch_id, key=key, path=path)
+    return dates
+
+
+def _check_chronological(dates: np.ndarray, *, patch_id: int, key: str, path: Path) -> None:
+    """Refuse a date earlier than the one before it (equal dates are allowed).
+
+    Index ``i`` is the position on the array's time axis, so dates out of order mean the arrays are not in
+    time order (or the metadata is wrong): the day of year would reach the temporal encoder out of order,
+    and which of the two is right cannot be told from the files.
+    """
+    back = np.flatnonzero(np.diff(dates) < 0)
+    if back.size:
+        i = int(back[0]) + 1
+        raise CropScaleError(
+            f"{path}: patch {patch_id}: {key} is not in chronological order: index {i} = {int(dates[i])} comes"
+            f" before index {i - 1} = {int(dates[i - 1])} ({back.size} such step(s)); the index is the position"
+            " on the array's time axis, so store the arrays and dates in time order"
+        )
 
 
 def _collection_crs(collection: dict, path: Path) -> Any:
@@ -122,8 +142,8 @@ def read_metadata(path: str | Path) -> list[PatchRecord]:
 
     Raises:
         CropScaleError: the file is missing or not JSON, a feature lacks ``ID_PATCH`` or ``Fold``,
-            a patch id repeats, or a ``dates-*`` mapping is malformed (each message names the file
-            and the patch).
+            a patch id repeats, or a ``dates-*`` mapping is malformed or not in chronological order
+            (each message names the file and the patch).
     """
     path = Path(path)
     if not path.is_file():

@@ -4,9 +4,9 @@ They are applied the same way to every sample (training crops, validation and te
 or per batch.
 
 Sentinel-2: mean and standard deviation of each band B02 ... B12 (reflectance x 1e4) over every
-clear pixel of every date of every training patch (clear = ``DATA_S2_MASK`` when present, else not
-all bands 0; values under the mask, NaN included, are left out). Sentinel-1: per orbit, VV and VH
-(dB) over the pixels that are finite and not both 0.
+clear pixel of every date of every training patch (clear = not all bands 0, and ``DATA_S2_MASK`` marks
+it clear when the root has masks; values under the mask, NaN included, are left out). Sentinel-1: per orbit,
+VV and VH (dB) over the pixels that are finite and not both 0.
 Moments are accumulated per date chunk in float64 and merged with the parallel variance formula
 (Chan, Golub & LeVeque, 1979); the standard deviation is the population one. Normalised value:
 ``(x - mean) / std``.
@@ -200,7 +200,9 @@ def compute_norm_stats(
         mask = open_npy(p.mask, patch_id=p.patch_id, what="S2 mask") if p.mask is not None else None
         for t0 in range(0, s2.shape[0], chunk_dates):
             x = np.asarray(s2[t0:t0 + chunk_dates], dtype=np.float64)
-            valid = np.asarray(mask[t0:t0 + chunk_dates]) > 0 if mask is not None else s2_pixel_validity(x)
+            valid = s2_pixel_validity(x)  # zero in every band is no data, whatever the mask says
+            if mask is not None:
+                valid &= np.asarray(mask[t0:t0 + chunk_dates]) > 0
             if not np.isfinite(x[np.broadcast_to(valid[:, None], x.shape)]).all():
                 raise CropScaleError(f"patch {p.patch_id}: S2 file {p.s2}: non-finite reflectance (NaN or Inf)"
                                      " at a clear pixel")

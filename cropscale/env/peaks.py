@@ -8,11 +8,25 @@ product on an H200 (``docs/measuring.md``, "Peak FLOP/s for MFU"), i.e. the data
 reached even by a large GEMM; MFU is reported beside the achieved TFLOP/s for that reason.
 
 dtypes: ``fp64``, ``fp32`` (no TF32), ``tf32``, ``bf16``, ``fp16``, ``fp8``.
+
+Attainable peak (``docs/measuring.md``, "Peak FLOP/s for MFU"): a step mixes operator classes whose math
+runs in different dtypes. Under ``32-true`` on an Ampere-or-newer GPU, cuDNN convolutions follow
+``torch.backends.cudnn.allow_tf32`` (on by default) while matmuls follow
+``torch.get_float32_matmul_precision()`` / ``torch.backends.cuda.matmul.allow_tf32`` (off by default); under
+``*-mixed`` autocast runs all three classes in its dtype. With ``f_c`` the FLOPs of class ``c`` (counted
+by ``torch.utils.flop_counter``) and ``P_c`` the dense peak of its dtype, the step cannot run faster than
+``sum_c f_c / P_c``, so the peak it could attain is ``P = sum_c f_c / sum_c (f_c / P_c)`` (a harmonic mean
+weighted by FLOPs). :func:`class_dtypes` maps the settings to dtypes, :func:`tf32_settings` reads them at
+run time and :func:`attainable_peak_tflops` computes ``P``.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
 
 DENSE_PEAK_TFLOPS: dict[str, dict[str, float]] = {
     # Hopper, SXM (H100 SXM5 and H200 share the compute figures)
@@ -89,3 +103,111 @@ def precision_dtype(precision: str, float32_matmul_precision: str = "highest") -
     if p.startswith("transformer-engine"):
         return "fp8"
     return "tf32" if float32_matmul_precision in ("high", "medium") else "fp32"
+
+
+OPERATOR_CLASSES: tuple[str, ...] = ("convolution", "matmul", "attention")
+"""The operator classes whose FLOPs ``torch.utils.flop_counter`` counts, each with its own dtype switch."""
+
+
+def operator_class(op: Any) -> str:
+    """Operator class of an op counted by ``FlopCounterMode`` (``str(op)``, e.g. ``"aten.convolution"``).
+
+    ``convolution`` for the convolutions and their backward, ``attention`` for the fused
+    ``scaled_dot_product_*attention*`` kernels and their backward, ``matmul`` for every other counted op
+    (``mm``, ``addmm``, ``bmm``, ``baddbmm``: linear layers and matrix products; attention that ran as the
+    math fallback is matrix products too and counts here).
+    """
+    name = str(op).lower()
+    if "conv" in name:
+        return "convolution"
+    if "attention" in name:
+        return "attention"
+    return "matmul"
+
+
+def flops_by_class(counts: Mapping[Any, int]) -> dict[str, int]:
+    """FLOPs per operator class from ``FlopCounterMode.get_flop_counts()["Global"]`` (``{op: FLOPs}``).
+
+    Returns:
+        ``{"convolution": int, "matmul": int, "attention": int}`` (every class present, 0 when absent).
+    """
+    out = dict.fromkeys(OPERATOR_CLASSES, 0)
+    for op, flops in counts.items():
+        out[operator_class(op)] += int(flops)
+    return out
+
+
+def _legacy_or_new(legacy: Callable[[], bool], nodes: tuple[Any, ...]) -> bool:
+    """A TF32 switch: the legacy flag, or else the first ``fp32_precision`` of ``nodes`` that is set.
+
+    torch raises on the legacy flag when it and the new ``fp32_precision`` API were mixed; ``"tf32"`` -> True.
+    """
+    try:
+        return bool(legacy())
+    except RuntimeError:
+        for node in nodes:
+            value = getattr(node, "fp32_precision", None)
+            if value not in (None, "", "none"):
+                return value == "tf32"
+        return False
+
+
+def tf32_settings() -> dict[str, bool]:
+    """Whether FP32 matmuls and FP32 cuDNN convolutions may run in TF32, read from torch's switches now.
+
+    Returns:
+        ``{"matmul": bool, "cudnn_conv": bool}``. ``matmul``: ``torch.backends.cuda.matmul.allow_tf32`` or
+        ``torch.get_float32_matmul_precision()`` ``"high"``/``"medium"`` (both TF32 for cuBLAS);
+        ``cudnn_conv``: ``torch.backends.cudnn.allow_tf32`` (on by default). Where the legacy flags cannot
+        be read because the new ``fp32_precision`` API was mixed in, that API is read instead.
+    """
+    backends = torch.backends
+    matmul = _legacy_or_new(
+        lambda: backends.cuda.matmul.allow_tf32 or torch.get_float32_matmul_precision() in ("high", "medium"),
+        (backends.cuda.matmul, backends),
+    )
+    cudnn = backends.cudnn
+    conv = _legacy_or_new(lambda: cudnn.allow_tf32, (getattr(cudnn, "conv", None), cudnn, backends))
+    return {"matmul": matmul, "cudnn_conv": conv}
+
+
+def class_dtypes(precision: str, matmul_tf32: bool, conv_tf32: bool) -> dict[str, str]:
+    """The dtype each operator class computes in, for a Lightning ``precision`` and the TF32 switches.
+
+    ``*-mixed`` / ``*-true`` other than 32: every class in the precision's dtype (autocast casts
+    convolutions, matmuls and attention alike; :func:`precision_dtype`). ``32-true``: convolutions ``tf32``
+    when ``conv_tf32`` (cuDNN) else ``fp32``; matmuls and attention ``tf32`` when ``matmul_tf32`` else
+    ``fp32`` (attention kernels compute their products as matmuls).
+
+    Returns:
+        ``{"convolution": dtype, "matmul": dtype, "attention": dtype}`` with dtypes of :data:`DTYPES`.
+    """
+    p = str(precision)
+    if not p.startswith("32"):
+        dtype = precision_dtype(p)
+        return dict.fromkeys(OPERATOR_CLASSES, dtype)
+    matmul = "tf32" if matmul_tf32 else "fp32"
+    return {"convolution": "tf32" if conv_tf32 else "fp32", "matmul": matmul, "attention": matmul}
+
+
+def attainable_peak_tflops(device_name: str, flops: Mapping[str, float], dtypes: Mapping[str, str]) -> float | None:
+    """Peak TFLOP/s a step with these FLOPs per class could attain: ``sum f_c / sum (f_c / P_c)``.
+
+    Args:
+        device_name: e.g. ``"NVIDIA H200"``.
+        flops: FLOPs per operator class (any unit: only the proportions matter); classes with 0 are left out.
+        dtypes: the dtype of each class (:func:`class_dtypes`).
+
+    Returns:
+        The peak in TFLOP/s, or ``None`` when no class has FLOPs or the table has no dense peak for the device
+        and the dtype of a class with FLOPs.
+    """
+    used = {c: float(f) for c, f in flops.items() if f and f > 0}
+    if not used:
+        return None
+    class_peaks = {cls: peak_tflops(device_name, dtypes.get(cls, "")) for cls in used}
+    if any(p is None for p in class_peaks.values()):
+        return None
+    if len(set(class_peaks.values())) == 1:  # one dtype: its peak, exactly (no rounding of the weighted mean)
+        return next(iter(class_peaks.values()))
+    return sum(used.values()) / sum(f / class_peaks[cls] for cls, f in used.items())

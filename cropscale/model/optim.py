@@ -1,18 +1,50 @@
-"""Batch-size arithmetic, learning-rate scaling rules and the warm-up schedule.
+"""Optimisers, batch-size arithmetic, learning-rate scaling rules and the warm-up schedule.
 
-Sources: linear scaling with gradual warm-up (Goyal et al., "Accurate, Large Minibatch SGD", 2017);
-square-root scaling for Adam-type optimisers (Malladi et al., "On the SDEs and Scaling Rules for
-Adaptive Gradient Algorithms", NeurIPS 2022).
+Optimisers (``model.optimizer``), built by :func:`build_optimizer`:
+
+- ``adamw`` (default): ``torch.optim.AdamW``, one parameter group, weight decay on every parameter.
+- ``sgd``: ``torch.optim.SGD`` with momentum, one parameter group, weight decay on every parameter.
+- ``lars``: layer-wise adaptive rate scaling (You et al., "Large Batch Training of Convolutional
+  Networks", 2017), ``pytorch_optimizer.LARS``: SGD with momentum whose step of each weight tensor is
+  scaled by the trust ratio ``eta ||w|| / (||g|| + wd ||w||)``.
+- ``lamb``: layer-wise adaptive moments (You et al., "Large Batch Optimization for Deep Learning:
+  Training BERT in 76 minutes", ICLR 2020), ``pytorch_optimizer.Lamb``: an Adam update with decoupled
+  weight decay, scaled per tensor by the trust ratio ``min(||w||, 10) / ||update||``.
+
+Trust-ratio exclusions of LARS and LAMB (:func:`parameter_groups`): norm and bias parameters are not
+adapted layer-wise and not weight-decayed, as in both papers. The rule is the one
+``pytorch_optimizer.LARS`` applies itself: every parameter tensor with ``ndim <= 1`` is excluded. In
+:class:`~cropscale.model.network.CropMappingNet` that is every bias, every GroupNorm / LayerNorm
+weight and bias, and the five learned 1-D embeddings (``s1a_missing``, ``s1d_missing`` and the
+``token`` of each encoder): 87 of 130 tensors, 6,608 of 1,947,936 parameters for 10 classes. They form
+the group named ``excluded`` (weight decay 0; for LAMB also ``adam=True``, i.e. trust ratio 1); the
+weight matrices and convolution kernels form the group ``adapted``.
+
+LR rules relative to a reference global batch (:func:`scale_learning_rate`): linear scaling with gradual
+warm-up (Goyal et al., "Accurate, Large Minibatch SGD: Training ImageNet in 1 Hour", 2017); square-root
+scaling for Adam-type optimisers (Malladi et al., "On the SDEs and Scaling Rules for Adaptive Gradient
+Algorithms", NeurIPS 2022). Large-batch training of remote-sensing models with these rules and LARS /
+LAMB: Sedona, Cavallaro et al., IGARSS 2020 (``docs/study.md``).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Iterable
 from typing import Literal
+
+import torch
+from pytorch_optimizer import LARS, Lamb
 
 from cropscale.errors import CropScaleError
 
 LRScaling = Literal["none", "linear", "sqrt"]
+OptimizerName = Literal["adamw", "sgd", "lars", "lamb"]
+OPTIMIZERS: tuple[str, ...] = ("adamw", "sgd", "lars", "lamb")
+"""The optimisers ``model.optimizer`` accepts."""
+LAYERWISE: tuple[str, ...] = ("lars", "lamb")
+"""The layer-wise adaptive optimisers (trust ratio per tensor, with exclusions)."""
+Schedule = Literal["constant", "cosine"]
 
 
 def global_batch_size(local_batch: int, world_size: int, accumulation: int = 1) -> int:
@@ -27,11 +59,56 @@ def global_batch_size(local_batch: int, world_size: int, accumulation: int = 1) 
     return int(local_batch) * int(world_size) * int(accumulation)
 
 
+def formed_global_batch(local_batch: int, world_size: int, accumulation: int = 1, *,
+                        samples_per_rank: int | None = None, batches_per_epoch: int | None = None) -> int:
+    """The global batch that really forms: :func:`global_batch_size`, or an error with the numbers.
+
+    With ``drop_last=False`` a rank's batches hold ``local_batch`` samples, the last one possibly fewer; an
+    epoch of fewer samples than ``local_batch`` makes every batch smaller, and an accumulation window longer
+    than the epoch steps the optimiser at the epoch's end on fewer batches (Lightning). In both cases the
+    product ``local x world x accumulation`` is not what an update holds, and an LR rule scaled by it is
+    wrong.
+
+    Args:
+        local_batch: ``data.batch_size`` (samples per rank per forward pass).
+        world_size: ranks.
+        accumulation: ``trainer.accumulate_grad_batches``.
+        samples_per_rank: training samples each rank draws per epoch (``len`` of its sampler); None = unknown.
+        batches_per_epoch: training batches per rank per epoch after ``limit_train_batches``; None = unknown.
+
+    Returns:
+        ``local_batch x world_size x accumulation``.
+
+    Raises:
+        CropScaleError: a factor < 1, a local batch larger than the samples per rank, or an accumulation
+            window longer than the batches per epoch (each message gives the numbers and the batch that
+            would form).
+    """
+    product = global_batch_size(local_batch, world_size, accumulation)
+    if samples_per_rank is not None and 0 < samples_per_rank < local_batch:
+        formed = samples_per_rank * world_size * accumulation
+        raise CropScaleError(
+            f"data.batch_size={local_batch} is larger than the {samples_per_rank} training samples per rank and"
+            f" epoch (world size {world_size}): every batch would hold {samples_per_rank}, global batch {formed},"
+            f" not {product}, and the printed global batch and the LR rule would use {product}; use"
+            f" data.batch_size <= {samples_per_rank} or more samples per epoch (data.samples_per_patch)"
+        )
+    if batches_per_epoch is not None and 0 < batches_per_epoch < accumulation:
+        formed = local_batch * world_size * batches_per_epoch
+        raise CropScaleError(
+            f"trainer.accumulate_grad_batches={accumulation} is longer than the {batches_per_epoch} batches per"
+            f" rank and epoch: Lightning steps at the end of the epoch, so every update would hold global batch"
+            f" {formed}, not {product}, and the printed global batch and the LR rule would use {product}; use"
+            f" accumulate_grad_batches <= {batches_per_epoch} or more batches per epoch"
+        )
+    return product
+
+
 def scale_learning_rate(base_lr: float, global_batch: int, reference_batch: int, rule: LRScaling = "none") -> float:
     """Learning rate for ``global_batch`` given ``base_lr`` tuned at ``reference_batch``.
 
-    ``none``: ``base_lr``; ``linear``: ``base_lr * k``; ``sqrt``: ``base_lr * sqrt(k)``, with
-    ``k = global_batch / reference_batch``.
+    ``none``: ``base_lr``; ``linear``: ``base_lr * k`` (Goyal et al. 2017); ``sqrt``: ``base_lr * sqrt(k)``
+    (Malladi et al., NeurIPS 2022), with ``k = global_batch / reference_batch``.
 
     Raises:
         CropScaleError: unknown rule or a batch size < 1.
@@ -53,8 +130,8 @@ def scale_learning_rate(base_lr: float, global_batch: int, reference_batch: int,
 def warmup_factor(step: int, warmup_steps: int, total_steps: int | None = None, schedule: str = "constant") -> float:
     """Multiplier of the learning rate at optimiser step ``step`` (0-based).
 
-    Linear warm-up from ``1 / (warmup_steps + 1)`` to 1 over ``warmup_steps`` steps, then constant or
-    a cosine decay to 0 at ``total_steps``.
+    Linear warm-up from ``1 / (warmup_steps + 1)`` to 1 over ``warmup_steps`` steps (Goyal et al. 2017),
+    then constant or a cosine decay to 0 at ``total_steps``.
     """
     if warmup_steps > 0 and step < warmup_steps:
         return (step + 1) / (warmup_steps + 1)
@@ -63,3 +140,120 @@ def warmup_factor(step: int, warmup_steps: int, total_steps: int | None = None, 
         progress = min(1.0, (step - warmup_steps) / span)
         return 0.5 * (1.0 + math.cos(math.pi * progress))
     return 1.0
+
+
+def warmup_steps_of(warmup_steps: int = 0, warmup_epochs: float = 0.0, updates_per_epoch: int | None = None) -> int:
+    """Warm-up length in optimiser updates, from a count of updates or of epochs.
+
+    Args:
+        warmup_steps: warm-up in optimiser updates (``model.warmup_steps``).
+        warmup_epochs: warm-up in epochs (``model.warmup_epochs``), may be fractional; converted to
+            ``ceil(warmup_epochs x updates_per_epoch)`` updates, so that every global batch warms up
+            over the same number of samples (Goyal et al. 2017 warm up for 5 epochs at every batch size).
+        updates_per_epoch: optimiser updates per epoch (needed with ``warmup_epochs``).
+
+    Returns:
+        The warm-up in optimiser updates (0 = none).
+
+    Raises:
+        CropScaleError: a negative value, both units given, or epochs without a known update count.
+    """
+    if warmup_steps < 0 or warmup_epochs < 0:
+        raise CropScaleError(
+            f"model.warmup_steps ({warmup_steps}) and model.warmup_epochs ({warmup_epochs}) must be >= 0")
+    if warmup_steps > 0 and warmup_epochs > 0:
+        raise CropScaleError(
+            f"give the warm-up in one unit: model.warmup_steps={warmup_steps} and model.warmup_epochs="
+            f"{warmup_epochs:g} are both set (set the other to 0)")
+    if warmup_epochs == 0:
+        return int(warmup_steps)
+    if updates_per_epoch is None or updates_per_epoch < 1:
+        raise CropScaleError(
+            f"model.warmup_epochs={warmup_epochs:g} needs the optimiser updates per epoch, which are unknown here"
+            f" ({updates_per_epoch}); give model.warmup_steps instead")
+    return math.ceil(warmup_epochs * updates_per_epoch - 1e-9)
+
+
+def schedule_lambda(warmup_steps: int, total_steps: int, schedule: str) -> Callable[[int], float]:
+    """The LR multiplier by optimiser update for ``torch.optim.lr_scheduler.LambdaLR`` (:func:`warmup_factor`)."""
+    return lambda step: warmup_factor(step, warmup_steps, total_steps, schedule)
+
+
+def is_excluded(param: torch.Tensor) -> bool:
+    """Whether a parameter is excluded from the trust ratio and weight decay of LARS / LAMB: ``ndim <= 1``.
+
+    Biases, norm scales and shifts and 1-D embeddings; the rule ``pytorch_optimizer.LARS`` applies itself.
+    """
+    return param.ndim <= 1
+
+
+def parameter_groups(
+    named_parameters: Iterable[tuple[str, torch.nn.Parameter]], optimizer: str, weight_decay: float
+) -> list[dict]:
+    """Parameter groups of ``optimizer``.
+
+    ``adamw`` and ``sgd``: one group of every trainable parameter with ``weight_decay``. ``lars`` and
+    ``lamb``: the group ``adapted`` (tensors with ``ndim > 1``, ``weight_decay``) and the group
+    ``excluded`` (``ndim <= 1``: biases, norm parameters, 1-D embeddings; weight decay 0; for LAMB
+    ``adam=True``, the library's switch to a trust ratio of 1).
+
+    Raises:
+        CropScaleError: an unknown optimiser, or no trainable parameter.
+    """
+    if optimizer not in OPTIMIZERS:
+        raise CropScaleError(f"model.optimizer must be one of {', '.join(OPTIMIZERS)}; got {optimizer!r}")
+    named = [(n, p) for n, p in named_parameters if p.requires_grad]
+    if not named:
+        raise CropScaleError("the model has no trainable parameter to optimise")
+    if optimizer not in LAYERWISE:
+        return [{"params": [p for _, p in named], "weight_decay": weight_decay}]
+    adapted = [(n, p) for n, p in named if not is_excluded(p)]
+    excluded = [(n, p) for n, p in named if is_excluded(p)]
+    groups = []
+    if adapted:
+        groups.append({"name": "adapted", "params": [p for _, p in adapted], "weight_decay": weight_decay})
+    if excluded:
+        group = {"name": "excluded", "params": [p for _, p in excluded], "weight_decay": 0.0}
+        if optimizer == "lamb":
+            group["adam"] = True
+        groups.append(group)
+    return groups
+
+
+def build_optimizer(
+    named_parameters: Iterable[tuple[str, torch.nn.Parameter]],
+    optimizer: str = "adamw",
+    lr: float = 1e-3,
+    weight_decay: float = 0.01,
+    momentum: float = 0.9,
+    trust_coefficient: float = 1e-3,
+) -> torch.optim.Optimizer:
+    """The optimiser ``optimizer`` over ``named_parameters`` (groups of :func:`parameter_groups`).
+
+    Args:
+        named_parameters: ``module.named_parameters()``.
+        optimizer: ``adamw | sgd | lars | lamb``.
+        lr: learning rate (after the LR rule; warm-up and schedule multiply it).
+        weight_decay: weight decay (AdamW, LAMB: decoupled; SGD, LARS: added to the gradient).
+        momentum: momentum of SGD and LARS (unused by AdamW and LAMB, whose betas are (0.9, 0.999)).
+        trust_coefficient: LARS ``eta`` (You et al. 2017 use 0.001).
+
+    Returns:
+        A ``torch.optim.Optimizer``: ``AdamW``, ``SGD``, ``pytorch_optimizer.LARS`` or ``pytorch_optimizer.Lamb``.
+
+    Raises:
+        CropScaleError: an unknown optimiser or a value out of range (named as ``model.<option>``).
+    """
+    for key, value, ok, what in (("lr", lr, lr > 0, "> 0"), ("weight_decay", weight_decay, weight_decay >= 0, ">= 0"),
+                                 ("momentum", momentum, 0 <= momentum < 1, "in [0, 1)"),
+                                 ("trust_coefficient", trust_coefficient, trust_coefficient > 0, "> 0")):
+        if not (isinstance(value, (int, float)) and math.isfinite(value) and ok):
+            raise CropScaleError(f"model.{key} must be {what}, got {value!r}")
+    groups = parameter_groups(named_parameters, optimizer, weight_decay)
+    if optimizer == "adamw":
+        return torch.optim.AdamW(groups, lr=lr, weight_decay=weight_decay)
+    if optimizer == "sgd":
+        return torch.optim.SGD(groups, lr=lr, momentum=momentum, weight_decay=weight_decay)
+    if optimizer == "lars":
+        return LARS(groups, lr=lr, weight_decay=weight_decay, momentum=momentum, trust_coefficient=trust_coefficient)
+    return Lamb(groups, lr=lr, weight_decay=weight_decay)

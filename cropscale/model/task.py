@@ -1,9 +1,10 @@
 """The LightningModule that trains :class:`~cropscale.model.network.CropMappingNet`.
 
 Training: random crops (see :mod:`cropscale.data`), weighted multi-task loss
-(:class:`~cropscale.model.losses.MultiTaskLoss`), AdamW with an optional linear warm-up and cosine
-decay, an LR scaling rule relative to a reference global batch, gradient clipping through the
-Trainer (``gradient_clip_val: 1.0`` in ``configs/default.yaml``).
+(:class:`~cropscale.model.losses.MultiTaskLoss`), AdamW (or SGD, LARS, LAMB: :mod:`cropscale.model.optim`)
+with an optional linear warm-up (in optimiser updates or epochs) and cosine decay, an LR scaling rule
+relative to a reference global batch, gradient clipping through the Trainer (``gradient_clip_val: 1.0``
+in ``configs/default.yaml``).
 
 Validation and test: overlap-weighted tiled inference over whole patches
 (:func:`~cropscale.tiling.sliding_window_inference`), metrics whose states are summed across ranks
@@ -13,8 +14,9 @@ Validation and test: overlap-weighted tiled inference over whole patches
 from __future__ import annotations
 
 import inspect
+import math
 import warnings
-from typing import Any, Literal
+from typing import Any
 
 import torch
 import torchmetrics
@@ -27,10 +29,20 @@ from typing_extensions import override
 from cropscale.batch import PLACEHOLDER_PATCH_ID, model_inputs
 from cropscale.errors import CropScaleError
 from cropscale.metrics import HighGridMetrics, ParcelMetrics, SegmentationMetrics, confusion_matrix_figure
-from cropscale.model.flops import flops_per_sample
+from cropscale.model.flops import flops_per_sample, flops_per_sample_by_class
 from cropscale.model.losses import MultiTaskLoss
 from cropscale.model.network import CropMappingNet
-from cropscale.model.optim import LRScaling, global_batch_size, scale_learning_rate, warmup_factor
+from cropscale.model.optim import (
+    OPTIMIZERS,
+    LRScaling,
+    OptimizerName,
+    Schedule,
+    build_optimizer,
+    formed_global_batch,
+    scale_learning_rate,
+    schedule_lambda,
+    warmup_steps_of,
+)
 from cropscale.model.synthetic import synthetic_batch
 from cropscale.tiling import sliding_window_inference
 
@@ -52,12 +64,21 @@ class CropMappingTask(LightningModule):
         ignore_index: class id excluded from loss and metrics (PASTIS: 19 "void"); None = none.
         net_kwargs: further keyword arguments of :class:`CropMappingNet` (widths, depths, heads).
         semantic_weight, parcel_weight, hr_weight: weights of the loss terms.
-        lr: AdamW learning rate at ``reference_batch_size``.
-        weight_decay: AdamW weight decay.
-        warmup_steps: optimiser steps of linear LR warm-up (0 = none).
+        lr: learning rate at ``reference_batch_size``.
+        weight_decay: weight decay (LARS / LAMB: not on the excluded norm and bias parameters).
+        warmup_steps: optimiser updates of linear LR warm-up (0 = none).
         schedule: ``constant`` or ``cosine`` decay to 0 over the run after warm-up.
+        optimizer: ``adamw | sgd | lars | lamb`` (:func:`cropscale.model.optim.build_optimizer`; LARS and
+            LAMB from ``pytorch-optimizer``, trust-ratio exclusions in :mod:`cropscale.model.optim`).
+        momentum: momentum of SGD and LARS.
+        trust_coefficient: LARS ``eta``.
+        warmup_epochs: linear LR warm-up in epochs instead of updates (may be fractional; 0 = use
+            ``warmup_steps``); the same epochs give every global batch the same warm-up samples.
         lr_scaling: ``none | linear | sqrt``: LR scaled by the ratio of the global batch
-            (local batch x world size x accumulation) to ``reference_batch_size``.
+            (local batch x world size x accumulation) to ``reference_batch_size``. A run whose batches
+            cannot hold the local batch (fewer training samples per rank) or whose epoch is shorter than
+            the accumulation window is refused with the numbers, whatever the rule
+            (:func:`~cropscale.model.optim.formed_global_batch`).
         reference_batch_size: global batch at which ``lr`` was tuned.
         val_window: tile size (10 m pixels) of tiled validation; usually the training crop size.
         val_stride: tile stride; None = ``val_window // 2``.
@@ -80,7 +101,7 @@ class CropMappingTask(LightningModule):
         lr: float = 1e-3,
         weight_decay: float = 0.01,
         warmup_steps: int = 0,
-        schedule: Literal["constant", "cosine"] = "constant",
+        schedule: Schedule = "constant",
         lr_scaling: LRScaling = "none",
         reference_batch_size: int = 4,
         val_window: int = 32,
@@ -88,11 +109,19 @@ class CropMappingTask(LightningModule):
         tile_batch_size: int = 16,
         channels_last: bool = False,
         allow_tf32: bool | None = None,
+        optimizer: OptimizerName = "adamw",
+        momentum: float = 0.9,
+        trust_coefficient: float = 1e-3,
+        warmup_epochs: float = 0.0,
     ) -> None:
         super().__init__()
-        _check_arguments(lr=lr, weight_decay=weight_decay, warmup_steps=warmup_steps,
+        if optimizer not in OPTIMIZERS:
+            raise CropScaleError(f"model.optimizer must be one of {', '.join(OPTIMIZERS)}; got {optimizer!r}")
+        _check_arguments(lr=lr, weight_decay=weight_decay, warmup_steps=warmup_steps, momentum=momentum,
+                         trust_coefficient=trust_coefficient, warmup_epochs=warmup_epochs,
                          reference_batch_size=reference_batch_size, val_window=val_window,
                          val_stride=val_stride, tile_batch_size=tile_batch_size)
+        warmup_steps_of(warmup_steps, warmup_epochs, updates_per_epoch=1)  # both units at once: refused here
         self.save_hyperparameters()
         self.net = CropMappingNet(num_classes=num_classes, **self._net_kwargs())
         self.loss_fn = MultiTaskLoss(
@@ -104,13 +133,16 @@ class CropMappingTask(LightningModule):
         self.val_seg = SegmentationMetrics(num_classes=num_classes, ignore_index=ignore_index)
         self.val_parcel = ParcelMetrics()
         self.val_hr = HighGridMetrics()
-        self.val_loss = torchmetrics.MeanMetric()
+        # val/loss: each loss term summed over its own elements, and those counted, across batches and ranks
+        self.val_loss_terms = torch.nn.ModuleDict({f"{name}_{part}": torchmetrics.SumMetric(nan_strategy="disable")
+                                                   for name in ("semantic", "parcel", "hr") for part in ("sum", "n")})
         self.test_seg = SegmentationMetrics(num_classes=num_classes, ignore_index=ignore_index)
         self.best_miou: float = float("nan")
         self.best_epoch: int = -1
         self.lr_effective: float = lr
         self.global_batch: int | None = None
         self.flops_per_sample: float | None = None
+        self.flops_by_class: dict[str, float] | None = None
         self._last_train_loss: float | None = None
 
     # ------------------------------------------------------------------ set-up
@@ -138,6 +170,9 @@ class CropMappingTask(LightningModule):
         if stage == "fit" and self.flops_per_sample is None:
             fresh = CropMappingNet(num_classes=self.hparams.num_classes, **self._net_kwargs())
             self.flops_per_sample = float(flops_per_sample(fresh, t2=t2, t1=t1, height=crop, width=crop)["total"])
+            if self.trainer.strategy.root_device.type == "cuda":  # the split weights GPU peaks (MFU); none on CPU
+                split = flops_per_sample_by_class(fresh, t2=t2, t1=t1, height=crop, width=crop)
+                self.flops_by_class = {k: float(v) for k, v in split.items()}
 
     def _net_kwargs(self) -> dict[str, Any]:
         """``net_kwargs`` without ``num_classes``, which always comes from the task (linked from the data)."""
@@ -152,12 +187,23 @@ class CropMappingTask(LightningModule):
     # ---------------------------------------------------------------- training
     @override
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        """Multi-task loss of one (micro-)batch; no device-to-host read except at log steps.
+
+        ``train/loss`` and its terms stay device tensors (Lightning writes them to the logger at log
+        steps). The progress bar shows ``train_loss``, the loss of the last log step copied to the host
+        there: a device tensor in the progress bar would be read back (``.item()``, a synchronisation)
+        at every step.
+        """
         outputs = self.net(**model_inputs(batch))
         loss, terms = self.loss_fn(outputs, batch)
         bs = batch["s2"].shape[0]
-        self.log("train/loss", loss, on_step=True, on_epoch=True, prog_bar=True, batch_size=bs)
+        self.log("train/loss", loss, on_step=True, on_epoch=True, batch_size=bs)
         for name, value in terms.items():
             self.log(f"train/loss_{name}", value, on_step=True, on_epoch=False, batch_size=bs)
+        every = self.trainer.log_every_n_steps
+        if every > 0 and (self.trainer.global_step + 1) % every == 0:  # Lightning's log steps
+            self.log("train_loss", loss.detach().cpu(), on_step=True, on_epoch=False, prog_bar=True, logger=False,
+                     batch_size=bs)
         return loss
 
     @override
@@ -179,10 +225,12 @@ class CropMappingTask(LightningModule):
     @override
     def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
         batch, outputs = without_placeholders(batch, self._tiled_forward(batch))
-        if batch is None:
+        if batch is None:  # a rank without a patch: its metrics and loss sums stay empty (zero weight)
             return
-        loss, _ = self.loss_fn(outputs, batch)
-        self.val_loss.update(loss.detach().float(), weight=batch["s2"].shape[0])
+        _, terms = self.loss_fn(outputs, batch)
+        for name, count in self._loss_term_counts(batch).items():  # term = its sum / its count: sum = term x count
+            self.val_loss_terms[f"{name}_sum"].update(terms[name].detach().float() * count)
+            self.val_loss_terms[f"{name}_n"].update(count)
         self.val_seg.update(outputs["semantic"].detach(), batch["semantic"])
         self.val_parcel.update(outputs["parcel"].detach(), batch["parcel"], batch["parcel_present"])
         self.val_hr.update(outputs["hr"].detach(), batch["hr"], batch["hr_present"])
@@ -191,7 +239,7 @@ class CropMappingTask(LightningModule):
     def on_validation_epoch_end(self) -> None:
         seg = self.val_seg.compute()
         miou = float(seg["mIoU"])
-        logs = {"val/loss": self.val_loss.compute(), "val/mIoU": seg["mIoU"], "val/OA": seg["OA"]}
+        logs = {"val/loss": self._val_loss(), "val/mIoU": seg["mIoU"], "val/OA": seg["OA"]}
         # Parcel and high-grid scores are NaN when no validation patch has that target (e.g. PASTIS
         # without SPOT): such keys are left out rather than logged as NaN.
         for extra in (self.val_parcel.compute(), self.val_hr.compute()):
@@ -212,7 +260,36 @@ class CropMappingTask(LightningModule):
         self.val_seg.reset()
         self.val_parcel.reset()
         self.val_hr.reset()
-        self.val_loss.reset()
+        for metric in self.val_loss_terms.values():
+            metric.reset()
+
+    def _loss_term_counts(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The elements each loss term of ``batch`` averages over (0-d float tensors, no host read).
+
+        ``semantic``: pixels whose class is not ``ignore_index``; ``parcel`` / ``hr``: samples whose target is
+        present (see :class:`~cropscale.model.losses.MultiTaskLoss`).
+        """
+        ignore = self.loss_fn.ignore_index
+        labelled = batch["semantic"] != (-100 if ignore is None else int(ignore))
+        return {"semantic": labelled.sum().float(), "parcel": batch["parcel_present"].sum().float(),
+                "hr": batch["hr_present"].sum().float()}
+
+    def _val_loss(self) -> torch.Tensor:
+        """``val/loss``: the multi-task loss of the whole validation set, the same for any batching and world size.
+
+        Each term is the mean over its own elements (non-ignored pixels, samples with the target) of the
+        whole set: the batch values weighted by their element counts, summed across ranks (a term without
+        elements is 0, as in the loss); then the weighted sum of the terms. A mean of per-batch losses
+        weighted by samples would depend on how patches are grouped into batches and ranks.
+        """
+        weights = {"semantic": self.loss_fn.semantic_weight, "parcel": self.loss_fn.parcel_weight,
+                   "hr": self.loss_fn.hr_weight}
+        total = torch.zeros((), device=self.device)
+        for name, weight in weights.items():
+            value = self.val_loss_terms[f"{name}_sum"].compute().to(self.device)
+            count = self.val_loss_terms[f"{name}_n"].compute().to(self.device)
+            total = total + weight * torch.where(count > 0, value / count.clamp(min=1), torch.zeros_like(value))
+        return total
 
     def predict_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> dict[str, torch.Tensor]:
         """Tiled prediction of whole patches.
@@ -254,19 +331,52 @@ class CropMappingTask(LightningModule):
         hp = self.hparams
         dm = getattr(self.trainer, "datamodule", None)
         local = int(getattr(dm, "batch_size", 1))
-        self.global_batch = global_batch_size(local, self.trainer.world_size, self.trainer.accumulate_grad_batches)
+        self.global_batch = self._formed_global_batch(local)
         self.lr_effective = scale_learning_rate(hp.lr, self.global_batch, hp.reference_batch_size, hp.lr_scaling)
+        optimizer = build_optimizer(self.named_parameters(), hp.optimizer, self.lr_effective, hp.weight_decay,
+                                    hp.momentum, hp.trust_coefficient)
+        total = per_epoch = None
+        if hp.warmup_steps > 0 or hp.warmup_epochs > 0 or hp.schedule != "constant":
+            total = int(self.trainer.estimated_stepping_batches)  # loads the training data: batches known after
+            batches = self.trainer.num_training_batches
+            per_epoch = math.ceil(batches / self.trainer.accumulate_grad_batches) if math.isfinite(batches) else None
+        warmup = warmup_steps_of(hp.warmup_steps, hp.warmup_epochs, per_epoch)
         rank_zero_info(
             f"cropscale: global batch {self.global_batch} = local {local} x world size {self.trainer.world_size}"
             f" x accumulation {self.trainer.accumulate_grad_batches}; LR rule {hp.lr_scaling!r} vs reference"
-            f" {hp.reference_batch_size}: lr {hp.lr:g} -> {self.lr_effective:g}"
+            f" {hp.reference_batch_size}: lr {hp.lr:g} -> {self.lr_effective:g}; optimizer {hp.optimizer!r};"
+            f" warm-up {warmup} update(s), then {hp.schedule}"
         )
-        optimizer = torch.optim.AdamW(self.parameters(), lr=self.lr_effective, weight_decay=hp.weight_decay)
-        if hp.warmup_steps <= 0 and hp.schedule == "constant":
+        if total is None or (warmup <= 0 and hp.schedule == "constant"):
             return optimizer
-        total = int(self.trainer.estimated_stepping_batches)
-        scheduler = LambdaLR(optimizer, lambda step: warmup_factor(step, hp.warmup_steps, total, hp.schedule))
+        scheduler = LambdaLR(optimizer, schedule_lambda(warmup, total, hp.schedule))
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+    def _formed_global_batch(self, local: int) -> int:
+        """``local x world size x accumulation``, checked against the batches this epoch really forms.
+
+        Reads the training loader Lightning builds for this rank (built here as
+        ``trainer.estimated_stepping_batches`` does, and reused by the fit loop): the samples its sampler
+        draws and ``trainer.num_training_batches`` (after ``limit_train_batches``).
+
+        Raises:
+            CropScaleError: the batch or the accumulation window does not form
+                (:func:`~cropscale.model.optim.formed_global_batch`).
+        """
+        trainer = self.trainer
+        samples = batches = None
+        try:
+            if trainer.train_dataloader is None:
+                trainer.fit_loop.setup_data()
+            loader = trainer.train_dataloader
+            sampler = getattr(loader, "sampler", None)
+            samples = len(sampler) if sampler is not None else None
+            batches = trainer.num_training_batches
+        except (TypeError, AttributeError):  # an iterable loader without a length: nothing to check
+            pass
+        finite = isinstance(batches, int) or (isinstance(batches, float) and batches != float("inf"))
+        return formed_global_batch(local, trainer.world_size, trainer.accumulate_grad_batches,
+                                   samples_per_rank=samples, batches_per_epoch=int(batches) if finite else None)
 
     def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None) -> None:
         """Clip gradients by global norm; under FSDP through the root module's ``clip_grad_norm_``.
@@ -381,6 +491,9 @@ def _check_arguments(**values: Any) -> None:
         "lr": (lambda v: v > 0, "> 0"),
         "weight_decay": (lambda v: v >= 0, ">= 0"),
         "warmup_steps": (lambda v: v >= 0, ">= 0"),
+        "warmup_epochs": (lambda v: v >= 0, ">= 0"),
+        "momentum": (lambda v: 0 <= v < 1, "in [0, 1)"),
+        "trust_coefficient": (lambda v: v > 0, "> 0"),
         "reference_batch_size": (lambda v: v >= 1, ">= 1"),
         "val_window": (lambda v: v >= 1, ">= 1"),
         "tile_batch_size": (lambda v: v >= 1, ">= 1"),

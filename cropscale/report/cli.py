@@ -1,20 +1,32 @@
 """The quality-and-speed report: training runs and microbenchmarks side by side (Markdown, CSV, PNG).
 
-``python -m cropscale report RUN_DIR_OR_BENCH_JSON ... [--out DIR] [--stem report]``.
+``python -m cropscale report RUN_DIR_OR_BENCH_JSON ... [--out DIR] [--stem report]``; ``make report``
+runs it on ``runs/``.
 
 Inputs, any mix of run folders (or folders holding them, e.g. ``runs/``) and benchmark JSON files
 (``python -m cropscale benchmark --output``), read by :mod:`cropscale.runs.record`; each figure
 follows its rule in :mod:`cropscale.runs.rules` (the first epoch of a multi-epoch run is left out as
-warm-up). Outputs in ``--out`` (default ``reports/``): ``<stem>.md`` and ``<stem>.csv`` (one row
-per run or benchmark configuration), ``<stem>_pairs.csv`` (runs that differ only in precision,
-:mod:`cropscale.report.pairs`), and the figures ``iou_by_epoch.png``, ``throughput.png``,
-``peak_memory.png`` and ``step_decomposition.png``.
+warm-up).
+
+``<stem>.md`` leads with a comparison (:mod:`cropscale.report.comparison`): per run or benchmark
+configuration its status, quality, speed, memory and energy, the mIoU change and speed-up against the
+FP32 run of the same configuration (:mod:`cropscale.report.pairs`) and the efficiency against the same
+configuration on one device (:mod:`cropscale.report.scaling`). Detail tables follow (quality, speed,
+step decomposition in percent of the median step, memory / energy / numerics), then the precision
+pairs, device scaling with the Amdahl fit, and the figures, each with the statistic it shows.
+
+Files in ``--out`` (default ``reports/``): ``<stem>.md``; ``<stem>.csv`` (every figure of every run,
+one row each), ``<stem>_comparison.csv``, ``<stem>_pairs.csv`` and ``<stem>_scaling.csv`` (when there
+are pairs / device series); the figures of :data:`FIGURE_FILES`.
 
 Every figure carries an evidence label (:mod:`cropscale.evidence`); a missing figure is "n/a" with
-the reason in a footnote. A run without ``run.json`` shows its precision as ``<p> (requested)``: the
-configuration says what was requested, not what Lightning ran (``16-mixed`` runs as ``bf16-mixed``
-on CPU). Run folders that are no training run (``validate`` / ``test`` folders) are skipped with one
-printed line.
+the reason in a footnote. A run's Status is ``diverged`` when its logged training loss ended non-finite
+(:func:`cropscale.runs.rules.divergence`), ``failed`` (the error in the note) or ``incomplete`` when
+``run.json`` was not finished (status ``failed`` or ``running``); such a run's n/a cells say so and it
+forms no precision pair. A run without ``run.json`` shows its precision as ``<p> (requested)``: the
+configuration says what was requested, not what Lightning ran (``16-mixed`` runs as ``bf16-mixed`` on
+CPU). Run folders that are no training run (``validate`` / ``test`` folders) are skipped with one printed
+line. The Data warnings column counts ``run.json["data_warnings"]`` (the lines in the note).
 """
 
 from __future__ import annotations
@@ -25,34 +37,107 @@ from pathlib import Path
 
 from cropscale.evidence import LEGEND
 from cropscale.files import atomic_write_text
-from cropscale.report.columns import COLUMNS, PAIR_COLUMNS
+from cropscale.report.columns import (
+    AMDAHL_COLUMNS,
+    COLUMNS,
+    COMPARISON_COLUMNS,
+    PAIR_COLUMNS,
+    QUALITY_COLUMNS,
+    RESOURCE_COLUMNS,
+    SCALING_COLUMNS,
+    SPEED_COLUMNS,
+    STEP_COLUMNS,
+)
+from cropscale.report.comparison import amdahl_rows, comparison_rows, scaling_rows, step_rows, with_status
 from cropscale.report.pairs import precision_pairs
-from cropscale.report.plots import plot_by_precision_and_batch
+from cropscale.report.plots import plot_by_precision_and_batch, plot_device_scaling
+from cropscale.report.scaling import device_series
 from cropscale.runs.plots import plot_iou_by_epoch, plot_step_decomposition
 from cropscale.runs.record import RunRecord, load_inputs
 from cropscale.runs.tables import TableRow, render_table
 
-FIGURE_FILES = ("iou_by_epoch.png", "throughput.png", "peak_memory.png", "step_decomposition.png")
+FIGURE_FILES = ("iou_by_epoch.png", "throughput.png", "peak_memory.png", "step_decomposition.png",
+                "device_scaling.png")
 """The PNG figures of a report."""
+
+FIGURE_CAPTIONS = {
+    "iou_by_epoch.png": "Best val/mIoU so far at each epoch (running maximum of val/mIoU): the Best val/mIoU column"
+                        " is its last point.",
+    "throughput.png": "Samples/s by precision and global batch: training runs over their measured epochs"
+                      " (the Samples/s column), compute-only benchmarks from their median step.",
+    "peak_memory.png": "Peak memory by precision and global batch: allocated GPU memory, or the host RSS of the"
+                       " training process on a CPU (the Peak GiB column).",
+    "step_decomposition.png": "Step decomposition in percent of the median step: each window's median over the"
+                              " step median, as in the Step decomposition table (100 % = its Median step).",
+    "device_scaling.png": "Speed-up and efficiency against the device count, measured points and the Amdahl curve"
+                          " of the fitted serial fraction (the Device scaling tables).",
+}
+"""What each figure shows and which table column it agrees with."""
+
+COMPARISON_INTRO = (
+    "One row per run or benchmark configuration. mIoU change = best val/mIoU minus that of the FP32 run of the"
+    " same configuration; speed-up vs FP32 = samples/s over the FP32 run's (the FP32 base itself shows 1.00 and"
+    " +0.0000); efficiency = speed-up over the same configuration on 1 device / devices. Samples/s of a run:"
+    " training samples / training seconds over the measured epochs; of a benchmark: batch / median step."
+    " Status `diverged`: the logged training loss ended non-finite, so the run's other figures describe a"
+    " diverged run."
+)
+
+
+def _detail(title: str, rows: Sequence[TableRow], columns, intro: str | None = None) -> str:
+    table = render_table(rows, columns, intro=intro)
+    return f"### {title}\n\n{table.markdown}"
+
+
+def _scaling_section(records: Sequence[RunRecord], out: Path, stem: str, paths: dict[str, Path]) -> str:
+    series = device_series(records)
+    if not series:
+        return ("## Device scaling\n\nNo configuration ran on 1 device and on more devices among the inputs"
+                " (`python -m cropscale study` runs such sets).\n")
+    table = render_table(scaling_rows(series), SCALING_COLUMNS, title="Device scaling", intro=(
+        "Runs of one configuration on 1 and N devices (equal-global: the same global batch; equal-local: the"
+        " same local batch). Speed-up = median samples/s on N / on 1; efficiency = speed-up / N; Karp-Flatt"
+        " serial fraction e = (1/S - 1/N) / (1 - 1/N)."))
+    amdahl = render_table(amdahl_rows(series), AMDAHL_COLUMNS, intro=(
+        "The serial fraction fitted to each series' N > 1 points (least squares in 1/S; one point: Karp-Flatt)"
+        " is measured; Amdahl's speed-up at that fraction on other device counts is a model."))
+    paths["scaling_csv"] = atomic_write_text(out / f"{stem}_scaling.csv", table.csv)
+    return f"{table.markdown}\n{amdahl.markdown}"
 
 
 def write_report(records: Sequence[RunRecord], out_dir: str | Path, stem: str = "report") -> dict[str, Path]:
     """Write the report's tables and figures into ``out_dir``.
 
-    Files: ``<stem>.md``, ``<stem>.csv``, ``<stem>_pairs.csv`` (when there are pairs) and the four PNG
+    Files: ``<stem>.md``, ``<stem>.csv`` (every figure, one row per record), ``<stem>_comparison.csv``,
+    ``<stem>_pairs.csv`` and ``<stem>_scaling.csv`` (when there are pairs / device series) and the PNG
     figures of :data:`FIGURE_FILES`.
 
     Returns:
-        ``{"markdown", "csv", ["pairs_csv"], "iou_by_epoch", "throughput", "peak_memory",
-        "step_decomposition"}`` -> path.
+        ``{"markdown", "csv", "comparison_csv", ["pairs_csv"], ["scaling_csv"], <figure stem> ...}`` -> path.
 
     Raises:
         CropScaleError: ``out_dir`` cannot be created or written (named).
     """
     out = Path(out_dir)
-    runs = render_table([TableRow.of(r, COLUMNS) for r in records], COLUMNS, title="Runs")
-    paths: dict[str, Path] = {"csv": atomic_write_text(out / f"{stem}.csv", runs.csv)}
+    runs = [r for r in records if r.kind == "run"]
+    full = render_table([with_status(r, COLUMNS) for r in records], COLUMNS)
+    paths: dict[str, Path] = {"csv": atomic_write_text(out / f"{stem}.csv", full.csv)}
     pairs = precision_pairs(records)
+    series = device_series(records)
+    lead = render_table(comparison_rows(records, pairs, series), COMPARISON_COLUMNS, title="Comparison",
+                        intro=COMPARISON_INTRO)
+    paths["comparison_csv"] = atomic_write_text(out / f"{stem}_comparison.csv", lead.csv)
+    details = [
+        _detail("Quality", [with_status(r, QUALITY_COLUMNS) for r in runs], QUALITY_COLUMNS),
+        _detail("Speed", [TableRow.of(r, SPEED_COLUMNS) for r in records], SPEED_COLUMNS, intro=(
+            "Median and p95 step: median over the measured epochs of each epoch's statistic; epoch times:"
+            " median over the measured epochs.")),
+        _detail("Step decomposition (% of the median step)", step_rows(records), STEP_COLUMNS, intro=(
+            "Each window: median over the measured epochs of (the epoch's window median / its step median)."
+            " Medians do not add up, so the sum is about, not exactly, 100 %.")),
+        _detail("Memory, energy and numerics", [TableRow.of(r, RESOURCE_COLUMNS) for r in records],
+                RESOURCE_COLUMNS),
+    ]
     if pairs:
         table = render_table([TableRow.of(p, PAIR_COLUMNS) for p in pairs], PAIR_COLUMNS, title="Precision pairs",
                              intro="Runs that differ only in precision (FP32 as the base). Speed-up = mixed "
@@ -61,16 +146,20 @@ def write_report(records: Sequence[RunRecord], out_dir: str | Path, stem: str = 
         pairs_md = table.markdown
     else:
         pairs_md = "## Precision pairs\n\nNo two inputs differ only in precision.\n"
+    scaling_md = _scaling_section(records, out, stem, paths)
     paths["iou_by_epoch"] = plot_iou_by_epoch(records, out / "iou_by_epoch.png")
-    paths["throughput"] = plot_by_precision_and_batch(records, "samples_per_s", "samples/s", out / "throughput.png",
-                                                      "Throughput by precision and batch size")
+    paths["throughput"] = plot_by_precision_and_batch(
+        records, "samples_per_s", "samples/s (runs: training samples / training s)", out / "throughput.png",
+        "Samples/s by precision and global batch")
     paths["peak_memory"] = plot_by_precision_and_batch(
         records, "peak_memory_gib", "peak memory (GiB)", out / "peak_memory.png",
-        "Peak memory by precision and batch size")
+        "Peak memory by precision and global batch")
     paths["step_decomposition"] = plot_step_decomposition(records, out / "step_decomposition.png")
-    figures_md = "\n".join(f"![{name}]({name})" for name in FIGURE_FILES)
-    legend = f"{LEGEND} n/a cells name the reason in the notes under the table."
-    text = f"# cropscale report\n\n{legend}\n\n{runs.markdown}\n{pairs_md}\n## Figures\n\n{figures_md}\n"
+    paths["device_scaling"] = plot_device_scaling(series, out / "device_scaling.png")
+    figures_md = "\n\n".join(f"![{name}]({name})\n\n{FIGURE_CAPTIONS[name]}" for name in FIGURE_FILES)
+    legend = f"{LEGEND} n/a cells name the reason in the notes under each table."
+    text = (f"# cropscale report\n\n{legend}\n\n{lead.markdown}\n## Detail\n\n" + "\n".join(details)
+            + f"\n{pairs_md}\n{scaling_md}\n## Figures\n\n{figures_md}\n")
     paths["markdown"] = atomic_write_text(out / f"{stem}.md", text)
     return {"markdown": paths.pop("markdown"), **paths}
 

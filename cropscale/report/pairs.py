@@ -14,6 +14,9 @@ from cropscale.precision import label as precision_label
 from cropscale.runs.record import RunRecord
 from cropscale.runs.rules import Figure
 
+FAILED = ("oom", "error", "unsupported", "failed", "running")
+"""Statuses of records that take part in no pair (benchmark rows, then ``run.json`` statuses)."""
+
 
 @dataclass
 class PrecisionPair:
@@ -66,13 +69,14 @@ def _bases(records: Sequence[RunRecord]) -> dict[str, RunRecord]:
 def precision_pairs(records: Sequence[RunRecord]) -> list[PrecisionPair]:
     """Pair every record of another precision with the FP32 (``32-true``) record of the same ``pair_key``.
 
-    Failed benchmark rows (``oom``, ``error``, ``unsupported``) are left out.
+    Failed benchmark rows (``oom``, ``error``, ``unsupported``) and runs that did not finish (``run.json``
+    status ``failed`` or ``running``) are left out.
     """
     pairs = []
     bases = _bases(records)
     for r in records:
         base = bases.get(r.pair_key)
-        if base is None or r is base or r.precision in (None, "32-true") or r.status in ("oom", "error", "unsupported"):
+        if base is None or r is base or r.precision in (None, "32-true") or r.status in FAILED:
             continue
         evidence = base.evidence if base.evidence == r.evidence else f"{base.evidence} + {r.evidence}"
         note = _requested_note(base, r)

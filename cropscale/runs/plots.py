@@ -40,54 +40,71 @@ def no_data(ax: Any, text: str) -> None:
     ax.set_yticks([])
 
 
+def run_label(record: RunRecord) -> str:
+    """``name (precision)``, with `` - diverged`` for a run whose training loss ended non-finite."""
+    diverged = record.divergence is not None and record.divergence.diverged
+    return f"{record.name} ({record.precision_label}){' - diverged' if diverged else ''}"
+
+
 def plot_iou_by_epoch(records: Sequence[RunRecord], path: str | Path) -> Path:
     """Plot the best macro IoU available at each epoch (running maximum of ``val/mIoU``), one line per run.
 
-    A "no data" panel when no run has validation.
+    A "no data" panel when no run has validation. A diverged run is marked in the legend.
     """
     plt = pyplot()
-    fig, ax = plt.subplots(figsize=(7, 4.2))
+    fig, ax = plt.subplots(figsize=(8, 4.5))
     runs = [r for r in records if r.iou_by_epoch]
     for r in runs:
         epochs, values = zip(*r.iou_by_epoch, strict=True)
-        ax.plot(epochs, values, marker="o", label=f"{r.name} ({r.precision_label})")
+        ax.plot(epochs, values, marker="o", label=run_label(r))
     if runs:
         ax.set_xlabel("epoch (0-based)")
         ax.set_ylabel("best val macro IoU so far (0..1)")
-        ax.legend(fontsize=7)
+        ax.xaxis.get_major_locator().set_params(integer=True)
+        ax.legend(fontsize=8)
         ax.grid(alpha=0.3)
     else:
         no_data(ax, "no run with val/mIoU")
-    ax.set_title(f"Best macro IoU by epoch [{MEASURED_RUN}]", fontsize=10)
+    ax.set_title(f"Best macro IoU by epoch [{MEASURED_RUN}]", fontsize=11)
     fig.tight_layout()
     return save(fig, path)
 
 
 def plot_step_decomposition(records: Sequence[RunRecord], path: str | Path) -> Path:
-    """Plot the step windows (ms) of each run as stacked bars.
+    """Plot each run's step decomposition in percent of its median step, as stacked horizontal bars.
 
-    Windows: data wait, transfer, forward, backward, optimizer, remainder. A bar from TensorBoard
-    interval means (warm-up included) is starred.
+    Per window the share is :func:`cropscale.runs.rules.step_shares` (median over measured epochs of the
+    window median / the step median): 100 % is the median step that the report's tables give, printed
+    beside each bar in ms. The windows' shares are medians and sum to about, not exactly, 100 %; the
+    sum is printed at the end of each bar.
     """
     plt = pyplot()
-    runs = [r for r in records if r.step_windows_ms]
-    fig, ax = plt.subplots(figsize=(max(6.0, 1.4 * len(runs) + 3), 4.5))
+    runs = [r for r in records if r.step_shares]
+    fig, ax = plt.subplots(figsize=(9.5, max(3.2, 1.6 + 0.7 * len(runs))))
     if runs:
-        bottoms = [0.0] * len(runs)
-        names = [f"{r.name}\n{r.precision_label}"
-                 f"{'' if (r.step_windows_source or '').startswith('StepTiming') else ' *'}" for r in runs]
+        names = [run_label(r) for r in runs]
+        lefts = [0.0] * len(runs)
         for window in STEP_WINDOWS:
-            heights = [float(r.step_windows_ms.get(window, 0.0)) for r in runs]
-            ax.bar(names, heights, bottom=bottoms, label=window)
-            bottoms = [b + h for b, h in zip(bottoms, heights, strict=True)]
-        ax.set_ylabel("ms per optimiser step")
-        ax.legend(fontsize=7)
-        ax.tick_params(axis="x", labelsize=7)
-        if any(n.endswith("*") for n in names):
-            ax.text(0.0, -0.28, "* mean of TensorBoard log intervals incl. warm-up (no post-warm-up median)",
-                    transform=ax.transAxes, fontsize=7)
+            widths = [100.0 * r.step_shares.get(window, 0.0) for r in runs]
+            bars = ax.barh(names, widths, left=lefts, label=window.replace("_", " "))
+            for bar, width in zip(bars, widths, strict=True):
+                if width >= 6.0:  # label the segments wide enough to hold a number
+                    ax.text(bar.get_x() + width / 2, bar.get_y() + bar.get_height() / 2, f"{width:.0f} %",
+                            ha="center", va="center", fontsize=8, color="white")
+            lefts = [a + b for a, b in zip(lefts, widths, strict=True)]
+        for i, (r, total) in enumerate(zip(runs, lefts, strict=True)):
+            step = r.figures["median_step_ms"].value
+            text = f"sum {total:.0f} %" + (f"\nmedian step\n{step:,.0f} ms" if step is not None else "")
+            ax.text(max(total, 100.0) + 1.5, i, text, va="center", fontsize=8)
+        ax.axvline(100.0, color="black", linewidth=0.8, linestyle=":")
+        ax.set_xlim(0, max(125.0, max(lefts) + 25.0))
+        ax.set_xlabel("percent of the median step (%); per window: median over measured epochs of window / step")
+        ax.invert_yaxis()
+        ax.tick_params(axis="y", labelsize=8)
+        ax.legend(fontsize=8, ncol=6, loc="upper center", bbox_to_anchor=(0.5, -0.2), frameon=False)
+        ax.grid(alpha=0.3, axis="x")
     else:
-        no_data(ax, "no run with a step decomposition (StepTimingCallback)")
-    ax.set_title(f"Step decomposition [{MEASURED_RUN}]", fontsize=10)
+        no_data(ax, "no run with a step decomposition in run.json (StepTimingCallback)")
+    ax.set_title(f"Step decomposition, percent of the median step [{MEASURED_RUN}]", fontsize=11)
     fig.tight_layout()
     return save(fig, path)

@@ -10,7 +10,10 @@ measured epochs (``warmup_epochs``). A figure that cannot be given is n/a with t
 
 Runs that are no training run (no TensorBoard tag under ``train/`` and no ``run.json`` with a
 training summary, e.g. a ``validate`` / ``test`` folder) load with ``training_run = False`` and a
-``skip_reason``.
+``skip_reason``. A ``run.json`` exists only for a ``fit`` (``ProvenanceCallback`` writes it at fit
+start), so one with status ``failed`` (an exception; ``error`` says which) or ``running`` (killed, or
+still running) is a training run that did not finish: it loads as a training run with a ``status`` cell
+``failed`` / ``incomplete`` that says why, and its n/a figures say so first.
 """
 
 from __future__ import annotations
@@ -32,6 +35,8 @@ from cropscale.runs.tensorboard import Scalars, events_files, load_scalars
 TRAINING_SCALAR_PREFIX = "train/"
 """TensorBoard tags of a training run (``train/loss_step``, ...): ``validate`` and ``test`` log none."""
 NO_RUN_JSON = "no run.json in the run folder (fit without the scaling callbacks)"
+UNFINISHED: dict[str, str] = {"failed": "failed", "running": "incomplete"}
+"""``run.json`` statuses of a fit that did not finish -> the word the report shows."""
 PAIR_IGNORED_PREFIXES = (
     "trainer.precision", "model.allow_tf32", "trainer.logger", "trainer.default_root_dir",
     "trainer.enable_progress_bar", "trainer.enable_model_summary", "ckpt_path", "config",
@@ -53,12 +58,16 @@ class RunRecord:
         figures: column key -> :class:`~cropscale.runs.rules.Figure`.
         iou_by_epoch: ``[(epoch, best val/mIoU so far)]``.
         step_windows_ms, step_windows_source: the step decomposition (ms) and where it comes from.
+        step_shares: the step decomposition as fractions of the step (:func:`~cropscale.runs.rules.step_shares`).
         epoch_seconds: the measured epochs' ``train_s`` / ``val_s`` / ``wall_s`` lists.
         loader_wait_share, exposed_comm_share: fractions of the step (:func:`~cropscale.runs.rules.step_share`).
         updates_per_epoch: optimizer updates per epoch.
         warmup_epochs: the epochs left out of every figure.
         pair_key: equal for two records that may form a precision pair.
         training_run, skip_reason: False and why for a folder that holds no training run.
+        data_warnings: ``run.json["data_warnings"]``: what the data checks found (``[]`` without ``run.json``).
+        divergence: the verdict of :func:`~cropscale.runs.rules.divergence` on TensorBoard ``train/loss_step``
+            (None for a benchmark configuration).
         run_json, config: the parsed ``run.json`` and configuration.
     """
 
@@ -78,6 +87,7 @@ class RunRecord:
     iou_by_epoch: list[tuple[int, float]] = field(default_factory=list)
     step_windows_ms: dict[str, float] = field(default_factory=dict)
     step_windows_source: str | None = None
+    step_shares: dict[str, float] = field(default_factory=dict)
     epoch_seconds: dict[str, list[float]] = field(default_factory=dict)
     loader_wait_share: float | None = None
     exposed_comm_share: float | None = None
@@ -86,6 +96,8 @@ class RunRecord:
     pair_key: str = ""
     training_run: bool = True
     skip_reason: str | None = None
+    data_warnings: list[str] = field(default_factory=list)
+    divergence: rules.Divergence | None = None
     run_json: RunJson | None = field(default=None, repr=False)
     config: dict[str, Any] | None = field(default=None, repr=False)
     scalar_tags: list[str] = field(default_factory=list, repr=False)
@@ -243,6 +255,11 @@ def _figures(summary: RunSummary, scalars: Scalars, warmup: int, no_json: str | 
     }
 
 
+def _loss_series(scalars: Scalars, tag: str = "train/loss_step") -> list[tuple[int, float]]:
+    """``[(step, loss)]`` of the logged training loss, in logging order."""
+    return [(int(step), float(value)) for step, value, _ in scalars.get(tag, [])]
+
+
 def _epochs_recorded(run_json: RunJson | None, scalars: Scalars) -> int:
     if run_json is not None and run_json.summary.throughput is not None:
         return len(run_json.summary.throughput.epochs)
@@ -250,6 +267,8 @@ def _epochs_recorded(run_json: RunJson | None, scalars: Scalars) -> int:
 
 
 def _training(run_json: RunJson | None, scalars: Scalars) -> tuple[bool, str | None]:
+    if run_json is not None and run_json.status in UNFINISHED:
+        return True, None  # a fit that failed or was killed, whatever it logged
     summary_present = run_json is not None and (bool(run_json.summary.to_json()) or bool(run_json.global_step))
     if any(t.startswith(TRAINING_SCALAR_PREFIX) for t in scalars) or summary_present:
         return True, None
@@ -257,6 +276,41 @@ def _training(run_json: RunJson | None, scalars: Scalars) -> tuple[bool, str | N
         return False, "no training run (validate/test only)"
     return False, ("no training run: no training scalars and run.json holds no training summary"
                    f" (status {run_json.status!r})")
+
+
+def _status_cell(run_json: RunJson | None) -> Figure:
+    """``finished``, ``failed`` (the error as the note), ``incomplete`` (status ``running``) or ``not recorded``."""
+    if run_json is None:
+        return Figure("not recorded", None, note=NO_RUN_JSON)
+    status = run_json.status
+    if status == "failed":
+        error = run_json.error or {}
+        detail = f"{error.get('type', 'error')}: {error.get('message', '')}".rstrip(": ")
+        return Figure("failed", None, note=detail if error else "run.json has no error entry")
+    if status == "running":
+        return Figure("incomplete", None, note="run.json status 'running': written at fit start and never "
+                                              "completed, so the run was killed or is still running")
+    return Figure(status or "not recorded", None, note=None if status else "run.json has no status")
+
+
+def _mark_unfinished(figures: dict[str, Figure], status: str | None) -> None:
+    """Prefix each n/a reason of a run that did not finish with that fact."""
+    shown = UNFINISHED.get(status or "")
+    if shown is None:
+        return
+    for fig in figures.values():
+        if fig.value is None:
+            fig.why = f"run {shown} (see Status): {fig.why}"
+
+
+def _data_warning_cell(run_json: RunJson | None) -> Figure:
+    """The count of ``run.json["data_warnings"]``, the lines themselves as the note; n/a without them."""
+    if run_json is None:
+        return Figure(None, None, NO_RUN_JSON)
+    if run_json.data_warnings is None:
+        return Figure(None, None, "run.json has no data_warnings (written before the data checks recorded them)")
+    found = list(run_json.data_warnings)
+    return Figure(len(found), None, note="; ".join(found) or None)
 
 
 def load_run(path: str | Path, warmup_epochs: int | None = None) -> RunRecord:
@@ -295,7 +349,10 @@ def load_run(path: str | Path, warmup_epochs: int | None = None) -> RunRecord:
     }
     if batch.value is None:
         descriptive["global_batch"] = Figure(None, None, batch.note)
+    descriptive["data_warning_count"] = _data_warning_cell(run_json)
+    descriptive["status"] = _status_cell(run_json)
     figures = _figures(summary, scalars, warmup, no_json)
+    _mark_unfinished(figures, run_json.status if run_json is not None else None)
     windows, source = rules.step_windows(summary, STEP_WINDOWS, warmup, scalars)
     training, skip_reason = _training(run_json, scalars)
     return RunRecord(
@@ -304,12 +361,15 @@ def load_run(path: str | Path, warmup_epochs: int | None = None) -> RunRecord:
         precision=prec.value, precision_requested=prec.requested, precision_verified=prec.verified,
         strategy=strategy.value, devices=devices.value, global_batch=batch.value, descriptive=descriptive,
         figures=figures, iou_by_epoch=rules.quality(scalars).by_epoch, step_windows_ms=windows,
-        step_windows_source=source, epoch_seconds=rules.epoch_seconds(summary, warmup),
+        step_windows_source=source, step_shares=rules.step_shares(summary, STEP_WINDOWS, warmup),
+        epoch_seconds=rules.epoch_seconds(summary, warmup),
         loader_wait_share=rules.step_share(summary, "data_wait", warmup),
         exposed_comm_share=rules.step_share(summary, "comm_exposed", warmup),
         updates_per_epoch=rules.updates_per_epoch(run_json), warmup_epochs=warmup,
         pair_key=pair_key(config, {"strategy": strategy.value, "devices": devices.value, "global_batch": batch.value}),
-        training_run=training, skip_reason=skip_reason, run_json=run_json, config=config, scalar_tags=sorted(scalars),
+        training_run=training, skip_reason=skip_reason, divergence=rules.divergence(_loss_series(scalars)),
+        run_json=run_json, config=config, scalar_tags=sorted(scalars),
+        data_warnings=list(run_json.data_warnings or []) if run_json is not None else [],
     )
 
 
@@ -367,6 +427,7 @@ def load_benchmark(path: str | Path) -> list[RunRecord]:
             evidence=MEASURED_MICROBENCHMARK, status=row.get("status"), precision=precision,
             strategy=f"single device, compute-only ({device})", devices=1, global_batch=batch,
             figures=_benchmark_figures(row), pair_key=f"bench:{path.resolve()}:{batch}",
+            descriptive={"data_warning_count": Figure(None, None, "synthetic tensors: no data read")},
         ))
     return records
 

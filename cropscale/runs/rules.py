@@ -17,6 +17,8 @@ median / p95 step (ms)     median over measured epochs of each epoch's median (p
 step windows (ms)          per window: median over measured epochs of the epoch medians
 loader wait / exposed      median over measured epochs of ``data_wait`` (``comm_exposed``) median /
 communication share        ``step`` median
+step decomposition (%)     the same per window (:func:`step_shares`): percent of the step; medians do
+                           not add up, so the windows' shares sum to about, not exactly, 100 %
 samples/s                  training samples / training seconds, both summed over measured epochs
                            (ThroughputCallback; seconds of the slowest rank)
 train / val / end-to-end   median over measured epochs of ``train_s`` / ``val_s`` / ``wall_s``
@@ -28,6 +30,8 @@ non-finite, skipped        non-finite batches summed over ranks; steps skipped b
                            GradScaler skips
 best / final macro IoU     maximum / last value of TensorBoard ``val/mIoU``; the best epoch is the
                            first that reached the maximum
+diverged                   the last :data:`DIVERGENCE_WINDOW` logged training losses (TensorBoard
+                           ``train/loss_step``) are all non-finite (:func:`divergence`)
 optimizer updates/epoch    ``global_step / trainer.max_epochs``
 =========================  =========================================================================
 """
@@ -36,9 +40,11 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from cropscale.errors import CropScaleError
 from cropscale.evidence import MEASURED_RUN
 from cropscale.numbers import median
 from cropscale.runs.schema import RunJson, RunSummary, StepTimingEpoch, ThroughputEpoch
@@ -150,6 +156,18 @@ def step_share(summary: RunSummary, window: str, warmup_epochs: int) -> float | 
     return median(shares)
 
 
+def step_shares(summary: RunSummary, windows: tuple[str, ...], warmup_epochs: int) -> dict[str, float]:
+    """Each window's :func:`step_share` (a fraction of the step), for the windows that have one.
+
+    The step decomposition in percent of the step that the report's figure and the end-of-fit summary
+    show: per window, the median over measured epochs of (the epoch's window median / its step median).
+    The denominator is the statistic of the median-step figure, so 100 % is that step; the shares
+    need not sum to exactly 1 (a sum of medians is not the median of the sum).
+    """
+    shares = {w: step_share(summary, w, warmup_epochs) for w in windows}
+    return {w: v for w, v in shares.items() if v is not None}
+
+
 def samples_per_s(summary: RunSummary, warmup_epochs: int, no_json: str | None = None) -> Figure:
     """Training samples / training seconds, both summed over measured epochs (ThroughputCallback)."""
     epochs: list[ThroughputEpoch] = measured(summary.throughput.epochs, warmup_epochs) if summary.throughput else []
@@ -253,3 +271,103 @@ def updates_per_epoch(run_json: RunJson | None) -> float | None:
         return None
     max_epochs = run_json.trainer.get("max_epochs")
     return run_json.global_step / max_epochs if max_epochs else None
+
+
+DIVERGENCE_WINDOW = 3
+"""Logged training losses that must all be non-finite, at the end of the logged series, for a run to have diverged."""
+
+
+@dataclass
+class LossTail:
+    """What the divergence rule needs of a logged loss series, kept up to date one loss at a time.
+
+    Attributes:
+        logged: losses logged so far.
+        trailing: non-finite losses at the end of the series (0 when the last one is finite).
+        trailing_first: the step of the first of those (None when ``trailing`` is 0).
+        last_step: the step of the last logged loss.
+        last_finite_step: the step of the last finite loss (None when none was finite).
+    """
+
+    logged: int = 0
+    trailing: int = 0
+    trailing_first: int | None = None
+    last_step: int | None = None
+    last_finite_step: int | None = None
+
+    def add(self, step: int, value: float) -> None:
+        """Count the loss ``value`` logged at ``step``."""
+        self.logged += 1
+        self.last_step = int(step)
+        if math.isfinite(value):
+            self.trailing, self.trailing_first, self.last_finite_step = 0, None, int(step)
+        else:
+            self.trailing += 1
+            if self.trailing == 1:
+                self.trailing_first = int(step)
+
+
+@dataclass(frozen=True)
+class Divergence:
+    """The verdict of :func:`divergence` on a run's logged training loss.
+
+    Attributes:
+        diverged: True (diverged), False (it did not), None (no training loss logged: cannot tell).
+        why: one sentence that says which losses the verdict rests on.
+        trailing: non-finite logged losses at the end of the series.
+        since_step: the step of the first of them (None when the last loss is finite).
+        last_finite_step: the step of the last finite logged loss (None when there is none).
+    """
+
+    diverged: bool | None
+    why: str
+    trailing: int = 0
+    since_step: int | None = None
+    last_finite_step: int | None = None
+
+
+def divergence(losses: Sequence[tuple[int, float]], window: int = DIVERGENCE_WINDOW,
+               tag: str = "train/loss_step") -> Divergence:
+    """Whether a run diverged: its last ``window`` logged training losses are all non-finite (NaN or inf).
+
+    A run that logged fewer than ``window`` losses diverged when every one of them is non-finite. One
+    non-finite batch in a finite series (bad data, an AMP overflow) is no divergence; a loss that stays
+    non-finite to the end is. :class:`~cropscale.callbacks.DivergenceCallback` applies this rule online
+    (through :func:`divergence_of_tail`) to stop such a run; the report and the end-of-fit summary apply
+    it to the TensorBoard series.
+
+    Args:
+        losses: ``[(step, loss)]`` in logging order (e.g. TensorBoard ``train/loss_step``).
+        window: how many trailing logged losses must be non-finite (>= 1).
+        tag: the name of the series, for the sentence.
+
+    Raises:
+        CropScaleError: ``window < 1``.
+    """
+    tail = LossTail()
+    for step, value in losses:
+        tail.add(step, value)
+    return divergence_of_tail(tail, window, tag)
+
+
+def divergence_of_tail(tail: LossTail, window: int = DIVERGENCE_WINDOW, tag: str = "train/loss_step") -> Divergence:
+    """The rule of :func:`divergence` on a :class:`LossTail` (the series it was built from need not be kept).
+
+    Raises:
+        CropScaleError: ``window < 1``.
+    """
+    if window < 1:
+        raise CropScaleError(f"divergence window must be >= 1 logged losses, got {window}")
+    if not tail.logged:
+        return Divergence(None, f"no {tag} logged: divergence cannot be judged")
+    facts = {"trailing": tail.trailing, "since_step": tail.trailing_first, "last_finite_step": tail.last_finite_step}
+    if tail.trailing == 0:
+        return Divergence(False, f"the last logged {tag} is finite", **facts)
+    if tail.trailing < min(window, tail.logged):
+        return Divergence(False, f"{tag} non-finite at the last {tail.trailing} logged step(s), fewer than the "
+                                 f"{window} that make a divergence", **facts)
+    where = (f"step {tail.last_step}" if tail.trailing == 1
+             else f"steps {tail.trailing_first}-{tail.last_step}")
+    since = (f"last finite at step {tail.last_finite_step}" if tail.last_finite_step is not None
+             else "never finite")
+    return Divergence(True, f"{tag} non-finite at the last {tail.trailing} logged step(s) ({where}; {since})", **facts)

@@ -198,11 +198,22 @@ class ThroughputEpoch(Record):
 
 @dataclass
 class ThroughputSummary(Record):
-    """``summary.throughput``: samples/s over the whole run and per epoch."""
+    """``summary.throughput``: samples/s over the whole run and per epoch.
+
+    ``dtype`` is the matmuls' dtype; ``dtypes_by_class`` the dtype of each operator class (convolution,
+    matmul, attention) as the run's switches (``tf32``) selected it; ``flops_by_class`` the FLOPs of one
+    sample per class and ``peak_tflops`` the attainable peak MFU was divided by (``peak_source``:
+    ``attainable``, ``table`` or the ``peak_tflops`` override).
+    """
 
     evidence: str = MEASURED_RUN
     device: str | None = None
     dtype: str | None = None
+    dtypes_by_class: dict[str, str] = field(default_factory=dict)
+    tf32: dict[str, bool] = field(default_factory=dict)
+    flops_by_class: dict[str, float] | None = None
+    peak_tflops: float | None = None
+    peak_source: str | None = None
     warmup_steps: int | None = None
     flops_source: str | None = None
     mfu_reason: str | None = None
@@ -262,14 +273,23 @@ class RankCounts(Record):
 
 @dataclass
 class NonFiniteRecord(Record):
-    """One non-finite batch: where (step, epoch, batch, rank), what was not finite and the sample ids."""
+    """One non-finite batch: where (step, epoch, micro-batch, rank), what was not finite and the sample ids.
+
+    ``micro_batch`` is the 0-based index of the micro-batch in its optimizer step (``None`` when the
+    gradients alone were non-finite: the record then names every micro-batch of the step);
+    ``input_finite`` whether its floating-point batch tensors were finite (``None``: not checked) and
+    ``nonfinite_inputs`` the keys of those that were not.
+    """
 
     global_step: int = 0
     epoch: int = 0
     batch_idx: int = 0
+    micro_batch: int | None = None
     rank: int = 0
     loss_finite: bool | None = None
     grads_finite: bool | None = None
+    input_finite: bool | None = None
+    nonfinite_inputs: list[str] | None = optional()
     patch_id: list[int] | None = optional()
     crop_yx: list[list[int]] | None = optional()
     nonfinite_input_patch_id: list[int] | None = optional()
@@ -283,6 +303,7 @@ class NonFiniteSummary(Record):
     evidence: str = MEASURED_RUN
     policy: str = "log"
     check_grads: bool = True
+    input_check: str | None = None
     nonfinite_batches_rank0: int = 0
     skipped_steps_rank0: int = 0
     per_rank: list[RankCounts] = field(default_factory=list)
@@ -316,11 +337,17 @@ class GradNormEpoch(Record):
 
 @dataclass
 class GradNormSummary(Record):
-    """``summary.grad_norm``: the global gradient norm before clipping and how often it was clipped."""
+    """``summary.grad_norm``: the global gradient norm before clipping and how often it was clipped.
+
+    ``sharding`` is the gradient layout the norm was reduced for (``replicated``, ``flat``, ``dtensor``,
+    ``world`` or ``unsupported``, see :class:`cropscale.callbacks._grads.ShardLayout`).
+    """
 
     evidence: str = MEASURED_RUN
     norm_type: float = 2.0
     sharded_reduction: bool = False
+    sharding: str | None = None
+    sharding_reason: str | None = optional()
     clip_threshold: float | None = None
     clip_threshold_reason: str | None = None
     steps: int = 0
@@ -450,6 +477,7 @@ class RunJson(Record):
     trainer: dict[str, Any] = field(default_factory=dict)
     callbacks: list[str] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)
+    data_warnings: list[str] | None = optional()
     summary: RunSummary = field(default_factory=RunSummary)
     global_step: int | None = optional()
     epochs_completed: int | None = optional()

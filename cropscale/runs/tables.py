@@ -26,13 +26,17 @@ class Column:
 
     Attributes:
         key: the row's figure or value; header: the Markdown header; fmt: a ``format`` spec for
-            numbers; figure: True for a figure with an evidence label, False for a descriptive value.
+            numbers; figure: True for a figure with an evidence label, False for a descriptive value;
+            qualifiers: False to leave a present value's note out of the Markdown footnotes (a short
+            table whose detail tables carry them); an n/a cell's reason is always footnoted, and the
+            CSV keeps every note.
     """
 
     key: str
     header: str
     fmt: str = ""
     figure: bool = True
+    qualifiers: bool = True
 
 
 @dataclass
@@ -105,7 +109,7 @@ def _figure_cell(row: TableRow, col: Column, notes: _Notes, labels: list[str], c
     csv_row[col.key] = "" if fig.value is None else fig.value
     csv_row[f"{col.key}_evidence"] = fig.evidence or ""
     csv_row[f"{col.key}_note"] = extra or ""
-    return fmt(fig.value, col.fmt) + notes.mark(extra)
+    return fmt(fig.value, col.fmt) + notes.mark(extra if fig.value is None or col.qualifiers else None)
 
 
 def _descriptive_cell(row: TableRow, col: Column, notes: _Notes, csv_row: dict[str, Any]) -> str:
@@ -114,7 +118,7 @@ def _descriptive_cell(row: TableRow, col: Column, notes: _Notes, csv_row: dict[s
         extra = desc.why if desc.value is None else desc.note
         csv_row[col.key] = "" if desc.value is None else desc.value
         csv_row[f"{col.key}_note"] = extra or ""
-        return fmt(desc.value, col.fmt) + notes.mark(extra)
+        return fmt(desc.value, col.fmt) + notes.mark(extra if desc.value is None or col.qualifiers else None)
     value = row.values.get(col.key)
     csv_row[col.key] = "" if value is None else value
     return fmt(value, col.fmt)

@@ -4,9 +4,13 @@
 - :mod:`~cropscale.scaling.allreduce`: ring all-reduce volume and time, DDP buckets, FSDP
   reduce-scatter / all-gather, inputs from a real ``nn.Module``.
 - :mod:`~cropscale.scaling.pmnf`: single-parameter PMNF fitting (Extra-P's search).
-- :mod:`~cropscale.scaling.assertions`: ``assert_scaling(x, y, expected="O(n)", tolerance=0.1)``.
+- :mod:`~cropscale.scaling.landau`: Landau notation (``parse_order``) and the class ladder O(1) .. O(n^3).
+- :mod:`~cropscale.scaling.verdict`: does a series grow faster than a class? (bootstrap over repetitions).
+- :mod:`~cropscale.scaling.assertions`: ``assert_scaling(x, y, expected="O(n)")``, ``check_scaling``.
+- :mod:`~cropscale.scaling.assert_bench`: error rates of the verdict on seeded synthetic series.
+- :mod:`~cropscale.scaling.pytest_plugin`: ``@pytest.mark.scaling("O(n)")`` (a ``pytest11`` entry point).
 - :mod:`~cropscale.scaling.series`: :class:`ScalingSeries`, ``(x, repeated y)`` of one metric.
-- :mod:`~cropscale.scaling.extrap`: export to Extra-P's JSON Lines input.
+- :mod:`~cropscale.scaling.extrap`: Extra-P interchange (JSON Lines out, text format in).
 
 Layer 1: this package imports numpy (and scipy) and the vocabulary, nothing of torch, Lightning or
 the rest of cropscale. The series measured on the real code are made by :mod:`cropscale.bench.measure`.
@@ -39,24 +43,30 @@ from cropscale.scaling.amdahl import (
 )
 from cropscale.scaling.assertions import (
     ScalingAssertionError,
+    ScalingInconclusiveError,
     ScalingVerdict,
     assert_scaling,
     check_scaling,
-    excess_growth,
-    parse_order,
 )
-from cropscale.scaling.extrap import read_extrap_jsonl, write_extrap_jsonl
+from cropscale.scaling.extrap import (
+    read_extrap_jsonl,
+    read_extrap_jsonl_series,
+    read_extrap_text,
+    write_extrap_jsonl,
+    write_extrap_jsonl_by_points,
+)
+from cropscale.scaling.landau import LADDER, excess_factor, parse_order
 from cropscale.scaling.pmnf import PMNFModel, PMNFWarning, Term, fit_pmnf, hypotheses
 from cropscale.scaling.series import ScalingSeries
+from cropscale.scaling.verdict import ClassVerdict, judge
 
 __all__ = [
-    "Bucket", "GradientPayload", "PMNFModel", "PMNFWarning", "ScalingAssertionError", "ScalingSeries",
-    "ScalingVerdict", "Term", "all_gather_send_bytes", "allreduce_table", "amdahl_efficiency", "amdahl_speedup",
-    "amdahl_table", "assert_scaling", "check_scaling",
-    "ddp_allreduce_time", "ddp_buckets", "efficiency", "estimated_bucket_count", "excess_growth",
-    "fit_pmnf", "format_allreduce_table", "format_amdahl_table", "fsdp_send_bytes", "gradient_payload",
-    "gustafson_speedup", "hypotheses", "karp_flatt", "parse_order",
-    "read_extrap_jsonl", "reduce_scatter_send_bytes", "reduce_scatter_time", "ring_allreduce_send_bytes",
-    "ring_allreduce_time",
-    "write_extrap_jsonl",
+    "Bucket", "ClassVerdict", "GradientPayload", "LADDER", "PMNFModel", "PMNFWarning", "ScalingAssertionError",
+    "ScalingInconclusiveError", "ScalingSeries", "ScalingVerdict", "Term", "all_gather_send_bytes",
+    "allreduce_table", "amdahl_efficiency", "amdahl_speedup", "amdahl_table", "assert_scaling", "check_scaling",
+    "ddp_allreduce_time", "ddp_buckets", "efficiency", "estimated_bucket_count", "excess_factor", "fit_pmnf",
+    "format_allreduce_table", "format_amdahl_table", "fsdp_send_bytes", "gradient_payload", "gustafson_speedup",
+    "hypotheses", "judge", "karp_flatt", "parse_order", "read_extrap_jsonl", "read_extrap_jsonl_series",
+    "read_extrap_text", "reduce_scatter_send_bytes", "reduce_scatter_time", "ring_allreduce_send_bytes",
+    "ring_allreduce_time", "write_extrap_jsonl", "write_extrap_jsonl_by_points",
 ]

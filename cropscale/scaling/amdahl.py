@@ -10,6 +10,9 @@ Definitions (the study's notation; ``N`` devices or ranks, ``s`` serial fraction
   fraction from a measured speed-up ``S`` on ``N > 1`` devices:
   ``e = (1/S - 1/N) / (1 - 1/N)``. A serial fraction that grows with ``N`` points at parallel
   overhead (communication, synchronisation) rather than at inherently serial work.
+- The serial fraction fitted to several measured speed-ups (:func:`fit_serial_fraction`): Amdahl's
+  law is linear in ``1/S``, ``1/S - 1/N = s (1 - 1/N)``, so least squares in ``1/S`` give
+  ``s = sum x y / sum x^2`` with ``x = 1 - 1/N``, ``y = 1/S - 1/N``; for one point it is Karp-Flatt's.
 
 Every value computed here from assumed serial fractions is an ``analytical-scenario``; a
 Karp-Flatt fraction carries the evidence label of the speed-up it was computed from.
@@ -102,6 +105,36 @@ def karp_flatt(speedup: float, n: float) -> float:
         raise CropScaleError(f"speedup must be a positive measured number, got {speedup!r}")
     n = float(n)
     return (1.0 / speedup - 1.0 / n) / (1.0 - 1.0 / n)
+
+
+def fit_serial_fraction(devices: Sequence[float], speedups: Sequence[float]) -> float:
+    """Amdahl's serial fraction fitted to measured speed-ups by least squares in ``1/S``.
+
+    ``s = sum x_i y_i / sum x_i^2`` with ``x_i = 1 - 1/N_i`` and ``y_i = 1/S_i - 1/N_i`` (Amdahl's law
+    rearranged: ``y = s x``). Points at ``N = 1`` carry no information (``x = 0``) and are skipped. For
+    a single ``N > 1`` point this is :func:`karp_flatt`. The value is not clipped: below 0 means
+    super-linear speed-up, above 1 a slow-down (a caller drawing an Amdahl curve clips it to [0, 1]).
+
+    Args:
+        devices: device counts ``N_i >= 1``.
+        speedups: measured speed-ups ``S_i > 0`` against one device, in the same order.
+
+    Raises:
+        CropScaleError: lengths differ, a count below 1, a non-positive speed-up, or no point with ``N > 1``.
+    """
+    if len(devices) != len(speedups):
+        raise CropScaleError(f"fit_serial_fraction: {len(devices)} device counts but {len(speedups)} speed-ups")
+    num = den = 0.0
+    for n, sp in zip(devices, speedups, strict=True):
+        n = _check_devices(n)
+        if not (isinstance(sp, (int, float)) and math.isfinite(sp) and sp > 0):
+            raise CropScaleError(f"speedup must be a positive measured number, got {sp!r}")
+        x, y = 1.0 - 1.0 / n, 1.0 / sp - 1.0 / n
+        num += x * y
+        den += x * x
+    if den == 0.0:
+        raise CropScaleError("fit_serial_fraction needs a speed-up measured on more than one device")
+    return num / den
 
 
 @dataclass(frozen=True)

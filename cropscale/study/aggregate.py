@@ -7,6 +7,10 @@ Per run, every figure follows its rule in :mod:`cropscale.runs.rules` over the s
 epochs (the run reader :func:`cropscale.runs.record.load_run` with ``warmup_epochs``); per
 configuration: the median over seeds (times, steps, rates, shares) and the mean and sample standard
 deviation over seeds (macro IoU).
+
+Batch sweep (:func:`sweep_summary`): one curve of best macro IoU against the global batch per optimiser,
+LR rule and precision, compared with the small-batch baseline; :func:`holds_to` gives the largest ``G``
+up to which the quality stays within the spec's tolerance.
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ class StudyRow:
     lr_scaling: str
     updates_per_epoch: float | None
     seeds: int = 0
+    optimizer: str = "adamw"
     step_median_ms: float | None = None
     step_p95_ms: float | None = None
     samples_per_s: float | None = None
@@ -73,7 +78,7 @@ def base_row(config: Configuration, evidence: str) -> StudyRow:
         evidence=evidence, protocol=config.protocol, precision=PRECISION_LABELS[config.precision],
         world_size=config.world_size, local_batch=plan.local_batch, accumulation=plan.accumulation,
         global_batch=plan.global_batch, lr=plan.lr, lr_scaling=plan.lr_scaling,
-        updates_per_epoch=config.updates_per_epoch,
+        updates_per_epoch=config.updates_per_epoch, optimizer=plan.optimizer,
     )
 
 
@@ -156,10 +161,12 @@ def add_speedups(rows: list[StudyRow]) -> None:
     """Set S_N = T_1 / T_N, E_N = S_N / N and the Karp-Flatt fraction of measured rows, in place.
 
     Against the measured 1-rank row of the same protocol and precision (T = median training epoch).
+    Batch-sweep rows are left alone (their runs differ in the global batch, not the world size).
     """
-    t1 = {(r.protocol, r.precision): r.train_epoch_s for r in rows
+    scaling = [r for r in rows if r.protocol in P.PROTOCOLS]
+    t1 = {(r.protocol, r.precision): r.train_epoch_s for r in scaling
           if r.evidence == MEASURED_RUN and r.world_size == 1}
-    for r in rows:
+    for r in scaling:
         base = t1.get((r.protocol, r.precision))
         if r.evidence != MEASURED_RUN or r.train_epoch_s is None or base is None:
             continue
@@ -167,3 +174,121 @@ def add_speedups(rows: list[StudyRow]) -> None:
         r.efficiency = P.efficiency(r.speedup, r.world_size)
         if r.world_size > 1:
             r.serial_fraction = karp_flatt(r.speedup, r.world_size)
+
+
+# ------------------------------------------------------------------------------------------ batch sweep
+def holds_to(points: Sequence[tuple[int, float | None]], baseline: float,
+             tolerance: float) -> tuple[int | None, int | None]:
+    """The largest ``G`` up to which the quality holds, and the first ``G`` where it stops.
+
+    A point holds when its value (mean best macro IoU over seeds) is at least ``baseline - tolerance``.
+    Walking ``G`` upwards, the quality holds to the last point before the first one that does not hold
+    or has no value (a larger ``G`` that holds again does not count: nothing between is known to hold).
+
+    Args:
+        points: ``(G, value)`` pairs, any order; value None = not measured.
+        baseline: the baseline's mean best macro IoU (0..1).
+        tolerance: the allowed fall below ``baseline`` (macro IoU, >= 0).
+
+    Returns:
+        ``(holds_to, stops_at)``: None for the first when even the smallest ``G`` does not hold; None for
+        the second when every point holds.
+    """
+    last = None
+    for g, value in sorted(points):
+        if value is None or value < baseline - tolerance:
+            return last, g
+        last = g
+    return last, None
+
+
+@dataclass
+class SweepCurve:
+    """One curve of a batch sweep: an optimiser, LR rule and precision over the global batches.
+
+    Attributes:
+        rows: the measured rows, by ``G``; holds_to / stops_at: from :func:`holds_to`; verdict: one sentence.
+    """
+
+    optimizer: str
+    lr_scaling: str
+    precision: str
+    rows: list[StudyRow]
+    holds_to: int | None = None
+    stops_at: int | None = None
+    verdict: str = ""
+
+
+@dataclass
+class SweepSummary:
+    """The batch sweep's comparison with its small-batch baseline.
+
+    Attributes:
+        baseline: the baseline row (None when it has no measured macro IoU; ``why`` says so).
+        tolerance: allowed fall of the mean best macro IoU below the baseline mean (absolute, 0..1).
+        curves: one per optimiser x LR rule x precision.
+        not_run: ``(configuration key, G, optimizer, LR rule, reason)`` of the points not run.
+    """
+
+    baseline: StudyRow | None
+    tolerance: float
+    curves: list[SweepCurve]
+    not_run: list[tuple[str, int, str, str, str]]
+    why: str = ""
+
+
+def _verdict(curve: SweepCurve, baseline: StudyRow, tolerance: float, not_run: Sequence[int]) -> str:
+    floor = baseline.miou_best - tolerance
+    by_g = {r.global_batch: r for r in curve.rows}
+    text = (f"holds to G = {curve.holds_to}; at G = {curve.stops_at}" if curve.holds_to is not None
+            else f"does not hold even at its smallest G = {curve.stops_at}:")
+    if curve.stops_at is not None:
+        row = by_g.get(curve.stops_at)
+        value = None if row is None else row.miou_best
+        text += " no measured macro IoU" if value is None else f" best macro IoU {value:.4f} < {floor:.4f}"
+    else:
+        text = f"holds to G = {curve.holds_to}"
+    if curve.stops_at is None and curve.rows:
+        text += ", the largest G run"
+    larger = [g for g in not_run if g > max((r.global_batch for r in curve.rows), default=0)]
+    if larger:
+        text += f" (not run: G = {', '.join(str(g) for g in larger)})"
+    return text + f" [{MEASURED_RUN}]"
+
+
+def sweep_summary(rows: Sequence[StudyRow], configs: Sequence[Configuration], baseline: tuple[str, str, int],
+                  tolerance: float) -> SweepSummary:
+    """Curves, baseline and verdicts of the batch sweep.
+
+    Args:
+        rows: the study rows (only ``batch-sweep`` rows are used).
+        configs: the planned configurations (the batch sweep's unrunnable ones are listed as not run).
+        baseline: ``(optimizer, LR rule, G)`` of the small-batch baseline (:attr:`BatchSweepSpec.baseline`).
+        tolerance: allowed fall below the baseline's mean best macro IoU (absolute).
+    """
+    sweep_rows = [r for r in rows if r.protocol == P.BATCH_SWEEP and r.evidence == MEASURED_RUN]
+    not_run = [(c.key, c.plan.global_batch, c.plan.optimizer, c.plan.lr_scaling, c.reason) for c in configs
+               if c.protocol == P.BATCH_SWEEP and not c.runnable]
+    opt, rule, g0 = baseline
+    base = next((r for r in sweep_rows if (r.optimizer, r.lr_scaling, r.global_batch) == (opt, rule, g0)), None)
+    summary = SweepSummary(base, tolerance, [], not_run)
+    if base is None or base.miou_best is None:
+        summary.baseline = None
+        summary.why = f"the baseline ({opt}, {rule}, G = {g0}) has no measured best macro IoU"
+    keys = list(dict.fromkeys((c.plan.optimizer, c.plan.lr_scaling, PRECISION_LABELS[c.precision]) for c in configs
+                              if c.protocol == P.BATCH_SWEEP))  # the spec's order
+    for optimizer, lr_scaling, precision in keys:
+        mine = sorted((r for r in sweep_rows if (r.optimizer, r.lr_scaling, r.precision)
+                       == (optimizer, lr_scaling, precision)), key=lambda r: r.global_batch)
+        if not mine:
+            continue
+        curve = SweepCurve(optimizer, lr_scaling, precision, mine)
+        if summary.baseline is not None:
+            curve.holds_to, curve.stops_at = holds_to([(r.global_batch, r.miou_best) for r in mine],
+                                                      summary.baseline.miou_best, tolerance)
+            skipped = [g for _, g, o, lr, _ in not_run if (o, lr) == (optimizer, lr_scaling)]
+            curve.verdict = _verdict(curve, summary.baseline, tolerance, skipped)
+        else:
+            curve.verdict = f"no verdict: {summary.why}"
+        summary.curves.append(curve)
+    return summary

@@ -3,6 +3,7 @@
     python -m cropscale scaling --params 1947456 [--bytes-per-element 4]
     python -m cropscale scaling --from-model              # P, dtype and exact DDP buckets of CropMappingNet()
     python -m cropscale scaling --params 1947456 --speedup 2:1.62 --speedup-evidence measured-run
+    python -m cropscale scaling assert-bench [--seed 0]   # error rates of the scaling verdict
 
 Every row of the two tables is an ``analytical-scenario``: what N devices could do under the
 stated assumptions (serial fraction; per-phase latency ``alpha`` and effective bandwidth
@@ -27,6 +28,7 @@ from cropscale.scaling.allreduce import (
     gradient_payload,
 )
 from cropscale.scaling.amdahl import amdahl_table, efficiency, format_amdahl_table, karp_flatt
+from cropscale.scaling.assert_bench import main as assert_bench_main
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -34,6 +36,8 @@ def _parser() -> argparse.ArgumentParser:
         prog="python -m cropscale scaling",
         description="Analytical Amdahl (speed-up / efficiency) and ring all-reduce (volume / time) tables; "
         "every row is an analytical-scenario.",
+        epilog="python -m cropscale scaling assert-bench --help: error rates of the scaling verdict on synthetic"
+        " series.",
     )
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--params", type=int, help="trainable parameter count P (e.g. 1947456)")
@@ -66,7 +70,12 @@ def _parse_speedup(text: str) -> tuple[int, float]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Print the tables; returns the exit status (0). Raises ``CropScaleError`` on bad arguments."""
+    """Print the tables; returns the exit status (0). Raises ``CropScaleError`` on bad arguments.
+
+    ``assert-bench ...`` runs :func:`cropscale.scaling.assert_bench.main` instead.
+    """
+    if argv and argv[0] == "assert-bench":
+        return assert_bench_main(list(argv[1:]))
     args = _parser().parse_args(argv)
     if args.params is not None and args.params < 1:
         raise CropScaleError(f"--params must be a positive parameter count, got {args.params}")

@@ -20,10 +20,18 @@ from pathlib import Path
 
 from cropscale.study import protocol as P
 from cropscale.study.plan import Configuration, node_layout
-from cropscale.study.spec import PRECISION_CONFIGS, REPO_ROOT, STRATEGY_CONFIGS, StudySpec, resolve_path
+from cropscale.study.spec import (
+    PRECISION_CONFIGS,
+    REPO_ROOT,
+    STRATEGY_CONFIGS,
+    BatchSweepSpec,
+    StudySpec,
+    resolve_path,
+)
 
 _BATCH_LINE = re.compile(
     r"global batch (\d+) = local (\d+) x world size (\d+) x accumulation (\d+).*?lr (\S+) -> ([0-9.eE+-]+)"
+    r"(?:; optimizer '(\w+)')?"
 )
 
 
@@ -35,7 +43,8 @@ def fit_command(
 
     Order: base configs, precision config, strategy config, the spec's overrides, then the protocol
     arguments (which therefore win): accelerator, devices / nodes, epochs, accumulation, local
-    batch, LR and its rule, seed, logger folder ``run_root/<config>/seed<k>``, data root.
+    batch, LR and its rule, seed, logger folder ``run_root/<config>/seed<k>``, data root; for a batch
+    sweep also the optimiser, the warm-up in epochs and the schedule.
     """
     nodes, per_node = node_layout(spec, config.world_size, accelerator)
     values = {"python": sys.executable, "nodes": str(nodes), "devices_per_node": str(per_node),
@@ -69,6 +78,10 @@ def fit_command(
     ]
     if data_root is not None:
         cmd.append(f"--data.root={data_root}")
+    if config.protocol == P.BATCH_SWEEP:
+        sweep = next(p for p in spec.protocols if isinstance(p, BatchSweepSpec))
+        cmd += [f"--model.optimizer={plan.optimizer}", "--model.warmup_steps=0",
+                f"--model.warmup_epochs={sweep.lr_warmup_epochs!r}", f"--model.schedule={sweep.lr_schedule}"]
     return cmd
 
 
@@ -124,7 +137,8 @@ def child_env(spec: StudySpec, accelerator: str) -> dict[str, str]:
 def check_batch_line(log_text: str, plan: P.BatchPlan) -> tuple[bool | None, str]:
     """Compare the task's printed global-batch and LR line with the plan.
 
-    The line reads ``global batch G = local L x world size N x accumulation A ... lr a -> b``.
+    The line reads ``global batch G = local L x world size N x accumulation A ... lr a -> b; optimizer 'o'``;
+    the optimiser is compared for a batch sweep (the one protocol that sets it).
     Returns (True/False, detail), or (None, reason) when the log has no such line.
     """
     m = _BATCH_LINE.search(log_text)
@@ -135,5 +149,9 @@ def check_batch_line(log_text: str, plan: P.BatchPlan) -> tuple[bool | None, str
     ok = (g, loc, n, a) == (plan.global_batch, plan.local_batch, plan.world_size, plan.accumulation) and math.isclose(
         lr, plan.lr, rel_tol=1e-4
     )
-    return ok, f"run: G={g} L={loc} N={n} A={a} lr={lr:g}; plan: G={plan.global_batch} L={plan.local_batch}" \
-               f" N={plan.world_size} A={plan.accumulation} lr={plan.lr:g}"
+    detail = (f"run: G={g} L={loc} N={n} A={a} lr={lr:g}; plan: G={plan.global_batch} L={plan.local_batch}"
+              f" N={plan.world_size} A={plan.accumulation} lr={plan.lr:g}")
+    if plan.protocol == P.BATCH_SWEEP:
+        ok = ok and m.group(7) == plan.optimizer
+        detail += f"; optimizer run {m.group(7)!r}, plan {plan.optimizer!r}"
+    return ok, detail

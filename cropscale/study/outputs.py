@@ -1,8 +1,10 @@
 """The study's outputs: the study table (Markdown and CSV) and its figures.
 
-``study_table.md`` holds the measured-run block, then the analytical-scenario block;
-``study_table.csv`` all rows, with one ``evidence`` column and per-figure evidence; the figures are
-``figures/scaling.png``, ``figures/iou_by_epoch.png`` and ``figures/step_decomposition.png``.
+``study_table.md`` holds the measured-run block, then the analytical-scenario block, then the batch
+sweep (when the spec has one); ``study_table.csv`` the device-scaling rows, ``batch_sweep.csv`` the
+batch sweep's, each with one ``evidence`` column and per-figure evidence; the figures are
+``figures/scaling.png``, ``figures/batch_sweep.png``, ``figures/iou_by_epoch.png`` and
+``figures/step_decomposition.png``.
 """
 
 from __future__ import annotations
@@ -16,8 +18,9 @@ from cropscale.runs.plots import plot_iou_by_epoch, plot_step_decomposition, pyp
 from cropscale.runs.record import RunRecord
 from cropscale.runs.rules import Figure
 from cropscale.runs.tables import Column, TableRow, render_table
-from cropscale.study.aggregate import StudyRow
-from cropscale.study.spec import StudySpec
+from cropscale.study import protocol as P
+from cropscale.study.aggregate import StudyRow, SweepSummary
+from cropscale.study.spec import BatchSweepSpec, StudySpec
 
 COLUMNS: tuple[Column, ...] = (
     Column("protocol", "Protocol", figure=False),
@@ -80,13 +83,23 @@ def table_row(row: StudyRow) -> TableRow:
     return TableRow(values=values, figures=figures, evidence=row.evidence)
 
 
+def _describe(p) -> str:
+    if isinstance(p, BatchSweepSpec):
+        opts = ", ".join(f"{o.name} lr {o.lr:g} ({'/'.join(o.lr_scalings)})" for o in p.optimizers)
+        return (f"{p.name} (G = {', '.join(str(g) for g in p.global_batches)} vs reference {p.reference};"
+                f" L <= {p.max_local_batch}; A <= {p.max_accumulation or 'any'}; {opts}; LR warm-up"
+                f" {p.lr_warmup_epochs:g} epoch(s), then {p.lr_schedule})")
+    return (f"{p.name} (L = {p.local_batch}" + (f", G = {p.global_batch}" if p.global_batch else "")
+            + f", LR rule {p.lr_scaling})")
+
+
 def _header(spec: StudySpec) -> str:
-    protocols = "; ".join(f"{p.name} (L = {p.local_batch}" + (f", G = {p.global_batch}" if p.global_batch else "")
-                          + f", LR rule {p.lr_scaling})" for p in spec.protocols)
+    protocols = "; ".join(_describe(p) for p in spec.protocols)
+    analytical = (f"; `{ANALYTICAL_SCENARIO}` = a model, not a measurement"
+                  if any(not isinstance(p, BatchSweepSpec) for p in spec.protocols) else "")
     return (f"# Scaling study `{spec.name}`\n\nSpec: `{spec.source}`. Protocols: {protocols}. Strategy"
             f" {spec.strategy}; accelerator {spec.accelerator}. Evidence labels: `{MEASURED_RUN}` = recorded"
-            f" by the fit run itself (scaling callbacks, TensorBoard); `{ANALYTICAL_SCENARIO}` = a model, not a"
-            " measurement.\n")
+            f" by the fit run itself (scaling callbacks, TensorBoard){analytical}.\n")
 
 
 def _blocks(rows: Sequence[TableRow], spec: StudySpec) -> list[str]:
@@ -107,19 +120,33 @@ def _blocks(rows: Sequence[TableRow], spec: StudySpec) -> list[str]:
     return blocks
 
 
-def write_outputs(rows: Sequence[StudyRow], out: Path, spec: StudySpec,
-                  runs: Sequence[RunRecord] = ()) -> dict[str, Path]:
-    """Write the study table (Markdown, CSV) and the figures into ``out``; return ``{name: path}``."""
+def write_outputs(rows: Sequence[StudyRow], out: Path, spec: StudySpec, runs: Sequence[RunRecord] = (),
+                  sweep: SweepSummary | None = None) -> dict[str, Path]:
+    """Write the study table (Markdown, CSV), the batch sweep's table and the figures into ``out``.
+
+    Returns:
+        ``{name: path}`` of every file written.
+    """
     out = Path(out)
-    table_rows = [table_row(r) for r in rows]
-    csv_path = atomic_write_text(out / "study_table.csv", render_table(table_rows, COLUMNS).csv)
+    scaling = [r for r in rows if r.protocol != P.BATCH_SWEEP]
     figures_dir = out / "figures"
-    paths = {"csv": csv_path, "scaling": plot_scaling(rows, figures_dir / "scaling.png")}
+    paths: dict[str, Path] = {}
+    blocks: list[str] = []
+    if scaling or sweep is None:
+        table_rows = [table_row(r) for r in scaling]
+        paths["csv"] = atomic_write_text(out / "study_table.csv", render_table(table_rows, COLUMNS).csv)
+        paths["scaling"] = plot_scaling(scaling, figures_dir / "scaling.png")
+        blocks += _blocks(table_rows, spec)
+    if sweep is not None:
+        sweep_rows = [sweep_table_row(r, sweep, spec.max_epochs) for c in sweep.curves for r in c.rows]
+        paths["sweep_csv"] = atomic_write_text(out / "batch_sweep.csv", render_table(sweep_rows, SWEEP_COLUMNS).csv)
+        paths["batch_sweep"] = plot_batch_sweep(sweep, figures_dir / "batch_sweep.png")
+        blocks.append(sweep_block(sweep_rows, sweep, spec))
     if runs:
         paths["iou_by_epoch"] = plot_iou_by_epoch(runs, figures_dir / "iou_by_epoch.png")
         paths["step_decomposition"] = plot_step_decomposition(runs, figures_dir / "step_decomposition.png")
-    figs = "\n".join(f"![{p.stem}](figures/{p.name})" for k, p in paths.items() if k != "csv")
-    text = _header(spec) + "\n" + "\n".join(_blocks(table_rows, spec)) + "\n## Figures\n\n" + figs + "\n"
+    figs = "\n".join(f"![{p.stem}](figures/{p.name})" for p in paths.values() if p.suffix == ".png")
+    text = _header(spec) + "\n" + "\n".join(blocks) + "\n## Figures\n\n" + figs + "\n"
     return {"markdown": atomic_write_text(out / "study_table.md", text), **paths}
 
 
@@ -166,5 +193,121 @@ def plot_scaling(rows: Sequence[StudyRow], path: Path) -> Path:
     axes[0].set_title(f"Speed-up (hollow, dashed: {ANALYTICAL_SCENARIO})", fontsize=9)
     axes[1].set_title("Efficiency", fontsize=9)
     axes[2].set_title(f"Quality (mean +- sd over seeds) [{MEASURED_RUN}]", fontsize=9)
+    fig.tight_layout()
+    return save(fig, path)
+
+
+# ------------------------------------------------------------------------------------------ batch sweep
+SWEEP_COLUMNS: tuple[Column, ...] = (
+    Column("optimizer", "Optimizer", figure=False),
+    Column("lr_scaling", "LR rule", figure=False),
+    Column("precision", "Precision", figure=False),
+    Column("global_batch", "G", "d", figure=False),
+    Column("local_batch", "L", "d", figure=False),
+    Column("world_size", "N", "d", figure=False),
+    Column("accumulation", "A", "d", figure=False),
+    Column("lr", "LR", ".4g", figure=False),
+    Column("updates_per_epoch", "Updates/epoch", "g", figure=False),
+    Column("updates_total", "Updates in run", "g", figure=False),
+    Column("seeds", "Seeds", "d", figure=False),
+    Column("miou_best", "Best mIoU", ".4f"),
+    Column("miou_best_sd", "Best mIoU sd", ".4f"),
+    Column("miou_delta", "vs baseline", "+.4f"),
+    Column("holds", "Holds", figure=False),
+    Column("samples_per_s", "Samples/s", ".3f"),
+    Column("train_epoch_s", "Train epoch (s)", ".2f"),
+)
+"""Columns of the batch-sweep table, in order (``vs baseline``: mean best macro IoU minus the baseline's)."""
+
+
+def sweep_table_row(row: StudyRow, sweep: SweepSummary, epochs: int) -> TableRow:
+    """A batch-sweep row: the plan (counts), the measured figures and the comparison with the baseline.
+
+    ``epochs``: the epochs of every run (updates in the run = updates per epoch x epochs).
+    """
+    base = table_row(row)
+    values = {c.key: getattr(row, c.key, None) for c in SWEEP_COLUMNS if not c.figure}
+    values["updates_total"] = row.updates_per_epoch * epochs if row.updates_per_epoch is not None else None
+    figures = {k: base.figures[k] for k in ("miou_best", "miou_best_sd", "samples_per_s", "train_epoch_s")}
+    if sweep.baseline is None or row.miou_best is None:
+        figures["miou_delta"] = Figure(None, MEASURED_RUN, sweep.why or "no measured best macro IoU")
+        values["holds"] = None
+    else:
+        delta = row.miou_best - sweep.baseline.miou_best
+        figures["miou_delta"] = Figure(delta, MEASURED_RUN)
+        values["holds"] = "yes" if delta >= -sweep.tolerance else "no"
+    return TableRow(values=values, figures=figures, evidence=MEASURED_RUN)
+
+
+def sweep_block(rows: Sequence[TableRow], sweep: SweepSummary, spec: StudySpec) -> str:
+    """The batch sweep's Markdown: baseline and tolerance, verdict per curve, the table, the points not run."""
+    lines = ["## Batch sweep", ""]
+    b = sweep.baseline
+    if b is None:
+        lines.append(f"No baseline: {sweep.why}.")
+    else:
+        sd = "n/a (one seed)" if b.miou_best_sd is None else f"{b.miou_best_sd:.4f}"
+        lines.append(
+            f"Baseline: {b.optimizer}, LR rule {b.lr_scaling}, G = {b.global_batch}: best macro IoU {b.miou_best:.4f}"
+            f" (mean over {b.seeds} seed(s), sd {sd}) [{MEASURED_RUN}]. A point holds when its mean best macro IoU"
+            f" is at least the baseline's minus the tolerance {sweep.tolerance:g},"
+            f" i.e. >= {b.miou_best - sweep.tolerance:.4f}.")
+    lines.append("")
+    for c in sweep.curves:
+        lines.append(f"- {c.optimizer}, LR rule {c.lr_scaling}, {c.precision}: {c.verdict}")
+    intro = (f"Every G trains {spec.max_epochs} epoch(s) (the same samples), so the optimizer updates fall as G"
+             " grows. G = L x N x A; G, L, N, A, LR and updates are the plan (counts), checked against each run's"
+             " printed batch line and global step. Best mIoU: best validation macro IoU of a run, mean and sample sd"
+             f" over seeds; samples/s and training-epoch time: median over seeds of the {spec.measured_epochs} measured"
+             f" epoch(s) after {spec.warmup_epochs} excluded.")
+    lines += ["", render_table(rows, SWEEP_COLUMNS, title=f"Batch sweep table ({MEASURED_RUN})", intro=intro).markdown]
+    if sweep.not_run:
+        lines += ["## Batch sweep: not run", "", "Listed, not measured, nothing predicted:", ""]
+        lines += [f"- G = {g}, {opt}, LR rule {rule}: {reason}" for _, g, opt, rule, reason in sweep.not_run]
+        lines.append("")
+    return "\n".join(lines)
+
+
+def plot_batch_sweep(sweep: SweepSummary, path: Path) -> Path:
+    """Plot best macro IoU (mean +- sd over seeds) and samples/s against the global batch G.
+
+    One line per optimiser x LR rule x precision; the baseline's mean +- sd as a grey band, the baseline
+    minus the tolerance as a dashed line; the G not run as dotted vertical lines.
+    """
+    plt = pyplot()
+    fig, axes = plt.subplots(1, 2, figsize=(12, 5.4))
+    gs = sorted({r.global_batch for c in sweep.curves for r in c.rows} | {g for _, g, *_ in sweep.not_run})
+    b = sweep.baseline
+    if b is not None:
+        sd = b.miou_best_sd or 0.0
+        axes[0].axhspan(b.miou_best - sd, b.miou_best + sd, color="grey", alpha=0.25,
+                        label=f"baseline {b.optimizer} {b.lr_scaling} G={b.global_batch}: mean +- sd")
+        axes[0].axhline(b.miou_best - sweep.tolerance, color="grey", ls="--", lw=1,
+                        label=f"baseline - tolerance {sweep.tolerance:g}")
+    for i, c in enumerate(sweep.curves):
+        label = f"{c.optimizer} {c.lr_scaling} {c.precision}"
+        iou = [(r.global_batch, r.miou_best, r.miou_best_sd or 0.0) for r in c.rows if r.miou_best is not None]
+        if iou:
+            x, y, e = zip(*iou, strict=True)
+            axes[0].errorbar(x, y, yerr=e, fmt="o-", color=f"C{i}", capsize=3, label=label)
+        rate = [(r.global_batch, r.samples_per_s) for r in c.rows if r.samples_per_s is not None]
+        if rate:
+            axes[1].plot(*zip(*rate, strict=True), "s-", color=f"C{i}", label=label)
+    skipped = sorted({g for _, g, *_ in sweep.not_run})
+    for ax in axes:
+        for k, g in enumerate(skipped):
+            ax.axvline(g, color="black", ls=":", lw=1, label="not run (too large here)" if k == 0 else None)
+        ax.set_xscale("log", base=2)
+        if gs:
+            ax.set_xticks(gs, [str(g) for g in gs])
+        ax.set_xlabel("global batch G = L x N x A (samples per optimizer update)")
+        ax.grid(alpha=0.3)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2)
+    axes[0].set_ylabel("best val macro IoU (0..1)")
+    axes[0].set_title(f"Quality vs global batch, mean +- sd over seeds [{MEASURED_RUN}]", fontsize=9)
+    axes[1].set_ylim(bottom=0)
+    axes[1].set_ylabel("training samples/s (median over seeds)")
+    axes[1].set_title(f"Throughput vs global batch [{MEASURED_RUN}]", fontsize=9)
     fig.tight_layout()
     return save(fig, path)

@@ -25,6 +25,14 @@ training loop steps the optimiser when ``A`` micro-batches are ready *or* at the
 the epoch (``_TrainingEpochLoop._should_accumulate``), so updates per epoch
 ``U = ceil(B / A)``, the same formula as ``Trainer.estimated_stepping_batches`` per epoch.
 
+A third protocol, ``batch-sweep``, varies the global batch itself (Sedona, Cavallaro et al., IGARSS 2020:
+remote-sensing training held its accuracy up to global batches of about 8,000): for each ``G`` of a list,
+:func:`realise_global_batch` finds ``G = L x N x A`` exactly within the spec's limits (largest local batch
+that fits in memory, device counts available, largest accumulation allowed). Every ``G`` trains the same
+number of epochs (same samples seen), so the optimiser updates per epoch fall as ``G`` grows
+(:func:`update_windows` counts them, and the samples of a partial last update); the learning rate
+follows ``none | linear | sqrt`` relative to the reference batch, per optimiser.
+
 Speed-up ``S_N = T_1 / T_N`` and efficiency ``E_N = S_N / N`` (``docs/study.md``), with
 ``T`` the time of the same work (one training epoch of ``S`` samples) on 1 and on ``N`` ranks.
 """
@@ -32,6 +40,7 @@ Speed-up ``S_N = T_1 / T_N`` and efficiency ``E_N = S_N / N`` (``docs/study.md``
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
 from cropscale.errors import CropScaleError
@@ -41,7 +50,11 @@ from cropscale.scaling.amdahl import efficiency as _efficiency
 
 EQUAL_GLOBAL = "equal-global"
 EQUAL_LOCAL = "equal-local"
+BATCH_SWEEP = "batch-sweep"
 PROTOCOLS: tuple[str, ...] = (EQUAL_GLOBAL, EQUAL_LOCAL)
+"""The device-scaling protocols (:func:`batch_plan`)."""
+ALL_PROTOCOLS: tuple[str, ...] = (*PROTOCOLS, BATCH_SWEEP)
+"""Every protocol a study spec may name."""
 LR_RULES: tuple[str, ...] = ("none", "linear", "sqrt")
 
 
@@ -91,7 +104,7 @@ class BatchPlan:
     """Batch sizes and learning rate of one study configuration.
 
     Attributes:
-        protocol: ``equal-global`` or ``equal-local``.
+        protocol: ``equal-global``, ``equal-local`` or ``batch-sweep``.
         world_size: ``N`` ranks.
         local_batch: ``L`` samples per rank per forward pass (``--data.batch_size``).
         accumulation: ``A`` (``--trainer.accumulate_grad_batches``).
@@ -100,6 +113,7 @@ class BatchPlan:
         reference_batch: global batch at which ``base_lr`` holds (``--model.reference_batch_size``).
         base_lr: learning rate at ``reference_batch`` (``--model.lr``).
         lr: the learning rate the task uses after the rule (before any warm-up factor).
+        optimizer: ``--model.optimizer`` (``adamw | sgd | lars | lamb``).
     """
 
     protocol: str
@@ -111,6 +125,7 @@ class BatchPlan:
     reference_batch: int
     base_lr: float
     lr: float
+    optimizer: str = "adamw"
 
     def as_dict(self) -> dict:
         """The plan as a JSON-ready dict (field name -> value)."""
@@ -169,6 +184,112 @@ def batch_plan(
         raise CropScaleError(f"base learning rate must be a positive number, got {base_lr!r}")
     lr = scale_learning_rate(float(base_lr), g, ref, lr_scaling)
     return BatchPlan(protocol, n, loc, acc, g, lr_scaling, ref, float(base_lr), lr)
+
+
+def realise_global_batch(
+    global_batch: int, max_local_batch: int, world_sizes: Sequence[int], max_accumulation: int | None = None
+) -> tuple[int, int, int]:
+    """Local batch ``L``, world size ``N`` and accumulation ``A`` with ``L x N x A = G`` exactly.
+
+    The rule: the largest ``N`` of ``world_sizes`` that divides ``G`` (fewest sequential micro-batches),
+    then the largest ``L <= max_local_batch`` that divides ``G / N``, then ``A = G / (L x N)``.
+
+    Args:
+        global_batch: ``G``, samples per optimiser update.
+        max_local_batch: the largest local batch that fits in one device's memory (the spec's limit).
+        world_sizes: device counts the sweep may use (the spec's, capped at the devices available).
+        max_accumulation: the largest accumulation allowed (None = no limit).
+
+    Returns:
+        ``(L, N, A)``.
+
+    Raises:
+        CropScaleError: a factor < 1, no world size divides ``G`` (every rank needs the same share of
+            the batch), or ``A`` above ``max_accumulation`` (the message gives the numbers).
+    """
+    g = _positive_int(global_batch, "global batch")
+    max_local = _positive_int(max_local_batch, "max local batch")
+    sizes = sorted({_positive_int(n, "world size") for n in world_sizes}, reverse=True)
+    if not sizes:
+        raise CropScaleError("no world size to realise the global batch on")
+    n = next((n for n in sizes if g % n == 0), None)
+    if n is None:
+        raise CropScaleError(f"global batch {g} cannot be split evenly across any of {sorted(sizes)} ranks")
+    local = next(loc for loc in range(min(max_local, g // n), 0, -1) if (g // n) % loc == 0)
+    acc = g // (n * local)
+    if max_accumulation is not None and acc > _positive_int(max_accumulation, "max accumulation"):
+        raise CropScaleError(
+            f"global batch {g} needs accumulation {acc} = {g} / (local batch {local} x {n} rank(s)), above the"
+            f" limit of {max_accumulation}"
+        )
+    return local, n, acc
+
+
+def sweep_plan(
+    global_batch: int,
+    max_local_batch: int,
+    world_sizes: Sequence[int],
+    base_lr: float,
+    lr_scaling: LRScaling,
+    reference_batch: int,
+    max_accumulation: int | None = None,
+    optimizer: str = "adamw",
+) -> BatchPlan:
+    """The batch plan of one point of the ``batch-sweep`` protocol.
+
+    ``(L, N, A)`` from :func:`realise_global_batch`; the learning rate of ``optimizer`` from ``base_lr`` at
+    ``reference_batch`` by ``lr_scaling`` (:func:`cropscale.model.optim.scale_learning_rate`).
+
+    Raises:
+        CropScaleError: an unknown rule, a bad learning rate, and the errors of :func:`realise_global_batch`.
+    """
+    if lr_scaling not in LR_RULES:
+        raise CropScaleError(f"lr_scaling must be one of {', '.join(LR_RULES)}; got {lr_scaling!r}")
+    if not (isinstance(base_lr, (int, float)) and math.isfinite(base_lr) and base_lr > 0):
+        raise CropScaleError(f"base learning rate must be a positive number, got {base_lr!r}")
+    local, n, acc = realise_global_batch(global_batch, max_local_batch, world_sizes, max_accumulation)
+    ref = _positive_int(reference_batch, "reference batch")
+    lr = scale_learning_rate(float(base_lr), global_batch, ref, lr_scaling)
+    return BatchPlan(BATCH_SWEEP, n, local, acc, global_batch, lr_scaling, ref, float(base_lr), lr, optimizer)
+
+
+@dataclass(frozen=True)
+class UpdateWindows:
+    """The optimiser updates of one epoch, as Lightning 2.x forms them.
+
+    Attributes:
+        updates: optimiser updates per epoch ``U = ceil(B / A)``.
+        full_updates: updates that average ``A`` whole micro-batches on every rank (``floor(B / A)``, less
+            one when the last micro-batch is short).
+        last_update_samples: samples (over all ranks) in the last update of the epoch; ``G`` when it is full.
+    """
+
+    updates: int
+    full_updates: int
+    last_update_samples: int
+
+
+def update_windows(samples: int, local_batch: int, world_size: int, accumulation: int = 1) -> UpdateWindows:
+    """Optimiser updates per epoch and the samples of the last one (no ``drop_last``).
+
+    Each rank holds ``r = ceil(S / N)`` samples (``DistributedSampler`` pads with repeats) in
+    ``B = ceil(r / L)`` micro-batches; the loop steps every ``A`` micro-batches and at the end of the
+    epoch, so ``U = ceil(B / A)``; the last update holds ``N x (r - L x A x (U - 1))`` samples. Lightning
+    divides each micro-batch loss by ``A`` whatever the window's length, so a short last window is a
+    proportionally smaller step.
+
+    Raises:
+        CropScaleError: a factor < 1.
+    """
+    n = _positive_int(world_size, "world size")
+    loc = _positive_int(local_batch, "local batch")
+    a = _positive_int(accumulation, "accumulation")
+    per_rank = samples_per_rank(samples, n)
+    b = math.ceil(per_rank / loc)
+    u = math.ceil(b / a)
+    last = n * (per_rank - loc * a * (u - 1))
+    full = u if last == loc * n * a else u - 1
+    return UpdateWindows(u, full, last)
 
 
 def samples_per_rank(samples: int, world_size: int, drop_last: bool = False) -> int:

@@ -10,7 +10,8 @@ epochs, the strategy, base ``fit`` configs and overrides, and the accelerator. T
    (:mod:`cropscale.study.launch`; Lightning's own launchers start the DDP ranks), each with the
    scaling callbacks on, all landing in one study folder;
 3. does **not** run configurations that need more devices than exist: they appear as
-   ``analytical-scenario`` rows (:mod:`cropscale.study.predict`), never as measurements;
+   ``analytical-scenario`` rows (:mod:`cropscale.study.predict`), never as measurements; a batch
+   sweep's points that do not fit the machine are listed as not run, without figures;
 4. reads every run with the one run reader (:func:`cropscale.runs.record.load_run`), aggregates the
    seeds (:mod:`cropscale.study.aggregate`) and writes the table and figures
    (:mod:`cropscale.study.outputs`).
@@ -21,6 +22,8 @@ Study folder layout (``--out``, default ``runs/study/<name>``)::
     runs/<config>/seed<k>/     the fit run (Lightning log dir: run.json, events, config.yaml)
     logs/<config>_seed<k>.log  stdout + stderr of the fit process
     study_table.md / .csv      one row per configuration, measured-run rows first
+    batch_sweep.csv            the batch sweep (when the spec has one); its table, verdicts and the points
+                               not run are a section of study_table.md
     figures/*.png
 
 Several nodes: the ``launcher`` spec field replaces ``python -m cropscale`` by a launcher prefix
@@ -43,7 +46,8 @@ from cropscale.errors import CropScaleError
 from cropscale.evidence import ANALYTICAL_SCENARIO, MEASURED_RUN
 from cropscale.files import atomic_write_json
 from cropscale.runs.record import RunRecord, load_run
-from cropscale.study.aggregate import StudyRow, add_speedups, base_row, measured_row
+from cropscale.study import protocol as P
+from cropscale.study.aggregate import StudyRow, add_speedups, base_row, measured_row, sweep_summary
 from cropscale.study.launch import Launcher, check_batch_line, child_env, fit_command, subprocess_launcher
 from cropscale.study.outputs import write_outputs
 from cropscale.study.plan import (
@@ -55,7 +59,7 @@ from cropscale.study.plan import (
     resolve_accelerator,
 )
 from cropscale.study.predict import analytical_rows
-from cropscale.study.spec import StudySpec, load_spec, resolve_path
+from cropscale.study.spec import BatchSweepSpec, StudySpec, load_spec, resolve_path
 
 
 def _data_record(data_root: str | None) -> dict[str, Any]:
@@ -137,9 +141,18 @@ def _print_plan(study: _Study, available: int, why: str) -> None:
                f" rank(s) available ({why}); folder {study.out}")
     for config in study.configs:
         plan = config.plan
-        head = (f"  {config.key:<24} L={plan.local_batch} A={plan.accumulation} G={plan.global_batch}"
+        realised = f"L={plan.local_batch} A={plan.accumulation}" if config.world_size else "not realised"
+        head = (f"  {config.key:<24} {realised} G={plan.global_batch}"
                 f" lr={plan.lr:.6g} updates/epoch={config.updates_per_epoch}")
-        study.echo(head + ("" if config.runnable else f"  -> {ANALYTICAL_SCENARIO} ({config.reason})"))
+        if config.runs_as:
+            tail = f"  -> the runs of {config.runs_as}"
+        elif config.runnable:
+            tail = ""
+        elif config.protocol == P.BATCH_SWEEP:
+            tail = f"  -> not run ({config.reason})"
+        else:
+            tail = f"  -> {ANALYTICAL_SCENARIO} ({config.reason})"
+        study.echo(head + tail)
 
 
 def _run_one(study: _Study, config: Configuration, seed: int, env: dict[str, str],
@@ -190,7 +203,7 @@ def _launch_all(study: _Study, resume: bool) -> None:
     env = child_env(study.spec, study.accelerator)
     previous = _previous_runs(study.out) if resume else {}
     for config in study.configs:
-        if not config.runnable or (
+        if not config.runnable or config.runs_as or (
                 study.node_rank > 0 and node_layout(study.spec, config.world_size, study.accelerator)[0] == 1):
             continue
         for seed in study.spec.seeds:
@@ -206,19 +219,23 @@ def _rows(study: _Study) -> list[StudyRow]:
     for config in study.configs:
         if not config.runnable:
             continue
-        if study.records.get(config.key):
-            row = measured_row(config, study.records[config.key], study.spec.train_samples_per_epoch,
-                               study.notes.get(config.key, ()))
+        source = config.runs_as or config.key  # a batch-sweep point may share an identical point's runs
+        notes = [*config.notes, *study.notes.get(source, ())]
+        if config.runs_as:
+            notes.append(f"the runs of {config.runs_as} (same optimizer, batch plan and LR)")
+        if study.records.get(source):
+            row = measured_row(config, study.records[source], study.spec.train_samples_per_epoch, notes)
         else:
             row = base_row(config, MEASURED_RUN)
             row.notes.append("every run of this configuration failed: see logs/")
-            row.notes.extend(study.notes.get(config.key, ()))
-        if study.failures.get(config.key) and study.records.get(config.key):
-            failed = study.failures[config.key]
+            row.notes.extend(notes)
+        if study.failures.get(source) and study.records.get(source):
+            failed = study.failures[source]
             row.notes.append(f"{failed} of {len(study.spec.seeds)} runs failed (see logs/): left out")
         rows.append(row)
     add_speedups(rows)
-    return rows + analytical_rows(study.spec, study.configs, rows)
+    scaling = [c for c in study.configs if c.protocol != P.BATCH_SWEEP]
+    return rows + analytical_rows(study.spec, scaling, rows)
 
 
 def run_study(
@@ -264,7 +281,7 @@ def run_study(
     }
     _print_plan(study, available, why)
     if dry_run:
-        for config in (c for c in study.configs if c.runnable):
+        for config in (c for c in study.configs if c.runnable and not c.runs_as):
             for seed in spec.seeds:
                 echo(" ".join(fit_command(spec, config, seed, study.run_root, accelerator, root, node_rank)))
         return study.doc
@@ -277,9 +294,15 @@ def run_study(
     rows = _rows(study)
     study.doc["rows"] = [asdict(r) for r in rows]
     study.doc["failed_runs"] = sum(study.failures.values())
+    sweep = next((p for p in spec.protocols if isinstance(p, BatchSweepSpec)), None)
+    summary = None
+    if sweep is not None:
+        summary = sweep_summary(rows, study.configs, sweep.baseline, sweep.tolerance)
+        study.doc["batch_sweep"] = asdict(summary)
     study.write_doc()
     runs = [r for records in study.records.values() for r in records]
-    study.doc["outputs"] = {k: str(v) for k, v in write_outputs(rows, study.out, spec, runs).items()}
+    paths = write_outputs(rows, study.out, spec, runs, summary)
+    study.doc["outputs"] = {k: str(v) for k, v in paths.items()}
     study.write_doc()
     return study.doc
 

@@ -5,6 +5,9 @@ See ``configs/study/cpu.yaml``; nothing runs before the spec is valid.
 Every error names the spec file and the key: unknown keys, missing ``devices`` / ``protocols``, bad
 protocol fields, a device list without 1, a protocol whose batch arithmetic fails for a listed world
 size (:mod:`cropscale.study.protocol`), an override of a key the protocol controls.
+
+Protocols: ``equal-global`` and ``equal-local`` (:class:`ProtocolSpec`, device scaling) and
+``batch-sweep`` (:class:`BatchSweepSpec`, quality and speed against the global batch).
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from cropscale.errors import CropScaleError
+from cropscale.model.optim import OPTIMIZERS
 from cropscale.precision import STUDY_ALIASES, STUDY_CONFIGS
 from cropscale.study import protocol as P
 
@@ -34,6 +38,8 @@ PROTOCOL_KEYS = (
     "trainer.logger.init_args.save_dir", "trainer.logger.init_args.name", "trainer.logger.init_args.version",
 )
 """Keys the protocol sets on every fit command; an override of one of them would break the protocol."""
+SWEEP_KEYS = ("model.optimizer", "model.warmup_steps", "model.warmup_epochs", "model.schedule")
+"""Further keys the ``batch-sweep`` protocol sets (refused as overrides when the spec has one)."""
 
 
 # ----------------------------------------------------------------------------------------- the spec
@@ -62,6 +68,76 @@ class ProtocolSpec:
 
 
 @dataclass(frozen=True)
+class SweepOptimizer:
+    """One optimiser of a batch sweep.
+
+    Attributes:
+        name: ``adamw | sgd | lars | lamb`` (``--model.optimizer``).
+        lr: learning rate at the sweep's reference batch (``--model.lr``).
+        lr_scalings: the LR rules swept for this optimiser (``none | linear | sqrt``).
+    """
+
+    name: str
+    lr: float
+    lr_scalings: tuple[str, ...] = ("sqrt",)
+
+
+@dataclass(frozen=True)
+class BatchSweepSpec:
+    """The ``batch-sweep`` protocol: quality and samples/s against the global batch ``G``.
+
+    Every ``G`` trains the spec's ``warmup_epochs + measured_epochs`` epochs (same samples seen), so the
+    optimiser updates fall as ``G`` grows. ``G`` is realised exactly as ``L x N x A``
+    (:func:`cropscale.study.protocol.realise_global_batch`) within ``max_local_batch`` (memory),
+    the spec's ``devices`` that this machine has, and ``max_accumulation``; a ``G`` beyond these limits,
+    or larger than an epoch's samples, is listed as not run.
+
+    Attributes:
+        name: ``batch-sweep``.
+        global_batches: the ``G`` to sweep, e.g. ``[4, 8, 16, 32]``.
+        max_local_batch: the largest local batch that fits in one device's memory.
+        optimizers: the optimisers with their reference LR and LR rules (:class:`SweepOptimizer`).
+        reference_batch: global batch of every optimiser's ``lr`` (default: the smallest ``G``).
+        max_accumulation: the largest gradient accumulation allowed (None = no limit).
+        lr_warmup_epochs: linear LR warm-up in epochs, the same for every ``G`` (Goyal et al. 2017).
+        lr_schedule: ``constant`` or ``cosine`` after the warm-up.
+        baseline_optimizer: optimiser of the small-batch baseline (default: the first listed); the
+            baseline is its smallest ``G`` with its first LR rule.
+        tolerance: macro IoU (absolute, 0..1) by which a point's mean best macro IoU may fall below the
+            baseline's mean and still "hold".
+    """
+
+    name: str
+    global_batches: tuple[int, ...]
+    max_local_batch: int
+    optimizers: tuple[SweepOptimizer, ...]
+    reference_batch: int | None = None
+    max_accumulation: int | None = None
+    lr_warmup_epochs: float = 0.0
+    lr_schedule: str = "constant"
+    baseline_optimizer: str | None = None
+    tolerance: float = 0.02
+
+    @property
+    def reference(self) -> int:
+        """The reference batch: ``reference_batch`` or the smallest ``G``."""
+        return self.reference_batch if self.reference_batch is not None else min(self.global_batches)
+
+    @property
+    def baseline(self) -> tuple[str, str, int]:
+        """(optimiser, LR rule, ``G``) of the small-batch baseline."""
+        name = self.baseline_optimizer or self.optimizers[0].name
+        opt = next(o for o in self.optimizers if o.name == name)
+        return opt.name, opt.lr_scalings[0], min(self.global_batches)
+
+    def plan(self, global_batch: int, optimizer: SweepOptimizer, lr_scaling: str,
+             world_sizes: tuple[int, ...]) -> P.BatchPlan:
+        """The batch plan of one point (:func:`cropscale.study.protocol.sweep_plan`)."""
+        return P.sweep_plan(global_batch, self.max_local_batch, world_sizes, optimizer.lr, lr_scaling,
+                            self.reference, self.max_accumulation, optimizer.name)
+
+
+@dataclass(frozen=True)
 class StudySpec:
     """A scaling study (one YAML file under ``configs/study/``).
 
@@ -70,7 +146,7 @@ class StudySpec:
         accelerator: ``cpu``, ``gpu`` (= ``cuda``) or ``auto`` (GPU if one is visible).
         devices: world sizes ``N`` to study, e.g. ``[1, 2, 4, 8]``; must include 1 (``T_1``).
         precisions: ``fp32``, ``amp_fp16``, ``bf16`` (``configs/precision/<name>.yaml``).
-        protocols: the batch protocols (:class:`ProtocolSpec`).
+        protocols: the batch protocols (:class:`ProtocolSpec`, :class:`BatchSweepSpec`).
         seeds: ``seed_everything`` values, one run each.
         warmup_epochs, measured_epochs: epochs excluded from / included in the timing statistics;
             ``trainer.max_epochs = warmup_epochs + measured_epochs``.
@@ -84,7 +160,8 @@ class StudySpec:
         data_root: ``--data.root`` (None = the base configs' root).
         lr: base learning rate ``--model.lr`` at the reference batch.
         train_samples_per_epoch: ``S`` (training patches x ``data.samples_per_patch``), for the
-            planned optimiser updates; None = unknown (taken from the runs when they report it).
+            planned optimiser updates; None = unknown (taken from the runs when they report it;
+            required by ``batch-sweep``).
         max_cpu_processes: CPU processes that may run at once (default ``os.cpu_count()``).
         threads_per_process: ``OMP_NUM_THREADS`` of every rank on CPU (None = Lightning's default).
         max_nodes: nodes available to the launcher (GPU capacity = GPUs per node x ``max_nodes``).
@@ -104,7 +181,7 @@ class StudySpec:
 
     name: str
     devices: tuple[int, ...]
-    protocols: tuple[ProtocolSpec, ...]
+    protocols: tuple[ProtocolSpec | BatchSweepSpec, ...]
     accelerator: str = "cpu"
     precisions: tuple[str, ...] = ("fp32",)
     seeds: tuple[int, ...] = (0,)
@@ -183,16 +260,91 @@ def _devices(data: dict, source: str) -> tuple[int, ...]:
     return devices
 
 
-def _protocols(data: dict, devices: tuple[int, ...], source: str) -> tuple[ProtocolSpec, ...]:
+def _positive(value: Any, key: str, where: str, kind: type = int, low: float = 1) -> Any:
+    ok = not isinstance(value, bool) and isinstance(value, (int, float) if kind is float else int)
+    if not ok or not value >= low:
+        raise CropScaleError(f"{where}: {key} must be {'a number' if kind is float else 'an integer'} >= {low:g},"
+                             f" got {value!r}")
+    return kind(value)
+
+
+def _sweep_optimizers(raw: Any, where: str) -> tuple[SweepOptimizer, ...]:
+    if not isinstance(raw, list) or not raw:
+        raise CropScaleError(f"{where}: optimizers must be a non-empty list of {{name, lr, lr_scalings}}")
+    out = []
+    for j, item in enumerate(raw):
+        at = f"{where}: optimizers[{j}]"
+        if not isinstance(item, dict) or "name" not in item or "lr" not in item:
+            raise CropScaleError(f"{at} needs 'name' and 'lr'")
+        extra = sorted(set(item) - set(SweepOptimizer.__dataclass_fields__))
+        if extra:
+            raise CropScaleError(f"{at}: unknown key(s) {', '.join(extra)}; known: name, lr, lr_scalings")
+        if item["name"] not in OPTIMIZERS:
+            raise CropScaleError(f"{at}: name must be one of {', '.join(OPTIMIZERS)}, got {item['name']!r}")
+        lr = item["lr"]
+        if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not lr > 0:
+            raise CropScaleError(f"{at}: lr must be a positive number, got {lr!r}")
+        rules = item.get("lr_scalings", ["sqrt"])
+        rules = rules if isinstance(rules, list) else [rules]
+        if not rules or any(r not in P.LR_RULES for r in rules) or len(set(rules)) != len(rules):
+            raise CropScaleError(f"{at}: lr_scalings must be distinct values of {', '.join(P.LR_RULES)}, got {rules!r}")
+        out.append(SweepOptimizer(item["name"], float(lr), tuple(rules)))
+    names = [o.name for o in out]
+    if len(set(names)) != len(names):
+        raise CropScaleError(f"{where}: each optimizer may appear once, got {names}")
+    return tuple(out)
+
+
+def _batch_sweep(raw: dict, data: dict, where: str) -> BatchSweepSpec:
+    """Validate a ``batch-sweep`` protocol mapping."""
+    extra = sorted(set(raw) - set(BatchSweepSpec.__dataclass_fields__))
+    if extra:
+        known = ", ".join(sorted(BatchSweepSpec.__dataclass_fields__))
+        raise CropScaleError(f"{where}: unknown key(s) {', '.join(extra)}; known: {known}")
+    for key in ("global_batches", "max_local_batch", "optimizers"):
+        if key not in raw:
+            raise CropScaleError(f"{where} (batch-sweep) needs '{key}'")
+    batches = _int_list(raw["global_batches"], "global_batches", where)
+    if any(g < 1 for g in batches) or len(set(batches)) != len(batches):
+        raise CropScaleError(f"{where}: global_batches must be distinct integers >= 1, got {list(batches)}")
+    if not data.get("train_samples_per_epoch"):
+        raise CropScaleError(f"{where}: batch-sweep needs the spec's train_samples_per_epoch (the optimiser"
+                             " updates per epoch, and whether a global batch forms at all, depend on it)")
+    optimizers = _sweep_optimizers(raw["optimizers"], where)
+    sweep = BatchSweepSpec(
+        name=P.BATCH_SWEEP, global_batches=tuple(sorted(batches)),
+        max_local_batch=_positive(raw["max_local_batch"], "max_local_batch", where),
+        optimizers=optimizers,
+        reference_batch=(None if raw.get("reference_batch") is None
+                         else _positive(raw["reference_batch"], "reference_batch", where)),
+        max_accumulation=(None if raw.get("max_accumulation") is None
+                          else _positive(raw["max_accumulation"], "max_accumulation", where)),
+        lr_warmup_epochs=_positive(raw.get("lr_warmup_epochs", 0.0), "lr_warmup_epochs", where, float, 0),
+        lr_schedule=str(raw.get("lr_schedule", "constant")),
+        baseline_optimizer=raw.get("baseline_optimizer"),
+        tolerance=_positive(raw.get("tolerance", 0.02), "tolerance", where, float, 0),
+    )
+    if sweep.lr_schedule not in ("constant", "cosine"):
+        raise CropScaleError(f"{where}: lr_schedule must be constant or cosine, got {sweep.lr_schedule!r}")
+    if sweep.baseline_optimizer is not None and sweep.baseline_optimizer not in [o.name for o in optimizers]:
+        raise CropScaleError(f"{where}: baseline_optimizer {sweep.baseline_optimizer!r} is not one of the"
+                             f" sweep's optimizers ({', '.join(o.name for o in optimizers)})")
+    return sweep
+
+
+def _protocols(data: dict, devices: tuple[int, ...], source: str) -> tuple[ProtocolSpec | BatchSweepSpec, ...]:
     raw_protocols = data["protocols"]
     if not isinstance(raw_protocols, list) or not raw_protocols:
         raise CropScaleError(f"{source}: protocols must be a non-empty list of mappings")
     allowed = set(ProtocolSpec.__dataclass_fields__)
-    protos = []
+    protos: list[ProtocolSpec | BatchSweepSpec] = []
     for i, raw in enumerate(raw_protocols):
         where = f"{source}: protocols[{i}]"
+        if isinstance(raw, dict) and raw.get("name") == P.BATCH_SWEEP:
+            protos.append(_batch_sweep(raw, data, where))
+            continue
         if not isinstance(raw, dict) or "name" not in raw or "local_batch" not in raw:
-            raise CropScaleError(f"{where} needs 'name' and 'local_batch'")
+            raise CropScaleError(f"{where} needs 'name' and 'local_batch' (or name: {P.BATCH_SWEEP})")
         extra = sorted(set(raw) - allowed)
         if extra:
             raise CropScaleError(f"{where}: unknown key(s) {', '.join(extra)}; known: {', '.join(sorted(allowed))}")
@@ -239,11 +391,14 @@ def _check_values(spec: StudySpec, source: str) -> None:
 
 
 def _check_overrides(spec: StudySpec, source: str) -> None:
+    controlled = set(PROTOCOL_KEYS) | {"config", "trainer.logger"}
+    if any(isinstance(p, BatchSweepSpec) for p in spec.protocols):
+        controlled |= set(SWEEP_KEYS)
     for override in spec.overrides:
         key = override.lstrip("-").split("=", 1)[0]
         if not override.startswith("--") or "=" not in override:
             raise CropScaleError(f"{source}: override {override!r} must look like --key.sub=value")
-        if key in PROTOCOL_KEYS or key in ("config", "trainer.logger"):
+        if key in controlled:
             raise CropScaleError(
                 f"{source}: override {override!r} sets '{key}', which the study protocol controls"
                 " (set it through the spec's fields instead)"

@@ -7,6 +7,8 @@ numerical trouble at chosen optimizer steps or samples:
   FP16 gradients overflow, so the GradScaler skips the step and backs off.
 - ``nan_grad_steps``: add ``sqrt(0 * sum(w))`` to the loss: its value is 0 (finite) but its gradient
   is NaN (``0.5 / sqrt(0) * 0``).
+- ``loss_factors``: multiply the loss by a factor at chosen optimizer steps, e.g. ``{2: 1e39}``: a finite
+  FP32 loss of about 1e37 that overflows only once a GradScaler multiplies it by its scale.
 - :class:`ToyDataset` ``nan_patch_ids``: those samples' ``s2`` is NaN, so their batch loss is NaN.
 """
 
@@ -53,13 +55,17 @@ class ToyTask(LightningModule):
 
     Its data is :class:`ToyDataset` with ``s2`` of shape ``[1, features]`` per sample.
 
-    ``flops_per_sample = 6 * features`` (forward 2F, backward 4F for one output).
+    ``flops_per_sample = 6 * features`` (forward 2F, backward 4F for one output), all of it matmul
+    (``flops_by_class``). With
+    ``step_lr_scheduler`` a ``StepLR(gamma=0.9)`` steps every ``lr_scheduler_frequency`` optimizer steps
+    (Lightning's ``interval: step``, ``frequency``).
     """
 
     def __init__(self, features: int = 6, lr: float = 0.05, optimizer: str = "sgd", weight_decay: float = 0.0,
                  overflow_steps: Iterable[int] = (), nan_grad_steps: Iterable[int] = (), n_train: int = 16,
                  batch_size: int = 4, nan_patch_ids: Iterable[int] = (),
-                 step_lr_scheduler: bool = False) -> None:
+                 step_lr_scheduler: bool = False, lr_scheduler_frequency: int = 1,
+                 loss_factors: dict[int, float] | None = None) -> None:
         super().__init__()
         self.lin = torch.nn.Linear(features, 1)
         self.lr = lr
@@ -71,7 +77,10 @@ class ToyTask(LightningModule):
         self.batch_size = batch_size
         self.nan_patch_ids = tuple(nan_patch_ids)
         self.step_lr_scheduler = step_lr_scheduler
+        self.lr_scheduler_frequency = lr_scheduler_frequency
+        self.loss_factors = dict(loss_factors or {})
         self.flops_per_sample = 6.0 * features
+        self.flops_by_class = {"convolution": 0.0, "matmul": 6.0 * features, "attention": 0.0}
 
     @override
     def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
@@ -81,6 +90,8 @@ class ToyTask(LightningModule):
             loss = loss * 1e6
         if self.nan_grad_steps and self.global_step in self.nan_grad_steps:
             loss = loss + torch.sqrt(0.0 * self.lin.weight.sum())
+        if self.global_step in self.loss_factors:
+            loss = loss * self.loss_factors[self.global_step]
         return loss
 
     @override
@@ -96,7 +107,8 @@ class ToyTask(LightningModule):
         if not self.step_lr_scheduler:
             return opt
         sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.9)
-        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step",
+                                                   "frequency": self.lr_scheduler_frequency}}
 
     @override
     def train_dataloader(self) -> DataLoader:

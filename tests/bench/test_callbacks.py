@@ -49,7 +49,8 @@ def test_deferred_scalars_are_written_when_the_block_raises():
     assert trainer.loggers[0].calls[-1] == ({"numerics/y": 1.0}, 7)
 
 
-@pytest.mark.parametrize("model,extra", [("linear", []), ("network", ["--crop-size", "8", "--t2", "3", "--t1", "2"])])
+@pytest.mark.parametrize("model,extra", [("linear", []), ("linear", ["--clock", "cpu"]),
+                                         ("network", ["--crop-size", "8", "--t2", "3", "--t1", "2"])])
 def test_callback_bench_figures_are_consistent(tmp_path, capsys, model, extra):
     out = tmp_path / "cb.json"
     status = callback_overhead.main(["--model", model, "--steps", "4", "--warmup", "1", "--repeats", "2",
@@ -57,6 +58,7 @@ def test_callback_bench_figures_are_consistent(tmp_path, capsys, model, extra):
     assert status == 0
     res = json.loads(out.read_text())
     assert res["evidence"] == "measured-microbenchmark" and res["setup"]["repeats"] == 2
+    assert res["setup"]["clock"].startswith("time.process_time" if "cpu" in extra else "time.perf_counter")
     med, mean = res["median_step_us"], res["mean_step_us"]
     assert set(med) == set(mean) == {"off", "on"}
     assert res["overhead_us"]["on"] == pytest.approx(med["on"] - med["off"])

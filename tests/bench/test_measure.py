@@ -1,7 +1,6 @@
 """Measurement helpers with small stand-ins (and one smoke run against the real modules each),
-the Extra-P JSON Lines export, and the all-reduce volume series of a real module."""
+and the all-reduce volume series of a real module (the Extra-P export: tests/scaling/test_extrap.py)."""
 
-import json
 
 import numpy as np
 import pytest
@@ -19,7 +18,6 @@ from cropscale.bench.measure import (
 )
 from cropscale.scaling.allreduce import MIB
 from cropscale.scaling.assertions import check_scaling
-from cropscale.scaling.extrap import extrap_records, read_extrap_jsonl, write_extrap_jsonl
 from cropscale.scaling.series import ScalingSeries
 
 
@@ -157,42 +155,6 @@ def _series():
     return ScalingSeries("batch_size", "step_time_s", "s", [1.0, 2.0, 4.0, 8.0, 16.0],
                          [[0.1 * x + 0.01 * k for k in range(3)] for x in (1, 2, 4, 8, 16)],
                          "measured-microbenchmark", "train_step")
-
-
-def test_extrap_jsonl_format_and_round_trip(tmp_path):
-    s = _series()
-    path = write_extrap_jsonl(tmp_path / "out" / "steps.jsonl", s)
-    lines = path.read_text().splitlines()
-    assert len(lines) == 15
-    first = json.loads(lines[0])
-    assert first == {"params": {"batch_size": 1}, "metric": "step_time_s", "callpath": "train_step", "value": 0.1}
-    data = read_extrap_jsonl(path)
-    assert set(data) == {("train_step", "step_time_s")}
-    assert data[("train_step", "step_time_s")][16.0] == pytest.approx([1.6, 1.61, 1.62])
-    other = ScalingSeries("batch_size", "peak_mem_gib", "GiB", [1.0], [[0.5]], "measured-run", "train_step")
-    write_extrap_jsonl(path, other, append=True)
-    assert len(read_extrap_jsonl(path)) == 2
-    assert len(extrap_records(s)) == 15
-
-
-def test_extrap_reader_accepts_extrap_defaults_and_value_lists(tmp_path):
-    path = tmp_path / "x.jsonl"
-    path.write_text('{"params": {"p": 2}, "value": [1.0, 2.0]}\n\n{"params": {"p": 4}, "value": 3}\n')
-    assert read_extrap_jsonl(path) == {("<root>", "<default>"): {2.0: [1.0, 2.0], 4.0: [3.0]}}
-
-
-def test_extrap_errors(tmp_path):
-    a = _series()
-    b = ScalingSeries("world_size", "v", "MiB", [2.0], [[1.0]], "analytical-scenario")
-    with pytest.raises(CropScaleError, match="one parameter set per file"):
-        write_extrap_jsonl(tmp_path / "x.jsonl", [a, b])
-    bad = tmp_path / "bad.jsonl"
-    bad.write_text('{"params": {"p": 1}}\n')
-    with pytest.raises(CropScaleError, match="bad.jsonl:1"):
-        read_extrap_jsonl(bad)
-    nan = ScalingSeries("p", "m", "s", [1.0], [[float("nan")]], "measured-run")
-    with pytest.raises(CropScaleError, match="non-finite"):
-        extrap_records(nan)
 
 
 def test_series_fit_uses_the_parameter_name():

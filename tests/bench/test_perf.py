@@ -1,10 +1,11 @@
 """Performance assertions on the real code (``make test-perf``; marked ``perf``, not in the default run).
 
 Each test measures a series with :mod:`cropscale.bench.measure`, prints its table (every row
-labelled with its evidence) and states its asymptotic trend through the ``scaling`` fixture of
-tests/scaling_plugin.py. Sizes are kept small for a 2-core CPU machine shared with other jobs:
-crops of 8 x 8 pixels (high grid 80 x 80), 4 x 4 tiles, one torch thread, 5 repetitions
-(median), warm-up excluded.
+labelled with its evidence) and states its asymptotic trend through the ``scaling`` fixture of the
+pytest plugin (cropscale.scaling.pytest_plugin, loaded through its pytest11 entry point); an
+inconclusive verdict skips (a noisy shared machine is not a regression). Sizes are kept small for a
+2-core CPU machine shared with other jobs: crops of 8 x 8 pixels (high grid 80 x 80), 4 x 4 tiles,
+one torch thread, 5 repetitions (median), warm-up excluded.
 """
 
 import os
@@ -20,7 +21,7 @@ from cropscale.bench.measure import (
 )
 from cropscale.scaling.amdahl import karp_flatt
 
-pytestmark = pytest.mark.perf
+pytestmark = [pytest.mark.perf, pytest.mark.scaling("O(n)", inconclusive="skip")]
 
 
 def _show(series) -> None:
@@ -32,7 +33,7 @@ def test_training_step_time_is_linear_in_batch_size(scaling):
     pytest.importorskip("cropscale.model.network")
     series = step_time_vs_batch((1, 2, 4, 8, 12, 16), repetitions=5, warmup=1, crop_size=8, t2=16, t1=4)
     _show(series)
-    verdict = scaling(series, expected="O(n)", tolerance=0.1)
+    verdict = scaling(series)
     print(verdict.message())
 
 
@@ -42,7 +43,7 @@ def test_tiled_validation_time_is_linear_in_patch_area(scaling):
     # S >> window (at S = 2 windows it is 25 % below), so the patches here are 4 to 12 windows wide.
     series = tiled_validation_time_vs_area((16, 24, 32, 40, 48), window=4, repetitions=5, warmup=1, t2=16, t1=4)
     _show(series)
-    verdict = scaling(series, expected="O(n)", tolerance=0.1)
+    verdict = scaling(series)
     print(verdict.message())
 
 
@@ -50,7 +51,7 @@ def test_loader_time_is_at_most_linear_in_dates(scaling):
     pytest.importorskip("cropscale.data.datamodule")
     series = loader_time_vs_dates((4, 8, 16, 24, 32, 48), batches=4, repetitions=5, warmup=1)
     _show(series)
-    verdict = scaling(series, expected="O(n)", tolerance=0.1)
+    verdict = scaling(series)
     print(verdict.message())
 
 
@@ -58,8 +59,8 @@ def test_allreduce_volume_is_bounded_in_world_size(scaling):
     network = pytest.importorskip("cropscale.model.network")
     series = allreduce_volume_vs_world_size((2, 4, 8, 16, 32, 64, 128), module=network.CropMappingNet())
     _show(series)
-    verdict = scaling(series, expected="O(1)", tolerance=0.0, negative_exponents=True)
-    assert verdict.order_ok  # V(N) = 2 M - 2 M / N exactly: bounded, not just within tolerance
+    verdict = scaling(series, expected="O(1)", negative_exponents=True)
+    assert verdict.passed and verdict.order_ok  # V(N) = 2 M - 2 M / N exactly: bounded
     print(verdict.message())
 
 
@@ -72,14 +73,15 @@ def test_karp_flatt_from_measured_cpu_ddp_runs(tmp_path, record_property):
     one = run_probe(1, tmp_path / "ddp1.json", **options)
     two = run_probe(2, tmp_path / "ddp2.json", **options)
     assert (one["world_size"], two["world_size"]) == (1, 2)
-    assert one["evidence"] == two["evidence"] == "measured-run"
+    assert one["evidence"] == two["evidence"] == "measured-microbenchmark"  # compute-only, synthetic batches
     assert (one["local_batch"], two["local_batch"]) == (4, 2)
     assert len(two["per_rank"]) == 2 and all(len(r["step_times_s"]) == 6 for r in two["per_rank"])
     r = speedup_and_karp_flatt(one["median_step_s"], two["median_step_s"], 2)
     assert r["karp_flatt"] == pytest.approx(karp_flatt(r["speedup"], 2))
     line = (
-        f"Karp-Flatt [measured-run; CPU, gloo, {os.cpu_count()} cores, 1 torch thread per process, load average "
-        f"{two['host']['load_average_1m']:.1f}]: global batch 4, median step T1 = {one['median_step_s'] * 1e3:.1f} ms "
+        f"Karp-Flatt [measured-microbenchmark; CPU, gloo, {os.cpu_count()} cores, 1 torch thread per process, "
+        f"load average {two['host']['load_average_1m']:.1f}]: global batch 4, "
+        f"median step T1 = {one['median_step_s'] * 1e3:.1f} ms "
         f"(1 process), T2 = {two['median_step_s'] * 1e3:.1f} ms (2 processes, slowest rank {two['slowest_rank']}); "
         f"speed-up S = {r['speedup']:.2f}, efficiency {100 * r['efficiency']:.1f} %, "
         f"serial fraction e = {r['karp_flatt']:.3f}"

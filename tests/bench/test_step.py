@@ -99,6 +99,9 @@ def test_json_schema(cli_run, argv=(*COMMAND, *SMALL)):
     assert settings["clip_grad_norm"] == 1.0 and settings["optimizer"] == "AdamW"
     assert set(doc["flops_per_sample"]) == {"forward", "backward", "total"}
     assert doc["flops_per_sample"]["total"] == doc["flops_per_sample"]["forward"] + doc["flops_per_sample"]["backward"]
+    assert doc["flops_evidence"] == "count"  # FlopCounterMode counts, not measurements
+    assert set(doc["flops_by_class"]) == {"convolution", "matmul", "attention"}
+    assert all(v > 0 for v in doc["flops_by_class"].values())
 
     env = doc["environment"]
     source = Path(bm.__file__)
@@ -133,6 +136,8 @@ def test_json_schema(cli_run, argv=(*COMMAND, *SMALL)):
         assert r["achieved_tflops"] == pytest.approx(
             doc["flops_per_sample"]["total"] * r["batch_size"] / (r["median_step_ms"] / 1000) / 1e12, rel=1e-12)
         assert r["mfu"] is None and "CPU" in r["mfu_reason"]
+        dtype = {"32-true": "fp32", "bf16-mixed": "bf16"}[r["precision"]]  # TF32 is off in every row
+        assert r["dtypes_by_class"] == {"convolution": dtype, "matmul": dtype, "attention": dtype}
         assert r["peak_memory_kind"] == "host-rss-process" and 0 < r["peak_memory_gib"] < 64
         assert r["tf32"] == {"matmul": False, "cudnn": False}
         assert r["loss_scale_final"] is None and r["grad_scaler"] is False  # no scaler outside 16-mixed
@@ -286,3 +291,26 @@ def test_cuda_rows_memory_mfu_and_scaler():
     fp16 = doc["results"][1]
     skipped = fp16["nonfinite_steps"] + fp16["nonfinite_warmup_steps"]
     assert fp16["loss_scale_final"] == fp16["loss_scale_initial"] * 0.5**skipped
+
+
+def test_mfu_divides_by_the_attainable_peak_of_the_row(monkeypatch):
+    """Issue 12, item 4, in the benchmark JSON: the row's dtypes come from torch's switches when it runs. With
+    the benchmark's TF32-off rows, 32-true is FP32 throughout (67 TFLOP/s on an H200); were cuDNN TF32 on,
+    convolutions would run in TF32: 1000 / (600 / 494.5 + 400 / 67) by hand. BF16: 989.5."""
+    monkeypatch.setattr(bm, "_device_name", lambda device: "NVIDIA H200")
+    split = {"convolution": 600.0, "matmul": 300.0, "attention": 100.0}
+    config = bm.BenchmarkConfig(precisions=["32-true"], batch_sizes=[1], device="cpu")
+    saved = (torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32)
+    try:
+        for cudnn, precision, expected in ((False, "32-true", 67.0), (True, "32-true", 1000 / (600 / 494.5 + 400 / 67)),
+                                           (True, "bf16-mixed", 989.5)):
+            torch.backends.cuda.matmul.allow_tf32 = False
+            torch.backends.cudnn.allow_tf32 = cudnn
+            row = {"median_step_ms": 10.0}
+            bm._mfu_figures(row, config, precision, 2, torch.device("cuda"), 1000.0, split)
+            assert row["peak_tflops"] == pytest.approx(expected, rel=1e-12), (cudnn, precision)
+            assert row["mfu"] == pytest.approx(row["achieved_tflops"] / expected, rel=1e-12)
+            assert row["dtypes_by_class"]["convolution"] == {(False, "32-true"): "fp32", (True, "32-true"): "tf32",
+                                                             (True, "bf16-mixed"): "bf16"}[(cudnn, precision)]
+    finally:
+        torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = saved

@@ -14,6 +14,7 @@ import torch
 from lightning.pytorch import Callback, Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import TensorBoardLogger
+from lightning.pytorch.plugins import MixedPrecision
 from lightning.pytorch.profilers import PassThroughProfiler
 
 from cropscale.callbacks import (
@@ -21,17 +22,19 @@ from cropscale.callbacks import (
     EnergyCallback,
     GradNormCallback,
     MemoryCallback,
+    NonFiniteCallback,
     StepTimingCallback,
     ThroughputCallback,
     all_scaling_callbacks,
 )
 from cropscale.env import nvml
+from cropscale.runs.schema import SUMMARY_TYPES, Record, RunJson
 from cropscale.testing.toy import ToyTask
 
 RUN_JSON_FIELDS = {
     "schema", "evidence", "status", "started_utc", "finished_utc", "run_dir", "command", "git", "dataset",
     "config", "config_source", "host", "versions", "devices", "topology", "distributed", "precision",
-    "float32_matmul_precision", "seeds", "trainer", "callbacks", "extra", "summary", "global_step",
+    "float32_matmul_precision", "seeds", "trainer", "callbacks", "extra", "data_warnings", "summary", "global_step",
     "epochs_completed",
 }
 SUMMARY_KEYS = {"step_timing", "throughput", "loss_scale", "nonfinite", "grad_norm", "energy", "memory"}
@@ -77,6 +80,53 @@ def full_run(tmp_path_factory):
     trainer.fit(ToyTask())
     record = json.loads(Path(trainer.log_dir, "run.json").read_text())
     return {"trainer": trainer, "cbs": cbs, "record": record, "profiler_before": profiler_before}
+
+
+@pytest.fixture(scope="module")
+def fp16_run(tmp_path_factory):
+    """Every scaling callback under 16-mixed with a real GradScaler: overflows and a NaN sample (policy skip)."""
+    torch.manual_seed(0)
+    root = tmp_path_factory.mktemp("fp16")
+    cbs = all_scaling_callbacks()
+    cbs[3] = NonFiniteCallback(policy="skip")
+    scaler = torch.amp.GradScaler("cpu", init_scale=1024.0, growth_interval=2)
+    trainer = make_trainer(root, [CallbackGroup(cbs)], plugins=[MixedPrecision("16-mixed", "cpu", scaler)])
+    trainer.fit(ToyTask(n_train=16, overflow_steps={1}, nan_patch_ids={1009}))
+    return {"trainer": trainer, "cbs": cbs, "path": Path(trainer.log_dir, "run.json")}
+
+
+def _unknown_keys(value, where="run.json"):
+    """Keys of the written document that are no field of their record (kept in ``Record.other``)."""
+    found = []
+    if isinstance(value, Record):
+        found += [f"{where}.{k}" for k in value.other]
+        for name in vars(value):
+            if name != "other":
+                found += _unknown_keys(getattr(value, name), f"{where}.{name}")
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            found += _unknown_keys(v, f"{where}[{i}]")
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            found += _unknown_keys(v, f"{where}.{k}")
+    return found
+
+
+@pytest.mark.parametrize("run", ["full_run", "fp16_run"])
+def test_run_json_reads_back_into_the_records_and_writes_back_identically(run, request):
+    """The file a real fit wrote: every key is a field of its typed record, and writing the records again gives
+    the same bytes (json.dump with indent 2, the provenance callback's format)."""
+    fixture = request.getfixturevalue(run)
+    path = Path(fixture["trainer"].log_dir, "run.json")
+    text = path.read_text()
+    record = RunJson.from_json(json.loads(text))
+    for key, kind in SUMMARY_TYPES.items():
+        assert isinstance(getattr(record.summary, key), kind), key
+    assert _unknown_keys(record) == []
+    assert json.dumps(record.to_json(), indent=2) + "\n" == text
+    if run == "fp16_run":  # the sections that hold records in this run were filled
+        assert record.summary.loss_scale.scaler_in_use and record.summary.loss_scale.skipped_steps >= 2
+        assert [r.nonfinite_input_patch_id for r in record.summary.nonfinite.records] == [[1009], [1009]]  # 2 epochs
 
 
 def test_run_json_has_every_field(full_run):
@@ -184,9 +234,9 @@ def test_grad_norm_matches_independent_computation(tmp_path):
     trainer.fit(ToyTask(lr=0.5))
     assert len(spy.norms) == 4 == gn.steps
     ep = gn.epochs[0]
-    assert ep["grad_norm_median"] == pytest.approx(statistics.median(spy.norms), rel=1e-5)
-    assert ep["grad_norm_max"] == pytest.approx(max(spy.norms), rel=1e-5)
-    assert ep["clipped_steps"] == sum(n > 0.02 for n in spy.norms)
+    assert ep.grad_norm_median == pytest.approx(statistics.median(spy.norms), rel=1e-5)
+    assert ep.grad_norm_max == pytest.approx(max(spy.norms), rel=1e-5)
+    assert ep.clipped_steps == sum(n > 0.02 for n in spy.norms)
     tags = scalar_tags(trainer.log_dir)
     assert {"numerics/grad_norm", "numerics/grad_norm_max", "numerics/grad_clip_fraction"} <= tags
 
@@ -206,7 +256,7 @@ def test_resume_keeps_counts(tmp_path):
     trainer.fit(ToyTask(), ckpt_path=str(tmp_path / "ckpt" / "last.ckpt"))
     st, gn, th, mem = second
     assert st.steps_total == 8 and len(st.epochs) == 2
-    assert gn.steps == 8 and [e["epoch"] for e in gn.epochs] == [0, 1]
+    assert gn.steps == 8 and [e.epoch for e in gn.epochs] == [0, 1]
     assert th.total_samples == 32 and len(th.epochs) == 2
     assert len(mem.epochs) == 2
 
@@ -216,16 +266,16 @@ def test_gradient_accumulation_counts_optimizer_steps(tmp_path):
     trainer = make_trainer(tmp_path, [st, th], max_epochs=1, accumulate_grad_batches=2)
     trainer.fit(ToyTask())
     assert st.steps_total == 2 and trainer.global_step == 2
-    assert th.epochs[0]["samples"] == 16
-    assert th.epochs[0]["step_latency_ms"]["n"] == 1  # 2 steps: the first has no predecessor
+    assert th.epochs[0].samples == 16
+    assert th.epochs[0].step_latency_ms.n == 1  # 2 steps: the first has no predecessor
 
 
 def test_mfu_with_peak_override(tmp_path):
     th = ThroughputCallback(peak_tflops=1e-6, warmup_steps=0)
     make_trainer(tmp_path, [th], max_epochs=1).fit(ToyTask())
     ep = th.epochs[0]
-    assert ep["peak_tflops"] == 1e-6
-    assert ep["mfu"] == pytest.approx(ep["tflops_per_s_per_gpu"] / 1e-6)
+    assert ep.peak_tflops == 1e-6
+    assert ep.mfu == pytest.approx(ep.tflops_per_s_per_gpu / 1e-6)
 
 
 # ----------------------------------------------------------------------------- energy via fake NVML
@@ -267,7 +317,7 @@ def test_energy_counter_path_with_fake_nvml(tmp_path, monkeypatch):
     en = EnergyCallback(price_per_gpu_hour=2.0, currency="EUR")
     trainer = make_trainer(tmp_path, [en], log_every_n_steps=1000)
     trainer.fit(ToyTask())
-    s = en.summary()
+    s = en.summary().to_json()
     assert s["available"] is True and s["method"] == "counter"
     # reads: probe (5 J), fit start (10), epoch 0 start/end (15/20), epoch 1 (25/30), fit end (35)
     assert [e["energy_j"] for e in s["epochs"]] == [5.0, 5.0]
@@ -288,7 +338,7 @@ def test_energy_sampled_power_fallback(tmp_path, monkeypatch):
     monkeypatch.setattr(nvml, "open_device_for", _fake_open(nv))
     en = EnergyCallback(sample_interval_s=0.005)
     make_trainer(tmp_path, [en], max_epochs=1).fit(ToyTask())
-    s = en.summary()
+    s = en.summary().to_json()
     assert s["method"] == "sampled-power"
     assert "counter_unavailable" in s["devices"][0]
     ep = s["epochs"][0]

@@ -1,11 +1,12 @@
 """Two-process CPU DDP (gloo) run of every scaling callback, launched as a subprocess running this file
 (Lightning's subprocess launcher starts the second rank from the same command line).
 
-What it shows: NaN in one sample seen by rank 0 only -> both ranks skip the same optimizer steps
-(flag all-reduced), training finishes on both ranks without a hang, the skipped steps leave the
-parameters untouched on both ranks, the record names the exact sample ids; the gradient all-reduce is
-timed by the comm hook under gloo; per-rank figures are gathered at epoch end; ``run.json`` lists both
-ranks' devices and all ranks' non-finite records.
+What it shows (issue 12): with ``accumulate_grad_batches=2`` and NaN in one sample that only rank 1
+sees (each rank reads its own 16 samples: no distributed sampler) -> both ranks skip the same optimizer
+step (flag all-reduced), training finishes on both ranks without a hang, the skipped steps leave the
+parameters untouched on both ranks, rank 1's record names the micro-batch and the bad sample (patch id
+and crop); the gradient all-reduce is timed by the comm hook under gloo; per-rank figures are gathered
+at epoch end; ``run.json`` lists both ranks' devices and all ranks' non-finite records.
 """
 
 from __future__ import annotations
@@ -20,6 +21,9 @@ from pathlib import Path
 import pytest
 
 HERE = Path(__file__).resolve()
+ACC = 2  # accumulate_grad_batches
+NAN_ID = 1021  # rank 1's sample 5: micro-batch 2 (ids 1020, 1021) = index 0 of optimizer step 2 of each epoch
+NAN_YX = [8, 8]  # crop_yx of sample 5: [8 (5 % 4), 8 (5 // 4)]
 
 
 def _worker(out_dir: str) -> None:
@@ -41,24 +45,38 @@ def _worker(out_dir: str) -> None:
         ThroughputCallback,
     )
     from cropscale.distributed import finish_distributed
-    from cropscale.testing.toy import ToyTask
+    from cropscale.testing.toy import ToyDataset, ToyTask
 
     warnings.filterwarnings("ignore")
     torch.set_num_threads(1)
     torch.manual_seed(0)
 
     class ParamSpy(Callback):
+        """Per optimizer step (ACC micro-batches): its sample ids and whether it changed the parameters."""
+
         def __init__(self):
             self.changed = []
 
         def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
-            self._before = [p.detach().clone() for p in pl_module.parameters()]
-            self._ids = batch["patch_id"].tolist()
+            if batch_idx % ACC == 0:
+                self._before = [p.detach().clone() for p in pl_module.parameters()]
+                self._ids = []
+            self._ids += batch["patch_id"].tolist()
 
         def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-            after = list(pl_module.parameters())
-            self.changed.append({"ids": self._ids, "changed": not all(
-                torch.equal(a, b.detach()) for a, b in zip(self._before, after, strict=True))})
+            if batch_idx % ACC == ACC - 1:
+                after = list(pl_module.parameters())
+                self.changed.append({"ids": self._ids, "changed": not all(
+                    torch.equal(a, b.detach()) for a, b in zip(self._before, after, strict=True))})
+
+    class RankTask(ToyTask):
+        """Rank r reads its own samples, patch ids 1000 + 16 r .. 1015 + 16 r; only rank 1 holds the NaN one."""
+
+        def train_dataloader(self):
+            rank = self.trainer.global_rank
+            ds = ToyDataset(16, t=1, c=self.lin.in_features, first_id=1000 + 16 * rank,
+                            nan_patch_ids={NAN_ID} if rank == 1 else ())
+            return torch.utils.data.DataLoader(ds, batch_size=2)
 
     st, th = StepTimingCallback(warmup_steps=1), ThroughputCallback(warmup_steps=1)
     nf, gn, mem = NonFiniteCallback(policy="skip"), GradNormCallback(), MemoryCallback()
@@ -68,11 +86,9 @@ def _worker(out_dir: str) -> None:
         accelerator="cpu", devices=2, strategy="ddp", max_epochs=2, callbacks=[group, spy],
         logger=TensorBoardLogger(out_dir, name="ddp", version=0), log_every_n_steps=2,
         enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False,
-        num_sanity_val_steps=0,
+        num_sanity_val_steps=0, accumulate_grad_batches=ACC, use_distributed_sampler=False,
     )
-    # 32 samples, 16 per rank (Lightning's DistributedSampler shuffles); the NaN sample 1010 lands in
-    # one batch of one rank per epoch
-    task = ToyTask(n_train=32, optimizer="adamw", weight_decay=0.5, lr=0.05, nan_patch_ids={1010})
+    task = RankTask(optimizer="adamw", weight_decay=0.5, lr=0.05)
     trainer.fit(task)
     result = {
         "rank": trainer.global_rank,
@@ -80,11 +96,12 @@ def _worker(out_dir: str) -> None:
         "spy": spy.changed,
         "params": [p.detach().double().sum().item() for p in task.parameters()],
         "adam_steps": [int(trainer.optimizers[0].state[p]["step"]) for p in task.parameters()],
-        "nonfinite": {"batches": nf.nonfinite_batches, "skipped": nf.skipped_steps, "records": nf.records},
-        "step_timing": st.summary(),
-        "throughput": th.epochs,
-        "grad_norm": gn.summary(),
-        "memory": mem.epochs,
+        "nonfinite": {"batches": nf.nonfinite_batches, "skipped": nf.skipped_steps,
+                      "records": [r.to_json() for r in nf.records]},
+        "step_timing": st.summary().to_json(),
+        "throughput": [e.to_json() for e in th.epochs],
+        "grad_norm": gn.summary().to_json(),
+        "memory": [e.to_json() for e in mem.epochs],
         "log_dir": trainer.log_dir,
     }
     Path(out_dir, f"rank{trainer.global_rank}.json").write_text(json.dumps(result))
@@ -109,38 +126,38 @@ def ddp_run(tmp_path_factory):
 
 
 def _bad_steps(rank_result):
-    """1-based optimizer steps whose batch on this rank held the NaN sample 1010."""
-    return [i + 1 for i, s in enumerate(rank_result["spy"]) if 1010 in s["ids"]]
+    """1-based optimizer steps whose micro-batches on this rank held the NaN sample."""
+    return [i + 1 for i, s in enumerate(rank_result["spy"]) if NAN_ID in s["ids"]]
 
 
 def test_skip_is_consistent_across_ranks(ddp_run):
     r0, r1 = ddp_run["ranks"]
-    assert r0["global_step"] == r1["global_step"] == 8  # both ranks finished: no hang
-    bad = {0: _bad_steps(r0), 1: _bad_steps(r1)}
-    assert len(bad[0]) + len(bad[1]) == 2  # sample 1010 is seen once per epoch, by one rank
-    skipped = sorted(bad[0] + bad[1])
+    assert r0["global_step"] == r1["global_step"] == 8  # both ranks finished: no hang (2 epochs x 4 steps)
+    assert _bad_steps(r0) == [] and _bad_steps(r1) == [2, 6]  # only rank 1 ever saw the NaN sample
     for r in (r0, r1):  # the same steps skipped on both ranks, parameters untouched there
         assert r["nonfinite"]["skipped"] == 2
-        assert [not s["changed"] for s in r["spy"]] == [i + 1 in skipped for i in range(8)]
+        assert [not s["changed"] for s in r["spy"]] == [i + 1 in (2, 6) for i in range(8)]
         assert r["adam_steps"] == [6, 6]
     assert r0["params"] == r1["params"]  # replicas stayed identical
-    for rank, r in ((0, r0), (1, r1)):  # only the rank that saw the NaN sample records its batch
-        recs = r["nonfinite"]["records"]
-        assert [rec["global_step"] for rec in recs] == bad[rank]
-        for rec in recs:
-            ids = r["spy"][rec["global_step"] - 1]["ids"]
-            assert rec["patch_id"] == ids and rec["nonfinite_input_patch_id"] == [1010]
-            assert rec["rank"] == rank and rec["loss_finite"] is False and rec["grads_finite"] is False
+    assert r0["nonfinite"]["records"] == []  # rank 0's losses were finite: rank 1 owns the record
+    recs = r1["nonfinite"]["records"]
+    assert [rec["global_step"] for rec in recs] == [2, 6]
+    for rec in recs:
+        assert (rec["rank"], rec["micro_batch"], rec["batch_idx"]) == (1, 0, 2)
+        assert rec["patch_id"] == [1020, NAN_ID] and rec["crop_yx"] == [[0, 8], NAN_YX]
+        assert rec["nonfinite_input_patch_id"] == [NAN_ID] and rec["nonfinite_input_crop_yx"] == [NAN_YX]
+        assert rec["loss_finite"] is False and rec["input_finite"] is False and rec["grads_finite"] is False
 
 
 def test_run_json_gathers_both_ranks(ddp_run):
     rec = ddp_run["record"]
-    r0, r1 = ddp_run["ranks"]
     assert rec["status"] == "finished" and rec["distributed"]["world_size"] == 2
     assert [d["global_rank"] for d in rec["devices"]] == [0, 1]
     nf = rec["summary"]["nonfinite"]
-    assert len(nf["records"]) == 2
-    assert nf["per_rank"] == [{"nonfinite_batches": len(_bad_steps(r)), "skipped_steps": 2} for r in (r0, r1)]
+    assert [(r["rank"], r["global_step"], r["patch_id"]) for r in nf["records"]] == [
+        (1, 2, [1020, NAN_ID]), (1, 6, [1020, NAN_ID])]
+    assert nf["per_rank"] == [{"nonfinite_batches": 0, "skipped_steps": 2},
+                              {"nonfinite_batches": 2, "skipped_steps": 2}]
     assert rec["summary"]["energy"]["available"] is False
 
 

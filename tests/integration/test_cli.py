@@ -1,5 +1,7 @@
 """The main job end to end: `python -m cropscale fit` on the bundled real sample, help, config, errors."""
 
+import json
+import math
 import os
 import subprocess
 import sys
@@ -54,8 +56,32 @@ def test_print_config_resolves_default(tmp_path, flanders_root):
     assert "TensorBoardLogger" in out and "default_hp_metric: false" in out
 
 
+# The default configuration (scaling callbacks on) at its smallest with a measured step: one epoch of 6
+# steps (2 training patches x 3 crops / batch 1); the callbacks leave out their 5 warm-up steps (and each
+# epoch's first step), so they measure step 6. A single-epoch run has no warm-up epoch.
+SUMMARY_RUN = [
+    "--trainer.max_epochs=1",
+    "--data.samples_per_patch=3",
+    "--data.batch_size=1",
+    "--trainer.log_every_n_steps=1",
+]
+
+
+def summary_lines(stdout: str) -> dict[str, str]:
+    """The end-of-fit summary's lines by their label (``quality``, ``speed``, ..., ``run folder``)."""
+    text = stdout[stdout.index("cropscale fit summary"):]
+    out = {}
+    for line in text.splitlines()[2:]:
+        label, _, rest = line.partition("  ")
+        if rest:
+            out[label.strip()] = rest.strip()
+    return out
+
+
 def test_fit_end_to_end_on_real_sample(tmp_path, flanders_root):
-    res = run_cli(["fit", f"--data.root={flanders_root}", *TINY], cwd=tmp_path)
+    """The main job: the default configuration writes run.json and the callbacks' scalars, and prints a
+    summary whose figures are the ones computed here by hand from run.json and the TensorBoard events."""
+    res = run_cli(["fit", f"--data.root={flanders_root}", *SUMMARY_RUN], cwd=tmp_path)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-5000:]
     run_dirs = sorted((tmp_path / "runs" / "default").glob("version_*"))
     assert len(run_dirs) == 1
@@ -64,10 +90,76 @@ def test_fit_end_to_end_on_real_sample(tmp_path, flanders_root):
     for key in ("train/loss_step", "train/loss_epoch", "val/loss", "val/mIoU", "val/mIoU_best",
                 "train/loss_semantic", "train/loss_parcel", "train/loss_hr"):
         assert key in tags, (key, sorted(tags))
+    for prefix in ("perf/", "numerics/", "memory/"):  # amp/ and energy/ log nothing on a CPU FP32 run
+        assert any(t.startswith(prefix) for t in tags), (prefix, sorted(tags))
     ckpts = sorted(p.name for p in (run_dir / "checkpoints").glob("*.ckpt"))
-    assert "best-epoch00.ckpt" in ckpts and "last.ckpt" in ckpts, ckpts
+    assert any(c.startswith("best-epoch") for c in ckpts) and "last.ckpt" in ckpts, ckpts
     assert (run_dir / "config.yaml").is_file()
     assert (run_dir / "hparams.yaml").is_file()
+
+    rec = json.loads((run_dir / "run.json").read_text())
+    assert rec["status"] == "finished" and rec["global_step"] == 6
+    s = rec["summary"]
+    lines = summary_lines(res.stdout)
+    assert "DIVERGED" not in lines
+    assert lines["ran"] == "FP32 on 1 device(s) (SingleDeviceStrategy), global batch 1, 6 optimizer steps"
+    # quality: val/mIoU once per epoch in TensorBoard
+    (miou,) = [e.value for e in _events(run_dir, "val/mIoU")]
+    assert lines["quality"] == f"best val/mIoU {miou:.4f} at epoch 0 (final {miou:.4f})"
+    # speed over the epoch: training samples / training seconds; the step window's median (one step)
+    (tp,) = s["throughput"]["epochs"]
+    assert tp["samples"] == 6
+    (st,) = s["step_timing"]["epochs"]
+    assert st["windows_ms"]["step"]["n"] == 1
+    step = st["windows_ms"]["step"]["median"]
+    assert lines["speed"] == (f"{tp['samples'] / tp['train_s']:,.2f} training samples/s; median step {step:,.0f} ms")
+    shares = {w: 100 * st["windows_ms"][w]["median"] / step for w in
+              ("data_wait", "transfer", "forward", "backward", "optimizer", "remainder")}
+    names = ("data wait", "transfer", "forward", "backward", "optimizer", "remainder")
+    expected = ", ".join(f"{name} {share:.0f} %" for name, share in zip(names, shares.values(), strict=True))
+    assert lines["step"].startswith(expected + " of the median step")
+    assert lines["step"].endswith(f"(window medians; sum {sum(shares.values()):.0f} %)")
+    assert lines["memory"].startswith(f"peak {s['memory']['host_peak_rss_gib']:.2f} GiB (host RSS")
+    assert s["energy"]["available"] is False and s["energy"]["reason"] in lines["energy"]
+    assert lines["numerics"] == ("0 non-finite batch(es), 0 skipped step(s); the last logged training loss is finite")
+    assert sum(r["nonfinite_batches"] for r in s["nonfinite"]["per_rank"]) == 0
+    assert (tmp_path / lines["run folder"]).resolve() == run_dir.resolve()
+    assert lines["report"] == "python -m cropscale report runs --out reports"
+
+
+def _events(run_dir: Path, tag: str) -> list:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = []
+    for event_file in sorted(run_dir.glob("events.out.tfevents.*")):
+        acc = EventAccumulator(str(event_file), size_guidance={"scalars": 0})
+        acc.Reload()
+        if tag in acc.Tags()["scalars"]:
+            events += acc.Scalars(tag)
+    return sorted(events, key=lambda e: e.wall_time)
+
+
+def test_a_diverging_fit_stops_says_so_and_exits_non_zero(tmp_path, flanders_root):
+    """``--model.lr=1e6`` used to end with exit status 0 and a normal-looking val/mIoU (0.0198). Now the
+    default configuration stops it once 3 logged losses in a row are non-finite, the summary says so,
+    and the exit status is 1. 2 epochs of 4 steps (2 patches x 2 crops / batch 1) were asked for; no
+    validation (not what this is about)."""
+    res = run_cli(["fit", f"--data.root={flanders_root}", "--model.lr=1e6", "--trainer.max_epochs=2",
+                   "--data.samples_per_patch=2", "--data.batch_size=1", "--trainer.log_every_n_steps=1",
+                   "--trainer.limit_val_batches=0", "--trainer.enable_model_summary=false"], cwd=tmp_path)
+    assert res.returncode == 1, res.stdout[-3000:] + res.stderr[-5000:]
+    errors = [line for line in res.stderr.splitlines() if line.startswith("cropscale: error:")]
+    assert len(errors) == 1 and errors[0].startswith(
+        "cropscale: error: training diverged: train/loss_step non-finite at the last "), errors
+    (run_json,) = (tmp_path / "runs").rglob("run.json")
+    rec = json.loads(run_json.read_text())
+    assert rec["status"] == "finished" and rec["global_step"] < 8  # stopped before the 8 steps asked for
+    lines = summary_lines(res.stdout)
+    assert lines["DIVERGED"].startswith("train/loss_step non-finite at the last 3 logged step(s)")
+    assert f"DivergenceCallback stopped the run at step {rec['global_step']}." in lines["DIVERGED"]
+    losses = [e.value for e in _events(run_json.parent, "train/loss_step")]
+    assert len(losses) == rec["global_step"] and all(math.isnan(v) or math.isinf(v) for v in losses[-3:])
+    assert lines["numerics"].endswith("the training loss ended non-finite")
 
 
 @pytest.mark.parametrize(
@@ -105,6 +197,8 @@ def test_fit_ddp_two_cpu_processes(tmp_path, flanders_root):
     run_dir = next((tmp_path / "runs" / "default").glob("version_*"))
     assert "val/mIoU" in scalar_tags(run_dir)
     assert "global batch 4 = local 2 x world size 2" in res.stdout + res.stderr
+    assert res.stdout.count("cropscale fit summary") == 1  # rank 0 only (rank 1 shares the pipe)
+    assert "FP32 on 2 device(s) (ddp)" in summary_lines(res.stdout)["ran"]
 
 
 def test_checkpoint_is_checked_before_lightning_opens_it(tmp_path):

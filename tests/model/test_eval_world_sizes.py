@@ -39,7 +39,7 @@ class PixelNet(torch.nn.Module):
 
 def _setup(which, flanders_root, pastis_mini_root):
     if which == "flanders":  # 2 validation patches (fold 2), 2 test patches (fold 1)
-        dm = PastisHDDataModule(str(flanders_root), test_folds=[1], t2=4, t1=2)
+        dm = PastisHDDataModule(str(flanders_root), test_folds=[1], t2=4, t1=2, allow_fold_overlap=True)
     else:  # 3 validation patches (fold 1), 2 test patches (fold 3)
         dm = PastisHDDataModule(str(pastis_mini_root), train_folds=[2], val_folds=[1], test_folds=[3],
                                 ignore_index=19, t2=3, t1=3)

@@ -24,7 +24,7 @@ from cropscale.runs.rules import Figure
 from cropscale.runs.tables import Column, TableRow, write_table
 
 REPO = Path(__file__).resolve().parents[2]
-FIGURES = ("iou_by_epoch.png", "throughput.png", "peak_memory.png", "step_decomposition.png")
+FIGURES = ("iou_by_epoch.png", "throughput.png", "peak_memory.png", "step_decomposition.png", "device_scaling.png")
 
 
 def _config(precision: str, batch_size: int = 4, name: str = "default") -> dict:
@@ -174,11 +174,12 @@ def test_main_writes_tables_and_figures(fake_inputs, capsys):
     out = tmp / "report"
     assert rp.main([str(tmp / "runs"), str(bench), "--out", str(out)]) == 0
     md = (out / "report.md").read_text()
-    assert "## Runs" in md and "## Precision pairs" in md
-    row_a = next(line for line in md.splitlines() if line.startswith("| fp32/version_0 |"))
-    cells = [x.strip() for x in row_a.strip("|").split("|")]
-    assert cells[6] == "0.3500" and cells[7] == "1" and cells[-1] == "measured-run"
-    assert cells[11].startswith("10.00")
+    assert md.index("## Comparison") < md.index("## Detail") < md.index("## Precision pairs")
+    lead = _md_row(md, "fp32/version_0")  # the comparison table comes first
+    assert lead[:6] == ["fp32/version_0", "finished", "FP32", "1", "4", "0.3500"] and lead[-1] == "measured-run"
+    assert lead[7] == "10.00"  # samples/s
+    quality = _md_row(md.split("### Quality")[1], "fp32/version_0")
+    assert quality[2:4] == ["0.3500", "1"]  # best val/mIoU and its epoch
     oom = next(line for line in md.splitlines() if line.startswith("| bench.json: AMP FP16 b64 |"))
     assert "n/a [" in oom
     assert "configuration oom: out of memory at batch 64" in md  # the reason is in the notes
@@ -312,7 +313,7 @@ def test_strategy_short_name(tmp_path, strategy, shown):
     assert r.strategy == shown
     md, _ = write_table([TableRow.of(r, COLUMNS)], tmp_path / "out", "t", COLUMNS)
     cells = _md_row(md.read_text(), r.name)
-    assert cells[3] == shown and "class_path" not in md.read_text()
+    assert cells[4] == shown and "class_path" not in md.read_text()
 
 
 def test_strategy_from_run_json_short_name_and_auto_footnote(tmp_path):
@@ -348,7 +349,7 @@ def test_devices_from_config(tmp_path, devices, num_nodes, count, shown, why):
     text = desc.why if shown is None else desc.note
     assert (text is None) if why is None else (why in text)
     md, csv_path = write_table([TableRow.of(r, COLUMNS)], tmp_path / "out", "t", COLUMNS)
-    cell = _md_row(md.read_text(), r.name)[4]
+    cell = _md_row(md.read_text(), r.name)[5]
     if why is None:
         assert cell == str(shown)
     else:  # never a bare n/a: the cell points to its reason
@@ -374,10 +375,13 @@ def test_requested_precision_is_labelled_and_footnoted(tmp_path):
     assert rp.main([str(runs), "--out", str(out)]) == 0
     md = (out / "report.md").read_text()
     cell = _md_row(md, "amp/version_0")[2]
-    assert cell.startswith("16-mixed (requested) [")
+    assert cell.startswith("AMP FP16 (requested) [")
     note = _footnote(md, cell)
     assert "no run.json" in note and "accelerator 'cpu'" in note and "bf16-mixed" in note
-    assert _md_row(md, "auto/version_0")[2].startswith("bf16-mixed (requested) [")
+    assert _md_row(md, "auto/version_0")[2].startswith("AMP BF16 (requested) [")
+    with open(out / "report.csv", newline="") as f:
+        full = {row["name"]: row for row in csv.DictReader(f)}
+    assert full["amp/version_0"]["precision"] == "16-mixed (requested)"
     # the pair is by requested precision and says so: never a bare "AMP FP16" as if recorded
     pairs = md.split("## Precision pairs")[1]
     pair = _md_row(pairs, "fp32/version_0")
@@ -443,9 +447,14 @@ def test_validate_folders_are_skipped(tmp_path, capsys):
     (val / "run.json").write_text(json.dumps({"schema": "cropscale.run/1", "status": "finished",
                                               "summary": {"throughput": {"samples_per_s": 1.0}}}))
     assert load_run(val).training_run is True
+    (val / "run.json").write_text(json.dumps({"schema": "cropscale.run/1", "status": "finished", "summary": {}}))
+    r = load_run(val)
+    assert r.training_run is False and "status 'finished'" in r.skip_reason
+    # run.json exists only for a fit: status failed is a fit that failed, kept and marked (tests/report/
+    # test_failed_runs.py), not skipped as "no training run"
     (val / "run.json").write_text(json.dumps({"schema": "cropscale.run/1", "status": "failed", "summary": {}}))
     r = load_run(val)
-    assert r.training_run is False and "status 'failed'" in r.skip_reason
+    assert r.training_run is True and r.descriptive["status"].value == "failed"
 
 
 # ------------------------------------------------------------------------------ end to end (slow)
@@ -474,14 +483,15 @@ def test_report_on_two_tiny_fits(tmp_path, flanders_root):
     assert exit_info.value.code == 0
     md = (tmp_path / "report" / "report.md").read_text()
     rows = {line.split("|")[1].strip(): [c.strip() for c in line.strip("|").split("|")]
-            for line in md.split("## Precision pairs")[0].splitlines() if line.startswith("| ") and "/version_" in line}
+            for line in md.split("## Detail")[0].splitlines() if line.startswith("| ") and "/version_" in line}
     assert set(rows) == {"fp32/version_0", "bf16/version_0"}
     for cells in rows.values():
-        assert 0.0 <= float(cells[6]) <= 1.0  # best val/mIoU
-        assert cells[7] == "0"  # its epoch
-        assert float(cells[11].split()[0]) > 0  # samples/s
+        assert cells[1] == "finished"
+        assert 0.0 <= float(cells[5]) <= 1.0  # best val/mIoU
+        assert float(cells[7].split()[0]) > 0  # samples/s
         assert cells[-1] == "measured-run"
-    assert rows["fp32/version_0"][2] == "32-true" and rows["bf16/version_0"][2] == "bf16-mixed"
+    assert rows["fp32/version_0"][2] == "FP32" and rows["bf16/version_0"][2] == "AMP BF16"
+    assert rows["fp32/version_0"][8] == "1.00" and float(rows["bf16/version_0"][8]) > 0  # speed-up vs FP32
     pairs = md.split("## Precision pairs")[1]
     pair = next(line for line in pairs.splitlines() if line.startswith("| fp32/version_0 | bf16/version_0 |"))
     cells = [c.strip() for c in pair.strip("|").split("|")]

@@ -56,3 +56,40 @@ def test_a_missing_figure_says_why():
     assert "no throughput summary" in rules.samples_per_s(empty, 1).why
     assert "not measured" in rules.energy(empty, 1)[0].why
     assert rules.Figure(float("nan")).value is None
+
+
+NAN, INF = float("nan"), float("inf")
+
+
+def test_divergence_needs_the_last_window_of_logged_losses_non_finite():
+    finite_then_nan = [(2, 2.1), (4, 1.9), (6, NAN), (8, INF), (10, NAN)]
+    verdict = rules.divergence(finite_then_nan, window=3)
+    assert verdict.diverged is True
+    assert (verdict.trailing, verdict.since_step, verdict.last_finite_step) == (3, 6, 4)
+    assert verdict.why == "train/loss_step non-finite at the last 3 logged step(s) (steps 6-10; last finite at step 4)"
+    # two trailing non-finite losses are not three
+    short_tail = rules.divergence(finite_then_nan[:2] + finite_then_nan[3:], window=3)
+    assert short_tail.diverged is False and (short_tail.trailing, short_tail.since_step) == (2, 8)
+    assert "fewer than the 3" in short_tail.why
+    # one bad batch in the middle of a finite series is no divergence
+    blip = rules.divergence([(1, 2.0), (2, NAN), (3, 1.8), (4, 1.7)], window=3)
+    assert blip.diverged is False and blip.trailing == 0 and blip.last_finite_step == 4
+
+
+def test_divergence_of_short_and_empty_series():
+    both_nan = rules.divergence([(1, NAN), (2, NAN)], window=3)  # every logged loss non-finite
+    assert both_nan.diverged is True and both_nan.last_finite_step is None and "never finite" in both_nan.why
+    assert rules.divergence([(1, 2.0), (2, NAN)], window=3).diverged is False
+    empty = rules.divergence([], window=3)
+    assert empty.diverged is None and "cannot be judged" in empty.why
+    one = rules.divergence([(5, NAN)], window=1)
+    assert one.why == "train/loss_step non-finite at the last 1 logged step(s) (step 5; never finite)"
+    with pytest.raises(Exception, match="window must be >= 1"):
+        rules.divergence([(1, 1.0)], window=0)
+
+
+def test_loss_tail_counts_as_the_series_grows():
+    tail = rules.LossTail()
+    for step, value in [(1, 1.0), (2, NAN), (3, 0.5), (4, INF), (5, NAN)]:
+        tail.add(step, value)
+    assert (tail.logged, tail.trailing, tail.trailing_first, tail.last_step, tail.last_finite_step) == (5, 2, 4, 5, 3)

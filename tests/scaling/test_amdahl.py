@@ -10,6 +10,7 @@ from cropscale.scaling.amdahl import (
     amdahl_speedup,
     amdahl_table,
     efficiency,
+    fit_serial_fraction,
     format_amdahl_table,
     gustafson_speedup,
     karp_flatt,
@@ -97,3 +98,17 @@ def test_error_names_the_argument():
         amdahl_speedup(2, 20)
     with pytest.raises(CropScaleError, match="undefined at N = 1"):
         karp_flatt(1.0, 1)
+
+
+def test_fit_serial_fraction_by_hand():
+    # one point is Karp-Flatt's: S = 1.6 on 2 devices -> (1/1.6 - 1/2) / (1/2) = 0.25
+    assert fit_serial_fraction([1, 2], [1.0, 1.6]) == pytest.approx(0.25)
+    # exact Amdahl points at s = 0.1 are recovered
+    assert fit_serial_fraction([2, 4, 8], [amdahl_speedup(n, 0.1) for n in (2, 4, 8)]) == pytest.approx(0.1)
+    # two points by hand: N = 2, S = 1.6 (x = 0.5, y = 0.125); N = 4, S = 2.5 (x = 0.75, y = 0.15)
+    # s = (0.5 * 0.125 + 0.75 * 0.15) / (0.25 + 0.5625) = 0.175 / 0.8125
+    assert fit_serial_fraction([2, 4], [1.6, 2.5]) == pytest.approx(0.175 / 0.8125)
+    with pytest.raises(CropScaleError, match="more than one device"):
+        fit_serial_fraction([1, 1], [1.0, 1.0])
+    with pytest.raises(CropScaleError, match="positive"):
+        fit_serial_fraction([2], [0.0])

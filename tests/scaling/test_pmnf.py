@@ -18,9 +18,10 @@ log x          95 %   95 %   95 %
 
 As the study warns, the selected exponent drifts at 10 % noise (c + x is then often modelled as
 c + x^(4/5) log x, a near-identical curve over this range), which is why assertions check the lead
-order with a growth tolerance: ``assert_scaling(expected=<truth's order>, tolerance=0.1)`` holds in
->= 95 % of the trials of every case (all 300 here), and every non-constant truth fails an O(1)
-expectation in 100 % of its trials.
+order with the noise in view: the verdict of ``check_scaling(expected=<truth's order>)`` is not
+``fail`` in >= 85 % of the trials of every case (it may be inconclusive; its failure test has a 5 %
+level, so 0 to 3 false alarms in 20 trials are expected), and every non-constant truth fails an
+O(1) expectation in 100 % of its trials.
 """
 
 import warnings
@@ -64,7 +65,7 @@ STATED_EXACT = {
     "constant": (0.75, 0.80, 0.80),
     "log x": (0.95, 0.95, 0.95),
 }
-STATED_ASSERT_PASS = 0.95
+STATED_ASSERT_PASS = 0.85
 
 
 def test_exponent_sets_are_the_issues():
@@ -164,14 +165,14 @@ def test_recovery_rates_on_noisy_truths():
                 y = _sample(f, noise, trial, 10 * ci + ni)
                 m = fit_pmnf(X, y)
                 exact += m.lead_order == term
-                asserted += check_scaling(X, y, term, 0.1, model=m).passed
+                asserted += not check_scaling(X, y, term, model=m, resamples=200).failed
                 if not term.is_constant:
-                    caught += not check_scaling(X, y, "O(1)", 0.1, model=m).passed
+                    caught += check_scaling(X, y, "O(1)", model=m, resamples=200).failed
             stated = STATED_EXACT[name][ni]
             if exact / TRIALS < stated:
                 failures.append(f"{name} @ {noise:.0%}: exact lead order {exact}/{TRIALS} < stated {stated:.0%}")
             if asserted / TRIALS < STATED_ASSERT_PASS:
-                failures.append(f"{name} @ {noise:.0%}: assert_scaling({term.big_o()}) held {asserted}/{TRIALS}")
+                failures.append(f"{name} @ {noise:.0%}: check_scaling({term.big_o()}) not failed {asserted}/{TRIALS}")
             if not term.is_constant and caught != TRIALS:
                 failures.append(f"{name} @ {noise:.0%}: O(1) expectation caught only {caught}/{TRIALS}")
     assert not failures, "\n".join(failures)

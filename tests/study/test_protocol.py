@@ -140,3 +140,101 @@ def test_karp_flatt_prediction():
     assert P.predicted_epoch_time(100.0, 4, 0.2, 10, 0.5, 0.2) == pytest.approx(43.0)
     with pytest.raises(CropScaleError, match="non-positive time"):
         P.karp_flatt_time_ratio(8, -0.5)
+
+
+# ------------------------------------------------------------------ batch sweep: G = L x N x A, updates
+@pytest.mark.parametrize("g,max_local,sizes,max_acc,expected", [
+    (4, 4, [1], None, (4, 1, 1)),            # the CPU sweep: local 4 x 1 process x accumulation 1 / 2 / 4 / 8
+    (8, 4, [1], None, (4, 1, 2)),
+    (16, 4, [1], None, (4, 1, 4)),
+    (32, 4, [1], 8, (4, 1, 8)),
+    (8192, 32, [1, 2, 4, 8], None, (32, 8, 32)),  # 32 x 8 x 32 = 8,192
+    (4, 32, [1, 2, 4, 8], None, (1, 4, 1)),       # G = 4 cannot use 8 ranks: 4 ranks of 1 sample
+    (6, 4, [1, 2, 4], None, (3, 2, 1)),           # 4 does not divide 6; 6 / 2 = 3 <= 4
+    (20, 8, [1, 2, 4], None, (5, 4, 1)),
+    (20, 4, [1, 2, 4], None, (1, 4, 5)),          # 20 / 4 = 5 > 4 and 4, 3, 2 do not divide 5: L = 1, A = 5
+])
+def test_realise_global_batch_hand_examples(g, max_local, sizes, max_acc, expected):
+    assert P.realise_global_batch(g, max_local, sizes, max_acc) == expected
+
+
+def test_realise_global_batch_is_exact_and_follows_the_rule_by_brute_force():
+    for g in range(1, 97):
+        for max_local in (1, 3, 4, 16):
+            for sizes in ([1], [1, 2], [1, 2, 4, 8], [3, 6]):
+                if not any(g % n == 0 for n in sizes):
+                    with pytest.raises(CropScaleError, match="cannot be split evenly"):
+                        P.realise_global_batch(g, max_local, sizes)
+                    continue
+                local, n, acc = P.realise_global_batch(g, max_local, sizes)
+                assert local * n * acc == g
+                # brute force over every (L, N, A) within the limits: fewest micro-batches in sequence
+                # (largest N), then the largest L
+                triples = [(loc, m, g // (loc * m)) for m in sizes for loc in range(1, max_local + 1)
+                           if g % (loc * m) == 0]
+                best = max(triples, key=lambda t: (t[1], t[0]))
+                assert (local, n, acc) == best
+
+
+def test_realise_global_batch_refusals_give_the_numbers():
+    with pytest.raises(CropScaleError, match="global batch 64 needs accumulation 16 = 64 / .local batch 4 x 1"
+                                             r" rank\(s\)., above the limit of 8"):
+        P.realise_global_batch(64, 4, [1], 8)
+    with pytest.raises(CropScaleError, match="global batch 12 cannot be split evenly across any of .8. ranks"):
+        P.realise_global_batch(12, 4, [8])
+    with pytest.raises(CropScaleError, match="no world size"):
+        P.realise_global_batch(12, 4, [])
+
+
+@pytest.mark.parametrize("rule,lr", [("none", 1e-3), ("linear", 8e-3), ("sqrt", 1e-3 * math.sqrt(8))])
+def test_sweep_plan_lr_follows_the_rule(rule, lr):
+    plan = P.sweep_plan(32, 4, [1], 1e-3, rule, 4, optimizer="lamb")
+    assert (plan.protocol, plan.local_batch, plan.world_size, plan.accumulation, plan.global_batch) == (
+        "batch-sweep", 4, 1, 8, 32)
+    assert plan.lr == pytest.approx(lr, rel=1e-12) and plan.optimizer == "lamb" and plan.reference_batch == 4
+
+
+def test_update_windows_hand_counts():
+    # the CPU sweep: 32 samples, L = 4 on 1 process: B = 8 micro-batches, A = 1 / 2 / 4 / 8 -> 8 / 4 / 2 / 1
+    assert [P.update_windows(32, 4, 1, a).updates for a in (1, 2, 4, 8)] == [8, 4, 2, 1]
+    assert P.update_windows(32, 4, 1, 8) == P.UpdateWindows(1, 1, 32)
+    # G = 64 over 32 samples (A = 16): one update of 32 samples, no full batch
+    assert P.update_windows(32, 4, 1, 16) == P.UpdateWindows(1, 0, 32)
+    # PASTIS-HD, 1,455 patches x 8 crops = 11,640 samples, G = 8,192 = 32 x 8 x 32: 1,455 samples per rank,
+    # B = ceil(1455 / 32) = 46, U = ceil(46 / 32) = 2; the second update holds 8 x (1455 - 32 x 32) = 3,448
+    assert P.update_windows(11640, 32, 8, 32) == P.UpdateWindows(2, 1, 3448)
+    # 11 samples, L = 2, A = 4: B = 6 -> U = 2, last window = batches 5 and 6 = 2 + 1 samples
+    assert P.update_windows(11, 2, 1, 4) == P.UpdateWindows(2, 1, 3)
+
+
+def test_update_windows_last_samples_equal_a_real_lightning_loop(tmp_path):
+    """Samples per optimizer update in a real Lightning 2.x fit: every window but the last holds G."""
+    from lightning.pytorch import LightningModule, Trainer
+
+    torch.set_num_threads(1)
+
+    class Counting(LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.layer = torch.nn.Linear(1, 1)
+            self.seen, self.per_update = 0, []
+
+        def training_step(self, batch, batch_idx):
+            self.seen += batch[0].shape[0]
+            return self.layer(batch[0]).sum()
+
+        def on_before_optimizer_step(self, optimizer):
+            self.per_update.append(self.seen)
+            self.seen = 0
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.01)
+
+    samples, local, acc = 11, 2, 4
+    module = Counting()
+    trainer = Trainer(max_epochs=1, accumulate_grad_batches=acc, logger=False, enable_checkpointing=False,
+                      enable_progress_bar=False, enable_model_summary=False, accelerator="cpu", devices=1,
+                      default_root_dir=tmp_path)
+    trainer.fit(module, DataLoader(TensorDataset(torch.zeros(samples, 1)), batch_size=local))
+    windows = P.update_windows(samples, local, 1, acc)
+    assert module.per_update == [8] * windows.full_updates + [windows.last_update_samples] == [8, 3]

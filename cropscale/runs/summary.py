@@ -1,0 +1,121 @@
+"""The end-of-fit summary: a few lines a person reads in ten seconds, from a :class:`~cropscale.runs.record.RunRecord`.
+
+``python -m cropscale fit`` prints it on global rank 0 when ``fit`` returns. Every figure is the
+record's, so it follows the same rule (:mod:`cropscale.runs.rules`) as the report: a number printed
+here and the same number in ``python -m cropscale report`` agree. Every figure is ``measured-run``
+(the header says so); a figure that is n/a says why.
+
+Lines: what ran; ``DIVERGED`` (only when :func:`~cropscale.runs.rules.divergence` says so); quality
+(best ``val/mIoU`` and its epoch); speed (training samples/s, median step); step (the decomposition in
+percent of the step); memory; energy (per training sample, or why there is none); numerics
+(non-finite batches, skipped steps); the run folder; the report command.
+"""
+
+from __future__ import annotations
+
+from cropscale.evidence import MEASURED_RUN
+from cropscale.runs.record import RunRecord
+from cropscale.runs.rules import Figure
+from cropscale.runs.schema import STEP_WINDOWS
+
+WINDOW_NAMES = {"data_wait": "data wait", "transfer": "transfer", "forward": "forward", "backward": "backward",
+                "optimizer": "optimizer", "remainder": "remainder"}
+"""How the summary names the step windows."""
+
+
+def _num(fig: Figure, spec: str, unit: str = "") -> str:
+    if fig.value is None:
+        return f"n/a ({fig.why})"
+    text = format(fig.value, spec)
+    return f"{text} {unit}".rstrip()
+
+
+def _warmup(record: RunRecord) -> str:
+    w = record.warmup_epochs
+    if w == 0:
+        return "all epochs measured"
+    return "epoch 0 left out as warm-up" if w == 1 else f"epochs 0-{w - 1} left out as warm-up"
+
+
+def _what_ran(record: RunRecord) -> str:
+    devices = record.devices if record.devices is not None else "?"
+    batch = f"global batch {record.global_batch}" if record.global_batch is not None else "global batch n/a"
+    steps = record.run_json.global_step if record.run_json is not None else None
+    return (f"{record.precision_label} on {devices} device(s) ({record.strategy or 'strategy n/a'}), {batch}"
+            + (f", {steps} optimizer steps" if steps is not None else ""))
+
+
+def step_line(record: RunRecord) -> str:
+    """The step decomposition in percent of the median step, or why there is none."""
+    if not record.step_shares:
+        if record.figures["median_step_ms"].value is None:
+            return "n/a (no median step, see the line above)"
+        return "n/a (no step decomposition: StepTimingCallback did not run)"
+    parts = [f"{WINDOW_NAMES.get(w, w)} {100 * record.step_shares[w]:.0f} %" for w in STEP_WINDOWS
+             if w in record.step_shares]
+    total = 100 * sum(record.step_shares.values())
+    return ", ".join(parts) + f" of the median step (window medians; sum {total:.0f} %)"
+
+
+def divergence_line(record: RunRecord, stopped_at_step: int | None = None) -> str | None:
+    """``DIVERGED ...`` when the run diverged, else None."""
+    verdict = record.divergence
+    if verdict is None or not verdict.diverged:
+        return None
+    stop = (f"; DivergenceCallback stopped the run at step {stopped_at_step}" if stopped_at_step is not None
+            else "; nothing stopped the run")
+    return (f"DIVERGED    {verdict.why}{stop}. The figures below describe a diverged run: lower --model.lr"
+            " or check the data")
+
+
+def fit_summary(record: RunRecord, report_command: str, stopped_at_step: int | None = None) -> str:
+    """The end-of-fit summary of ``record`` as text (a dozen lines, no trailing newline).
+
+    Args:
+        record: the run, read by :func:`~cropscale.runs.record.load_run`.
+        report_command: the command that turns the run folder into a report.
+        stopped_at_step: the step at which a :class:`~cropscale.callbacks.DivergenceCallback` stopped the run.
+    """
+    f = record.figures
+    head = f"cropscale fit summary [{MEASURED_RUN}: every figure recorded by this run; {_warmup(record)}]"
+    lines = [head, "-" * len(head), f"ran         {_what_ran(record)}"]
+    diverged = divergence_line(record, stopped_at_step)
+    if diverged:
+        lines.append(diverged)
+    best = f["best_miou"]
+    quality = _num(best, ".4f")
+    if best.value is not None:
+        quality = (f"best val/mIoU {quality} at epoch {_num(f['best_epoch'], 'd')}"
+                   f" (final {_num(f['final_miou'], '.4f')})")
+    else:
+        quality = f"best val/mIoU {quality}"
+    lines += [
+        f"quality     {quality}",
+        f"speed       {_num(f['samples_per_s'], ',.2f', 'training samples/s')};"
+        f" median step {_num(f['median_step_ms'], ',.0f', 'ms')}{_over(record)}",
+        f"step        {step_line(record)}",
+        f"memory      peak {_num(f['peak_memory_gib'], '.2f', 'GiB')}"
+        + (f" ({f['peak_memory_gib'].note})" if f["peak_memory_gib"].value is not None else ""),
+        f"energy      {_num(f['energy_j_per_sample'], ',.3f', 'J per training sample')}",
+        f"numerics    {_num(f['nonfinite'], 'd')} non-finite batch(es), {_num(f['skipped_steps'], 'd')} skipped"
+        f" step(s); {_loss_end(record)}",
+        f"run folder  {record.path}",
+        f"report      {report_command}",
+    ]
+    return "\n".join(lines)
+
+
+def _over(record: RunRecord) -> str:
+    """`` (median over the measured epochs)`` where the step figure is one (several epochs measured)."""
+    several = len(record.epoch_seconds.get("train_s", [])) > 1
+    shown = several and record.figures["median_step_ms"].value is not None
+    return " (median over the measured epochs)" if shown else ""
+
+
+def _loss_end(record: RunRecord) -> str:
+    verdict = record.divergence
+    if verdict is None or verdict.diverged is None:
+        return "training loss not logged"
+    if verdict.diverged:
+        return "the training loss ended non-finite"
+    return "the last logged training loss is finite"

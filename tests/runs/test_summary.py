@@ -1,0 +1,47 @@
+"""The end-of-fit summary: the record's figures (the report's rules), worked by hand on a fake run folder."""
+
+from __future__ import annotations
+
+from cropscale.runs.record import load_run
+from cropscale.runs.summary import fit_summary
+from tests.report.test_comparison import NAN, _losses
+from tests.report.test_report import _fake_run
+
+
+def _run(tmp_path, losses):
+    folder = _fake_run(tmp_path / "runs" / "fp32" / "version_0", "32-true", [0.20, 0.35, 0.30], samples=210,
+                       step_ms=100.0, train_s=[30.0, 20.0, 22.0], val_s=[5.0, 4.0, 6.0], energy_j=3600.0,
+                       name="fp32", gpu_peak=3.0)
+    _losses(folder, losses)
+    return load_run(folder)
+
+
+def test_summary_lines_by_hand(tmp_path):
+    text = fit_summary(_run(tmp_path, [2.0, 1.5, 1.2]), "make report")
+    lines = text.splitlines()
+    assert lines[0] == ("cropscale fit summary [measured-run: every figure recorded by this run;"
+                        " epoch 0 left out as warm-up]")
+    assert set(lines[1]) == {"-"}
+    body = {line[:12].strip(): line[12:] for line in lines[2:]}
+    assert body["ran"] == "FP32 on 1 device(s) (SingleDeviceStrategy), global batch 4"
+    assert body["quality"] == "best val/mIoU 0.3500 at epoch 1 (final 0.3000)"
+    # epochs 1, 2: 420 samples in 42 s; the step window's median in epoch 1 is 100 ms
+    assert body["speed"] == "10.00 training samples/s; median step 100 ms (median over the measured epochs)"
+    # windows 1, 0.5, 30, 50, 18.5, 0 ms of 100 (0.5 and 18.5 round half to even)
+    assert body["step"].startswith("data wait 1 %, transfer 0 %, forward 30 %, backward 50 %, optimizer 18 %,"
+                                   " remainder 0 % of the median step (window medians; sum 100 %)")
+    assert body["memory"] == "peak 3.00 GiB (peak allocated GPU memory (torch.cuda))"
+    assert body["energy"] == f"{2400 / 420:.3f} J per training sample"  # 2 x 1200 J for 2 x 210 samples
+    assert body["numerics"] == ("1 non-finite batch(es), 0 skipped step(s); the last logged training loss is"
+                                " finite")
+    assert body["run folder"] == str(tmp_path / "runs" / "fp32" / "version_0")
+    assert body["report"] == "make report"
+    assert "DIVERGED" not in text
+
+
+def test_summary_of_a_diverged_run_says_so_first(tmp_path):
+    text = fit_summary(_run(tmp_path, [2.0, NAN, NAN, NAN]), "make report", stopped_at_step=4)
+    diverged = text.splitlines()[3]
+    assert diverged.startswith("DIVERGED    train/loss_step non-finite at the last 3 logged step(s) (steps 1-3;"
+                               " last finite at step 0); DivergenceCallback stopped the run at step 4.")
+    assert text.splitlines()[-3].endswith("the training loss ended non-finite")
