@@ -377,6 +377,8 @@ class CropScaleCLI(LightningCLI):
 
     @override
     def before_instantiate_classes(self) -> None:
+        if not self.subcommand:  # run=False: the configuration has no subcommand level and no ckpt_path
+            return
         cfg = self.config[self.subcommand]
         if not cfg.get("ckpt_path"):
             return
