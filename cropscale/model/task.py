@@ -47,7 +47,8 @@ from cropscale.model.synthetic import synthetic_batch
 from cropscale.tiling import sliding_window_inference
 
 #: Settings whose effect a resumed ``fit`` takes from the checkpoint's optimiser and LR-schedule state.
-RESUME_FIXED_SETTINGS: tuple[str, ...] = ("lr", "weight_decay", "lr_scaling", "reference_batch_size", "warmup_steps",
+RESUME_FIXED_SETTINGS: tuple[str, ...] = ("optimizer", "lr", "weight_decay", "momentum", "trust_coefficient",
+                                          "lr_scaling", "reference_batch_size", "warmup_steps", "warmup_epochs",
                                           "schedule")
 
 # The validation scores are computed from confusion matrices already summed across ranks

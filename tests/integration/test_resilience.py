@@ -293,6 +293,9 @@ def test_architecture_settings_that_cannot_apply_to_a_checkpoint_are_refused(tmp
     res = _fit(tmp_path / "lr", f"--data.root={flanders_root}", *SMALL, "--trainer.max_epochs=2",
                f"--ckpt_path={checkpoint}", "--model.lr=0.01")
     assert res.returncode == 2 and "--model.lr=0.01 cannot apply when resuming" in _last_line(res)
+    res = _fit(tmp_path / "sgd", f"--data.root={flanders_root}", *SMALL, "--trainer.max_epochs=2",
+               f"--ckpt_path={checkpoint}", "--model.optimizer=sgd")
+    assert res.returncode == 2 and "--model.optimizer=sgd cannot apply when resuming" in _last_line(res)
 
 
 # ------------------------------------------------------------------------------------------- more ranks than patches
