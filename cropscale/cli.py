@@ -17,7 +17,7 @@ The other subcommands are plain functions ``main(argv) -> int`` listed in :data:
 
 User errors (:class:`cropscale.CropScaleError`, Lightning's ``MisconfigurationException``) are
 printed as one paragraph naming the argument or path, and the process exits with status 2; an error
-re-raised from a DataLoader worker prints the worker's own message (:func:`user_error_text`).
+re-raised from a DataLoader worker prints the worker's own message (:func:`cropscale.errors.user_error_text`).
 
 Parsing is exact: no option prefixes (``--trainer.max_epoch`` is an error, not ``max_epochs``), and the
 Trainer's ``int | float`` limits keep an integer as an integer (``--trainer.limit_train_batches=1`` is one
@@ -74,7 +74,7 @@ from cropscale.distributed import (
     report_rank_error,
     stop_child_ranks,
 )
-from cropscale.errors import CropScaleError
+from cropscale.errors import CropScaleError, user_error_text
 from cropscale.files import check_writable_folder
 from cropscale.model.task import RESUME_FIXED_SETTINGS, CropMappingTask
 from cropscale.runs.record import is_run_folder, load_run
@@ -580,26 +580,6 @@ def _in_distributed_run() -> bool:
             or (dist.is_available() and dist.is_initialized()))
 
 
-_WORKER_WRAPPER = re.compile(r"^Caught \w+ in DataLoader worker process \d+\.\s+Original Traceback", re.S)
-
-
-def user_error_text(err: BaseException) -> str:
-    """The one-line text of a user error, unwrapped when a DataLoader worker raised it.
-
-    PyTorch re-raises a worker's exception in the main process as the same type with the message
-    ``Caught <Type> in DataLoader worker process <n>. Original Traceback ...`` followed by the worker's
-    whole traceback; the worker's own message is what follows ``<module>.<Type>: `` on the traceback's
-    last such line. Whitespace runs (newlines included) become one space.
-    """
-    text = str(err)
-    if _WORKER_WRAPPER.match(text):
-        name = re.escape(type(err).__name__)
-        found = list(re.finditer(rf"^(?:[\w.]+\.)?{name}: ", text, re.M))
-        if found:
-            text = text[found[-1].end():]
-    return " ".join(text.split())
-
-
 def _user_error(err: Exception) -> str | None:
     """Return a one-paragraph text for an error that comes from the user's arguments rather than from a bug.
 
@@ -636,8 +616,6 @@ def _name_trainer_argument(text: str) -> str:
 
     Lightning names the argument as in ``Trainer(devices='0')`` or ``devices`` ... should be an int > 0.
     """
-    import re
-
     for name in ("devices", "num_nodes", "accelerator", "strategy", "precision"):
         if re.search(rf"`(Trainer\()?{name}\b", text):
             return f"--trainer.{name}: {text}"

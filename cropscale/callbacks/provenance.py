@@ -9,8 +9,11 @@ power limit and persistence mode, ``nvidia-smi topo -m`` where available, world 
 precision and strategy, and what the data module's checks found (its ``data_warnings`` attribute, read,
 not imported). At ``on_fit_end`` it adds the ``summary`` section: one entry per scaling callback (their
 :meth:`~cropscale.callbacks.base.ScalingCallback.summary`, each labelled ``measured-run``) and sets
-``status: "finished"``; on an exception ``status: "failed"`` with the error. The schema is documented
-in ``docs/run_json.md``.
+``status: "finished"``; on an exception ``status: "failed"`` with the error's one-line message (a
+DataLoader worker's error unwrapped, :func:`cropscale.errors.user_error_text`). A fit that fails before
+``on_fit_start`` (a data check at setup) still gets a ``failed`` record in the logger's run folder, with the
+configuration, precision, world size and error but no provenance probes. The schema is documented in
+``docs/run_json.md``.
 
 The run folder is ``trainer.log_dir`` (the TensorBoardLogger version folder), else
 ``trainer.default_root_dir``.
@@ -44,7 +47,7 @@ from cropscale.env.host import (
     library_versions,
     utc_now,
 )
-from cropscale.errors import CropScaleError
+from cropscale.errors import CropScaleError, user_error_text
 from cropscale.evidence import MEASURED_RUN
 from cropscale.files import atomic_write_json
 from cropscale.runs.schema import RUN_SCHEMA, SUMMARY_TYPES, Record, RunJson, RunSummary
@@ -263,7 +266,27 @@ class ProvenanceCallback(ScalingCallback):
 
     @override
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
+        if self.record is None and trainer.is_global_zero:
+            self._before_start(trainer, pl_module)
         self._finish(trainer, "failed", exception)
+
+    def _before_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        """Start the record of a fit that failed before ``on_fit_start`` (a data check at setup refused the data).
+
+        Global rank 0 only and no collective (the other ranks may not have failed): the run folder is the
+        logger's own (the logger made it before the data module's setup ran), the devices are not gathered.
+        """
+        logger = trainer.logger
+        log_dir = getattr(logger, "log_dir", None) or trainer.default_root_dir
+        self.path = os.path.join(log_dir, self.filename)
+        config, source = _config(trainer, pl_module, log_dir)
+        self.record = RunJson(
+            status="running", started_utc=utc_now(), run_dir=os.path.abspath(log_dir), command=list(sys.argv),
+            config=config, config_source=source, precision=str(trainer.precision),
+            distributed={"world_size": trainer.world_size, "strategy": type(trainer.strategy).__name__,
+                         "accelerator": type(trainer.accelerator).__name__},
+            callbacks=[type(cb).__name__ for cb in iter_callbacks(trainer)],
+        )
 
     def _finish(self, trainer: Trainer, status: str, exception: BaseException | None) -> None:
         if not trainer.is_global_zero or self.record is None:
@@ -288,7 +311,7 @@ class ProvenanceCallback(ScalingCallback):
         record.global_step = trainer.global_step
         record.epochs_completed = trainer.current_epoch
         if exception is not None:
-            record.error = {"type": type(exception).__name__, "message": str(exception)}
+            record.error = {"type": type(exception).__name__, "message": user_error_text(exception)}
         self._write()
 
     def _write(self) -> None:

@@ -109,9 +109,9 @@ def _check_chronological(dates: np.ndarray, *, patch_id: int, key: str, path: Pa
     if back.size:
         i = int(back[0]) + 1
         raise CropScaleError(
-            f"{path}: patch {patch_id}: {key} is not in chronological order: index {i} = {int(dates[i])} comes"
-            f" before index {i - 1} = {int(dates[i - 1])} ({back.size} such step(s)); the index is the position"
-            " on the array's time axis, so store the arrays and dates in time order"
+            f"{path}: patch {patch_id}: {key} is not in chronological order: the date at index {i}, {int(dates[i])},"
+            f" is earlier than the one at index {i - 1}, {int(dates[i - 1])} ({back.size} such step(s)); the index"
+            " is the position on the array's time axis, so store the arrays and dates in time order"
         )
 
 

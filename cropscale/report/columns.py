@@ -31,7 +31,6 @@ COLUMNS: tuple[Column, ...] = (
     Column("peak_memory_gib", "Peak GiB", ".2f"),
     Column("nonfinite", "Non-finite", "d"),
     Column("skipped_steps", "Skipped steps", "d"),
-    Column("status", "Status", figure=False),
     Column("data_warning_count", "Data warnings", "d", figure=False),
 )
 """Columns of the runs table, in order."""
@@ -108,8 +107,9 @@ RESOURCE_COLUMNS: tuple[Column, ...] = (
     Column("energy_j_per_sample", "J/sample", ".3f"),
     Column("nonfinite", "Non-finite batches", "d"),
     Column("skipped_steps", "Skipped steps", "d"),
+    Column("data_warning_count", "Data warnings", "d", figure=False),
 )
-"""Memory, energy and numerics detail."""
+"""Memory, energy, numerics and data-check detail (the Data warnings note lists ``run.json`` ``data_warnings``)."""
 
 SCALING_COLUMNS: tuple[Column, ...] = (
     Column("series", "Configuration", figure=False),

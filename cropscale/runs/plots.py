@@ -5,6 +5,7 @@ Every figure's title carries its evidence label; axes say their units.
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -33,9 +34,9 @@ def save(fig: Any, path: str | Path, dpi: int = 110) -> Path:
         pyplot().close(fig)
 
 
-def no_data(ax: Any, text: str) -> None:
-    """Mark ``ax`` as empty with ``text`` in its middle."""
-    ax.text(0.5, 0.5, text, ha="center", va="center", wrap=True, transform=ax.transAxes)
+def no_data(ax: Any, text: str, width: int = 40) -> None:
+    """Mark ``ax`` as empty with ``text`` in its middle, wrapped at ``width`` characters to stay inside the axes."""
+    ax.text(0.5, 0.5, textwrap.fill(text, width), ha="center", va="center", transform=ax.transAxes)
     ax.set_xticks([])
     ax.set_yticks([])
 

@@ -8,7 +8,8 @@ here and the same number in ``python -m cropscale report`` agree. Every figure i
 Lines: what ran; ``DIVERGED`` (only when :func:`~cropscale.runs.rules.divergence` says so); quality
 (best ``val/mIoU`` and its epoch); speed (training samples/s, median step); step (the decomposition in
 percent of the step); memory; energy (per training sample, or why there is none); numerics
-(non-finite batches, skipped steps); the run folder; the report command.
+(non-finite batches, skipped steps); data (the data checks' warnings: count and first); the run folder;
+the report command.
 """
 
 from __future__ import annotations
@@ -99,10 +100,20 @@ def fit_summary(record: RunRecord, report_command: str, stopped_at_step: int | N
         f"energy      {_num(f['energy_j_per_sample'], ',.3f', 'J per training sample')}",
         f"numerics    {_num(f['nonfinite'], 'd')} non-finite batch(es), {_num(f['skipped_steps'], 'd')} skipped"
         f" step(s); {_loss_end(record)}",
+        f"data        {data_line(record)}",
         f"run folder  {record.path}",
         f"report      {report_command}",
     ]
     return "\n".join(lines)
+
+
+def data_line(record: RunRecord) -> str:
+    """What the data checks found (``run.json`` ``data_warnings``): their count and the first of them."""
+    warnings = record.data_warnings
+    if not warnings:
+        return "no data warning"
+    more = "; ..." if len(warnings) > 1 else ""
+    return f"{len(warnings)} data warning(s) (run.json data_warnings; the report lists them): {warnings[0]}{more}"
 
 
 def _over(record: RunRecord) -> str:

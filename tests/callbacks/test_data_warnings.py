@@ -50,12 +50,13 @@ def test_data_warnings_are_written_and_reported(tmp_path):
     out = tmp_path / "rep"
     assert rp.main([str(tmp_path / "run"), "--out", str(out)]) == 0
     md = (out / "report.md").read_text()
-    header = next(x for x in md.splitlines() if x.startswith("| Run |"))
+    header = next(x for x in md.splitlines() if x.startswith("| Run |") and "| Data warnings |" in x)
     col = [c.strip() for c in header.strip("|").split("|")].index("Data warnings")
-    row = next(x for x in md.splitlines() if x.startswith("| ") and "run" in x.split("|")[1] and x != header)
+    table = md.split(header)[1]  # the rows under that header
+    row = next(x for x in table.splitlines() if x.startswith("| ") and "run" in x.split("|")[1])
     cell = [c.strip() for c in row.strip("|").split("|")][col]
     assert cell.startswith("2 [")
-    note = _footnote(md, cell)
+    note = _footnote(table, cell)  # each table numbers its own notes
     assert "patch 7: S2 scale off" in note and "no entry in metadata" in note
 
 

@@ -51,8 +51,9 @@ def test_dates_in_reverse_order_are_refused(flanders4):
 
     _rewrite_meta(flanders4, reverse)
     meta = flanders4 / "metadata.geojson"
-    with raises_naming(meta, "patch 1002", "dates-S2", "not in chronological order", f"index 1 = {values[-2]}",
-                       f"index 0 = {values[-1]}", f"({len(values) - 1} such step(s))"):
+    with raises_naming(meta, "patch 1002", "dates-S2", "not in chronological order",
+                       f"the date at index 1, {values[-2]}, is earlier than the one at index 0, {values[-1]}",
+                       f"({len(values) - 1} such step(s))"):
         read_metadata(meta)
     with raises_naming(meta, "patch 1002", "dates-S2"):
         _dm(flanders4).setup("fit")

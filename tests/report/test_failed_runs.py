@@ -91,6 +91,11 @@ def test_report_marks_them_and_pairs_none(tmp_path, capsys):
     printed = capsys.readouterr().out
     assert "skipped" not in printed
     md = (out / "report.md").read_text()
+    lead = next(x for x in md.splitlines() if x.startswith("| Run |"))  # the comparison: the bare word
+    lead_col = [c.strip() for c in lead.strip("|").split("|")].index("Status")
+    assert [_md_row(md, "/".join(p.parts[-2:]))[lead_col] for p in runs.values()] == [
+        "finished", "failed", "failed", "incomplete", "incomplete"]
+    md = md.split("### Quality")[1]  # the quality detail: the word and its note
     header = next(x for x in md.splitlines() if x.startswith("| Run |"))
     status_col = [c.strip() for c in header.strip("|").split("|")].index("Status")
     ok = _md_row(md, "fp32/version_0")

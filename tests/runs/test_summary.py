@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 from cropscale.runs.record import load_run
 from cropscale.runs.summary import fit_summary
 from tests.report.test_comparison import NAN, _losses
@@ -44,4 +46,19 @@ def test_summary_of_a_diverged_run_says_so_first(tmp_path):
     diverged = text.splitlines()[3]
     assert diverged.startswith("DIVERGED    train/loss_step non-finite at the last 3 logged step(s) (steps 1-3;"
                                " last finite at step 0); DivergenceCallback stopped the run at step 4.")
-    assert text.splitlines()[-3].endswith("the training loss ended non-finite")
+    numerics = next(x for x in text.splitlines() if x.startswith("numerics"))
+    assert numerics.endswith("the training loss ended non-finite")
+
+
+def test_summary_lists_the_data_warnings(tmp_path):
+    record = _run(tmp_path, [2.0, 1.5, 1.2])
+    body = {line[:12].strip(): line[12:] for line in fit_summary(record, "make report").splitlines()[2:]}
+    assert body["data"] == "no data warning"
+    path = tmp_path / "runs" / "fp32" / "version_0" / "run.json"
+    run = json.loads(path.read_text())
+    run["data_warnings"] = ["patch 1002 (fold 2): S1A file /d/S1A_1002.npy: another unit or scale than dB?",
+                            "/d: 1 patch id(s) have files but no entry in metadata.geojson (3001)"]
+    path.write_text(json.dumps(run))
+    body = {line[:12].strip(): line[12:] for line in fit_summary(load_run(path.parent), "x").splitlines()[2:]}
+    assert body["data"] == ("2 data warning(s) (run.json data_warnings; the report lists them): patch 1002"
+                            " (fold 2): S1A file /d/S1A_1002.npy: another unit or scale than dB?; ...")
