@@ -10,7 +10,7 @@ SHARED_DATA ?= ../shared/data
 SAMPLES := worldcereal-flanders pastis-r-mini vhr-samples
 ARGS ?=
 
-.PHONY: install data fit report test test-slow test-perf test-all lint tensorboard gpu-check bench study-cpu study-batch-cpu clean
+.PHONY: install data fit report test test-slow test-resilience test-perf test-all lint tensorboard gpu-check bench study-cpu study-batch-cpu clean
 
 install: $(VENV)/.installed
 
@@ -46,6 +46,10 @@ test: install data lint
 
 test-slow: install data
 	$(PY) -m pytest -q -m slow $(ARGS)
+
+# kill/resume, SIGTERM, full disk, failed ranks, evaluation on 1-4 processes (slow; part of test-slow)
+test-resilience: install data
+	$(PY) -m pytest -q -m slow tests/integration/test_resilience.py tests/integration/test_eval_world_sizes_ddp.py $(ARGS)
 
 test-perf: install data
 	$(PY) -m pytest -q -s -m perf $(ARGS)

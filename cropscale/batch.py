@@ -22,9 +22,15 @@ key                shape, dtype                content
 ``parcel_present`` ``[B]`` bool                False where the sample has no instance annotation
 ``hr``             ``[B, 3, 10H, 10W]`` f32    high-grid RGB target in [0, 1]
 ``hr_present``     ``[B]`` bool                False where the sample has no high-grid image
-``patch_id``       ``[B]`` int64               dataset patch id (``ID_PATCH``)
+``patch_id``       ``[B]`` int64               dataset patch id (``ID_PATCH``); ``PLACEHOLDER_PATCH_ID``
+                                               (-1) marks an evaluation placeholder (below)
 ``crop_yx``        ``[B, 2]`` int64            top-left row, column of the 10 m crop in its patch
 =================  ==========================  ==============================================
+
+An evaluation placeholder is a copy of a real patch given to a rank that has fewer patches than
+the others under DDP (:class:`cropscale.data.sharding.PaddedEvalDataset`), so that every rank runs the
+same number of evaluation steps; it is run through the network like any sample and then dropped
+before any metric, loss or prediction counts it.
 
 The network is called as ``net(**{k: batch[k] for k in MODEL_INPUT_KEYS})`` and returns
 ``{"semantic": [B, C, H, W], "parcel": [B, 3, H, W], "hr": [B, 3, 10H, 10W]}``.
@@ -38,6 +44,8 @@ MODEL_INPUT_KEYS: tuple[str, ...] = (
 TARGET_KEYS: tuple[str, ...] = ("semantic", "parcel", "parcel_present", "hr", "hr_present")
 ID_KEYS: tuple[str, ...] = ("patch_id", "crop_yx")
 OUTPUT_KEYS: tuple[str, ...] = ("semantic", "parcel", "hr")
+PLACEHOLDER_PATCH_ID: int = -1
+"""``patch_id`` of an evaluation placeholder: a sample that no metric, loss or prediction counts."""
 HR_SCALE: int = 10
 """Ratio of the high grid (1 m) to the Sentinel grid (10 m)."""
 S2_BANDS: tuple[str, ...] = ("B02", "B03", "B04", "B05", "B06", "B07", "B08", "B8A", "B11", "B12")

@@ -22,30 +22,61 @@ re-raised from a DataLoader worker prints the worker's own message (:func:`crops
 Parsing is exact: no option prefixes (``--trainer.max_epoch`` is an error, not ``max_epochs``), and the
 Trainer's ``int | float`` limits keep an integer as an integer (``--trainer.limit_train_batches=1`` is one
 batch, ``=1.0`` all of them), as in the Trainer's own API (:func:`integers_stay_integers`).
+
+Checkpoints (:mod:`cropscale.checkpointing`): every save goes through
+:class:`~cropscale.checkpointing.AtomicCheckpointIO` unless the configuration names another
+``CheckpointIO``; ``--ckpt_path last`` is the newest ``last.ckpt`` of the runs of the logger's name, and
+``fit`` from a checkpoint of ``<save_dir>/<name>/version_N`` continues in that same folder (its
+TensorBoard events from after the checkpoint's step are dropped), so the best-checkpoint tracking
+continues. Model settings given on the command line or in a ``--config`` file win over the
+checkpoint's hyperparameters (Lightning re-applies the latter): evaluation settings apply, an
+architecture that differs from the checkpoint's is refused by the task, and optimiser settings that the
+checkpoint's optimiser state would override are refused when resuming ``fit``.
+
+Ending (:mod:`cropscale.distributed`): SIGTERM during ``fit`` stops every rank at the same step, saves
+``last.ckpt`` and exits with status 0 (:class:`~cropscale.checkpointing.StopOnSigterm`). When a DDP rank
+fails, the launching rank stops the others and prints one last line naming the failed rank, its exit
+status and its own error; the other ranks' collective errors are reduced to one line each.
 """
 
 from __future__ import annotations
 
+import copy
 import functools
 import importlib
 import operator
 import os
 import re
 import sys
+import traceback
 import typing
 from pathlib import Path
 from typing import Any
 
+from lightning.fabric.plugins import CheckpointIO
 from lightning.pytorch import Trainer
+from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 from typing_extensions import override
 
 from cropscale.callbacks.divergence import DivergenceCallback
+from cropscale.checkpointing import AtomicCheckpointIO, StopOnSigterm, find_last_checkpoint, run_version
 from cropscale.data.datamodule import PastisHDDataModule
-from cropscale.distributed import finish_distributed
+from cropscale.distributed import (
+    ChildRankWatch,
+    child_failures,
+    child_rank_processes,
+    cleanup_rank_reports,
+    finish_distributed,
+    prepare_rank_reports,
+    report_rank_error,
+    stop_child_ranks,
+)
 from cropscale.errors import CropScaleError, user_error_text
-from cropscale.model.task import CropMappingTask
+from cropscale.files import check_writable_folder
+from cropscale.model.task import RESUME_FIXED_SETTINGS, CropMappingTask
 from cropscale.runs.record import is_run_folder, load_run
 from cropscale.runs.summary import fit_summary
 
@@ -68,17 +99,23 @@ EXTRA_COMMANDS: dict[str, tuple[str, str]] = {
 
 LIGHTNING_COMMANDS = ("fit", "validate", "test", "predict")
 
-#: ``ckpt_path`` values that Lightning resolves itself (not file paths).
+#: ``ckpt_path`` values that Lightning resolves itself (not file paths); ``last`` is resolved here.
 _CKPT_KEYWORDS = ("best", "last", "hpc")
 
+#: The Trainer of the running Lightning subcommand, for the error and SIGTERM endings of :func:`main`.
+_ACTIVE: dict[str, Trainer] = {}
 
-def check_checkpoint(path: str | None) -> None:
+
+def check_checkpoint(path: str | None) -> dict | None:
     """Refuse a ``--ckpt_path`` that is not a Lightning checkpoint, before Lightning opens it.
 
     Lightning's own failures for such files surface deep inside ``torch.load`` or its checkpoint
     migration (a truncated zip, a plain ``torch.save`` file, any non-torch file). Lightning's keywords
     (``best``, ``last``, ``hpc``, ``registry...``) and remote URLs are left to Lightning. The file is
     opened memory-mapped (``mmap=True``): its tensors are not read here.
+
+    Returns:
+        The checkpoint, memory-mapped (None for keywords and remote URLs).
 
     Raises:
         CropScaleError: naming the path: not found, not readable by ``torch.load(weights_only=True)``,
@@ -91,7 +128,7 @@ def check_checkpoint(path: str | None) -> None:
     import torch
 
     if not path or path in _CKPT_KEYWORDS or path.startswith("registry") or "://" in path:
-        return
+        return None
     if not Path(path).is_file():
         raise CropScaleError(f"--ckpt_path: checkpoint file not found: {path}")
     try:
@@ -106,6 +143,43 @@ def check_checkpoint(path: str | None) -> None:
             f"--ckpt_path {path} is a torch file but not a Lightning checkpoint (no {' / '.join(map(repr, missing))}:"
             " use a .ckpt written by ModelCheckpoint or trainer.save_checkpoint)"
         )
+    return ckpt
+
+
+def logger_location(logger: Any, default_root_dir: str | None = None) -> tuple[str, str] | None:
+    """``(save_dir, name)`` of the first logger of a ``trainer.logger`` configuration, or None without a logger.
+
+    Args:
+        logger: the parsed ``trainer.logger`` value: a ``class_path``/``init_args`` namespace or dict, a list
+            of them, True/None (Lightning's default TensorBoard logger) or False.
+        default_root_dir: ``trainer.default_root_dir`` (the default logger's ``save_dir``).
+    """
+    if isinstance(logger, list):
+        logger = logger[0] if logger else False
+    if logger is False:
+        return None
+    if logger is None or logger is True:
+        return (default_root_dir or "."), "lightning_logs"
+    init = (logger.get("init_args") if hasattr(logger, "get") else None) or {}
+    save_dir = init.get("save_dir") or init.get("root_dir")
+    if save_dir is None:
+        return None
+    return str(save_dir), str(init.get("name") or "lightning_logs")
+
+
+def explicit_model_settings(given: dict[str, Any], defaults: dict[str, Any], argv: list[str]) -> dict[str, Any]:
+    """The ``model.*`` settings the user gave: named on the command line, or different from ``configs/default.yaml``.
+
+    Args:
+        given: the parsed ``model`` section (defaults, ``--config`` files and command line).
+        defaults: the same section from the defaults alone (``configs/default.yaml`` and class defaults).
+        argv: the command-line arguments.
+
+    Returns:
+        ``{key: value}`` of the settings that a checkpoint's hyperparameters must not override.
+    """
+    named = {tok.split("=", 1)[0][len("--model."):].split(".", 1)[0] for tok in argv if tok.startswith("--model.")}
+    return {k: copy.deepcopy(v) for k, v in given.items() if k in named or defaults.get(k, object()) != v}
 
 
 def integers_stay_integers(parser: LightningArgumentParser, prefix: str = "trainer.") -> list[str]:
@@ -237,11 +311,16 @@ def end_of_fit(trainer: Trainer, folder: str | None) -> tuple[str, str | None]:
 class CropScaleCLI(LightningCLI):
     """LightningCLI that links the data module's class count and names into the task and checks ``--ckpt_path``.
 
-    The checkpoint path is checked before Lightning opens it (:func:`check_checkpoint`); the Trainer's
-    ``int | float`` options parse integers as integers (:func:`integers_stay_integers`). After ``fit``,
-    global rank 0 prints the end-of-fit summary and keeps the divergence error in :attr:`fit_error`.
+    The checkpoint path is checked before Lightning opens it (:func:`check_checkpoint`); ``last`` is
+    resolved to the newest ``last.ckpt`` of the runs of the logger's name
+    (:func:`~cropscale.checkpointing.find_last_checkpoint`); model settings given by the user win over
+    the checkpoint's (module docstring); output folders are checked for writing before the run starts.
+    The Trainer's ``int | float`` options parse integers as integers (:func:`integers_stay_integers`).
+    After ``fit``, global rank 0 prints the end-of-fit summary and keeps the divergence error in
+    :attr:`fit_error`.
     """
 
+    _explicit_model: dict[str, Any] = {}
     fit_error: str | None = None
 
     @override
@@ -255,14 +334,102 @@ class CropScaleCLI(LightningCLI):
     def parse_arguments(self, parser: LightningArgumentParser, args) -> None:
         super().parse_arguments(parser, args)
         sub = self.config.get("subcommand")
-        if sub:
-            check_checkpoint(self.config[sub].get("ckpt_path"))
         trainer = (self.config[sub] if sub else self.config).get("trainer")
         entries = trainer.get("callbacks") if trainer is not None else None
         if isinstance(entries, list):
             trainer["callbacks"], notes = merge_callbacks(entries)
             for note in notes:
                 rank_zero_info(f"cropscale: trainer.callbacks: {note}")
+        if not sub:
+            return
+        cfg = self.config[sub]
+        argv = list(sys.argv[1:] if args is None else args)
+        defaults = self._parser(sub).get_defaults()
+        self._explicit_model = explicit_model_settings(cfg.model.as_dict(), defaults.model.as_dict(), argv)
+        if cfg.get("ckpt_path") == "last":
+            cfg.ckpt_path = self._find_last(cfg)
+        ckpt = check_checkpoint(cfg.get("ckpt_path"))
+        if sub == "fit" and ckpt is not None:
+            self._continue_in_run_folder(cfg, ckpt)
+
+    def _find_last(self, cfg: Any) -> str:
+        where = logger_location(cfg.trainer.get("logger"), cfg.trainer.get("default_root_dir"))
+        if where is None:
+            raise CropScaleError("--ckpt_path last: the run has no logger (trainer.logger), so there is no run"
+                                 " folder to look in; give a checkpoint file")
+        found = find_last_checkpoint(*where)
+        rank_zero_info(f"cropscale: --ckpt_path last -> {found}")
+        return str(found)
+
+    def _continue_in_run_folder(self, cfg: Any, ckpt: dict) -> None:
+        """Make ``fit`` from ``<save_dir>/<name>/version_N/checkpoints/x.ckpt`` log into ``version_N`` again."""
+        logger = cfg.trainer.get("logger")
+        where = logger_location(logger, cfg.trainer.get("default_root_dir"))
+        init = logger.get("init_args") if where is not None and hasattr(logger, "get") else None
+        if init is None or "version" not in init or init.get("version") is not None:
+            return
+        version = run_version(cfg.ckpt_path, *where)
+        if version is None:
+            return
+        init.version = version
+        if "purge_step" in init and init.get("purge_step") is None:
+            # TensorBoard drops the interrupted run's events after the checkpoint's step
+            init.purge_step = int(ckpt.get("global_step", 0)) + 1
+        rank_zero_info(f"cropscale: resuming in {Path(*where) / f'version_{version}'}")
+
+    @override
+    def before_instantiate_classes(self) -> None:
+        if not self.subcommand:  # run=False: the configuration has no subcommand level and no ckpt_path
+            return
+        cfg = self.config[self.subcommand]
+        if not cfg.get("ckpt_path"):
+            return
+        # Lightning has put the checkpoint's hyperparameters over the command line (LightningCLI._parse_ckpt_path):
+        # the settings the user gave win again; those the checkpoint would silently override are refused.
+        for key, value in self._explicit_model.items():
+            kept = cfg.model.get(key)
+            if self.subcommand == "fit" and key in RESUME_FIXED_SETTINGS and value != kept:
+                raise CropScaleError(
+                    f"--model.{key}={value} cannot apply when resuming from {cfg.ckpt_path}: the optimiser and LR"
+                    f" schedule state come from the checkpoint ({key}={kept}); drop it, or start a new run"
+                )
+            cfg.model[key] = value
+
+    @override
+    def instantiate_trainer(self, **kwargs: Any) -> Trainer:
+        trainer_config = self._get(self.config_init, "trainer", default={})
+        plugins = kwargs.get("plugins", trainer_config.get("plugins"))
+        plugins = [] if plugins is None else list(plugins) if isinstance(plugins, list | tuple) else [plugins]
+        if not any(isinstance(p, CheckpointIO) for p in plugins):
+            kwargs["plugins"] = [*plugins, AtomicCheckpointIO()]
+        trainer = super().instantiate_trainer(**kwargs)
+        _ACTIVE["trainer"] = trainer
+        return trainer
+
+    def _check_outputs(self) -> None:
+        """Refuse, before the run starts, a run folder or checkpoint folder that cannot be written."""
+        logger = self.trainer.logger
+        folders = [getattr(logger, "log_dir", None) if logger is not None else None]
+        folders += [cb.dirpath for cb in self.trainer.callbacks if isinstance(cb, ModelCheckpoint)]
+        for folder in folders:
+            if folder:
+                check_writable_folder(folder, what="run folder")
+
+    def before_fit(self) -> None:
+        """Check the output folders before training (:meth:`_check_outputs`)."""
+        self._check_outputs()
+
+    def before_validate(self) -> None:
+        """Check the output folders before validating."""
+        self._check_outputs()
+
+    def before_test(self) -> None:
+        """Check the output folders before testing."""
+        self._check_outputs()
+
+    def before_predict(self) -> None:
+        """Check the output folders before predicting."""
+        self._check_outputs()
 
     def after_fit(self) -> None:
         """Print the end-of-fit summary on global rank 0 (:func:`end_of_fit`); a divergence goes to ``fit_error``."""
@@ -287,6 +454,7 @@ def _lightning_cli(args: list[str] | None) -> LightningCLI:
         PastisHDDataModule,
         parser_kwargs=parser_kwargs,
         save_config_kwargs={"overwrite": True},
+        trainer_defaults={"callbacks": [StopOnSigterm(), ChildRankWatch()]},
         args=args,
     )
 
@@ -301,10 +469,56 @@ def _print_overview() -> None:
     print("\nLightningCLI's own help follows.\n")
 
 
-def _fail(message: str) -> None:
+def _fail(message: str, status: int = 2) -> None:
+    """Print ``cropscale: error: <message>`` as the last line and exit; under DDP, end the other ranks first.
+
+    On a child rank (``LOCAL_RANK`` > 0) the line names the rank and is also left for the launching rank
+    (:func:`~cropscale.distributed.report_rank_error`). On the launching rank with child ranks, a child
+    that failed first is what the line names (:class:`~cropscale.distributed.RankFailure`); the children
+    still running are stopped before the line is printed. With a process group alive the process ends
+    with ``os._exit`` (gloo's threads can abort an orderly interpreter exit after the line).
+    """
+    import torch.distributed as dist
+
     text = " ".join(str(message).split())
-    print(f"cropscale: error: {text}", file=sys.stderr)
-    sys.exit(2)
+    local_rank = int(os.environ.get("LOCAL_RANK", "0") or 0)
+    trainer = _ACTIVE.get("trainer")
+    if local_rank > 0:
+        report_rank_error(local_rank, text)
+        text = f"rank {getattr(trainer, 'global_rank', local_rank)}: {text}"
+    elif child_rank_processes(trainer):
+        for cb in getattr(trainer, "callbacks", []):
+            if isinstance(cb, ChildRankWatch):
+                cb.stop()
+        failed = child_failures(trainer, wait_s=_PEER_WAIT_S if _PEER_ERROR.search(text) else 0.0)
+        stop_child_ranks(trainer)
+        if failed:
+            text, status = " ".join(failed[0].describe().split()), 1
+        cleanup_rank_reports()
+    print(f"cropscale: error: {text}", file=sys.stderr, flush=True)
+    if dist.is_available() and dist.is_initialized():
+        sys.stdout.flush()
+        os._exit(status)
+    sys.exit(status)
+
+
+#: Text of a collective that failed because another rank left (gloo, NCCL, the TCP store).
+_PEER_ERROR = re.compile(r"Connection (closed|reset) by peer|Broken pipe|[Gg]loo|NCCL|TCPStore|DistBackendError"
+                         r"|ProcessGroup|Socket Timeout|recvValue|Connection refused")
+#: How long the launching rank waits for a dead child to be reaped after a collective error (s).
+_PEER_WAIT_S = 10.0
+
+
+def _stopped_by_sigterm() -> None:
+    """End after :class:`~cropscale.checkpointing.StopOnSigterm` stopped training: status 0, one line on rank 0."""
+    trainer = _ACTIVE.get("trainer")
+    finish_distributed(trainer)
+    if int(os.environ.get("LOCAL_RANK", "0") or 0) == 0 and trainer is not None:
+        last = [cb.last_model_path for cb in trainer.checkpoint_callbacks if getattr(cb, "last_model_path", "")]
+        where = f"resumable checkpoint {last[0]}" if last else "no checkpoint saved (no ModelCheckpoint with save_last)"
+        print(f"cropscale: stopped by SIGTERM at epoch {trainer.current_epoch}, global step {trainer.global_step};"
+              f" {where}; continue with the same command and --ckpt_path last", file=sys.stderr, flush=True)
+    sys.exit(0)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -313,6 +527,8 @@ def main(argv: list[str] | None = None) -> None:
     from lightning.fabric.utilities.exceptions import MisconfigurationException
 
     args = list(sys.argv[1:] if argv is None else argv)
+    if args and args[0] in LIGHTNING_COMMANDS:
+        prepare_rank_reports()  # before Lightning's launcher starts the other ranks: they inherit it
     try:
         if args and args[0] in EXTRA_COMMANDS:
             module = importlib.import_module(EXTRA_COMMANDS[args[0]][0])
@@ -332,6 +548,8 @@ def main(argv: list[str] | None = None) -> None:
         if getattr(cli, "fit_error", None):
             print(f"cropscale: error: {cli.fit_error}", file=sys.stderr)
             sys.exit(1)
+    except SIGTERMException:
+        _stopped_by_sigterm()
     except (CropScaleError, MisconfigurationException, ArgumentError) as err:
         if isinstance(err, ArgumentError):
             sub = args[0] if args and args[0] in LIGHTNING_COMMANDS else ""
@@ -339,9 +557,29 @@ def main(argv: list[str] | None = None) -> None:
         _fail(_name_trainer_argument(str(err)) if isinstance(err, MisconfigurationException) else user_error_text(err))
     except Exception as err:
         message = _user_error(err)
-        if message is None or os.environ.get("CROPSCALE_TRACEBACK"):
+        if os.environ.get("CROPSCALE_TRACEBACK"):
+            raise
+        if message is None and _in_distributed_run():
+            # a rank of a DDP run: one line (a collective that failed because a peer left is not this rank's error);
+            # a bug of this rank keeps its traceback above the line
+            first = " ".join(str(err).split())[:300]
+            if _PEER_ERROR.search(f"{type(err).__name__} {first}"):
+                message = f"stopped: another rank left the run ({type(err).__name__}: {first})"
+            else:
+                traceback.print_exc()
+                message = f"{type(err).__name__}: {first}"
+            _fail(message, status=1)
+        if message is None:
             raise
         _fail(f"{message} (set CROPSCALE_TRACEBACK=1 for the traceback)")
+
+
+def _in_distributed_run() -> bool:
+    """True in a rank of a multi-process run (a child rank, or the launching rank of child ranks)."""
+    import torch.distributed as dist
+
+    return (int(os.environ.get("LOCAL_RANK", "0") or 0) > 0 or bool(child_rank_processes(_ACTIVE.get("trainer")))
+            or (dist.is_available() and dist.is_initialized()))
 
 
 def _user_error(err: Exception) -> str | None:

@@ -1,6 +1,6 @@
-"""How a rank ends a Lightning DDP run cleanly: shared by every cropscale entry point that runs DDP.
+"""How a rank ends a Lightning DDP run, cleanly or not: shared by every cropscale entry point that runs DDP.
 
-Two gaps of Lightning 2.6 that this closes:
+Three gaps of Lightning 2.6 that this closes:
 
 - Lightning destroys the default process group at exit only for NCCL
   (``lightning.fabric.utilities.distributed._init_dist_connection`` registers its ``atexit`` handler
@@ -14,15 +14,37 @@ Two gaps of Lightning 2.6 that this closes:
   writing their files, and their exit status is lost (Lightning issue #17248). A caller that runs
   configurations one after another (the study runner, a test) would start the next run beside the
   last one's stragglers.
+- When one rank fails, the others print gloo's tracebacks (about 100 lines) after the failing rank's
+  own error, and Lightning's child-process observer SIGKILLs the launching rank (rank 0) within 5 s
+  of a child's non-zero exit, before it can say what happened. :class:`ChildRankWatch` replaces that
+  observer: rank 0 learns which child failed and how (:func:`child_failures`), stops the others
+  (:func:`stop_child_ranks`) and prints one line naming the failed rank, its exit status and its
+  own error message (:func:`report_rank_error`, written by the child to a file), as the last line.
+  A rank that hangs instead of failing is bounded by the watch's grace period.
 """
 
 from __future__ import annotations
 
+import atexit
+import os
+import shutil
+import signal
 import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
+
+from lightning.pytorch import Callback, LightningModule, Trainer
+from typing_extensions import override
 
 #: How long the launching rank waits for its child ranks after a successful run (s).
 CHILD_RANK_TIMEOUT_S = 120.0
+#: Environment variable naming the folder where ranks leave their one-line errors for the launching rank.
+RANK_ERRORS_ENV = "CROPSCALE_RANK_ERRORS"
 
 
 def destroy_process_group() -> bool:
@@ -83,3 +105,166 @@ def finish_distributed(trainer: Any | None, timeout_s: float = CHILD_RANK_TIMEOU
         if status != 0:
             failed.append((local_rank, status))
     return failed
+
+
+@dataclass(frozen=True)
+class RankFailure:
+    """A child rank that ended with a non-zero status.
+
+    Attributes:
+        local_rank: the rank on this node (1..N-1; the global rank on a single node).
+        pid: its process id.
+        status: ``Popen.returncode``: the exit status, or ``-signal`` when a signal killed it.
+        message: the one-line error it reported (:func:`report_rank_error`), or "" when it could not
+            (killed by a signal).
+    """
+
+    local_rank: int
+    pid: int
+    status: int
+    message: str = ""
+
+    def describe(self) -> str:
+        """E.g. ``DDP rank 1 (pid 4242) exited with status 2: data.root ...`` or ``... was killed by SIGKILL``."""
+        if self.status < 0:
+            try:
+                name = signal.Signals(-self.status).name
+            except ValueError:
+                name = f"signal {-self.status}"
+            how = f"was killed by {name} (exit status {128 - self.status})"
+        else:
+            how = f"exited with status {self.status}"
+        text = f"DDP rank {self.local_rank} (pid {self.pid}) {how}"
+        return f"{text}: {self.message}" if self.message else text
+
+
+def prepare_rank_reports() -> Path | None:
+    """On the launching process, before the ranks start: a folder for their one-line errors, named in the environment.
+
+    The child ranks inherit the environment variable :data:`RANK_ERRORS_ENV`. Does nothing (returns None)
+    on a child rank (``LOCAL_RANK`` > 0) or when the variable is already set.
+    """
+    if os.environ.get(RANK_ERRORS_ENV) or int(os.environ.get("LOCAL_RANK", "0") or 0) > 0:
+        return None
+    folder = Path(tempfile.mkdtemp(prefix="cropscale-ranks-"))
+    os.environ[RANK_ERRORS_ENV] = str(folder)
+    _OWN_REPORTS.append(folder)
+    atexit.register(cleanup_rank_reports)
+    return folder
+
+
+_OWN_REPORTS: list[Path] = []
+
+
+def cleanup_rank_reports() -> None:
+    """Remove the folder :func:`prepare_rank_reports` made in this process (also run at exit)."""
+    while _OWN_REPORTS:
+        shutil.rmtree(_OWN_REPORTS.pop(), ignore_errors=True)
+
+
+def report_rank_error(local_rank: int, message: str) -> None:
+    """On a failing child rank: leave its one-line error where the launching rank reads it (best effort)."""
+    folder = os.environ.get(RANK_ERRORS_ENV)
+    if not folder or local_rank < 1:
+        return
+    try:
+        Path(folder, f"rank{local_rank}.txt").write_text(message, encoding="utf-8")
+    except OSError:
+        pass
+
+
+def _reported(local_rank: int) -> str:
+    folder = os.environ.get(RANK_ERRORS_ENV)
+    if not folder:
+        return ""
+    try:
+        return Path(folder, f"rank{local_rank}.txt").read_text(encoding="utf-8").strip()
+    except OSError:
+        return ""
+
+
+def child_failures(trainer: Any, wait_s: float = 0.0) -> list[RankFailure]:
+    """The child ranks that have ended with a non-zero status, waiting up to ``wait_s`` for one to end.
+
+    Args:
+        trainer: the Trainer whose launcher started the children (see :func:`child_rank_processes`).
+        wait_s: how long to wait for a failure to show (s): a rank whose peer died sees a gloo error
+            a moment before the dead peer is reaped.
+    """
+    procs = child_rank_processes(trainer)
+    deadline = time.monotonic() + wait_s
+    while True:
+        failed = [RankFailure(i, p.pid, p.returncode, _reported(i))
+                  for i, p in enumerate(procs, start=1) if p.poll() is not None and p.returncode != 0]
+        if failed or time.monotonic() >= deadline:
+            return failed
+        time.sleep(0.1)
+
+
+def stop_child_ranks(trainer: Any, timeout_s: float = 10.0) -> None:
+    """SIGKILL the child ranks that still run and reap them (their gloo errors are not worth printing)."""
+    for proc in child_rank_processes(trainer):
+        if proc.poll() is None:
+            proc.kill()
+    for proc in child_rank_processes(trainer):
+        try:
+            proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            pass
+
+
+class ChildRankWatch(Callback):
+    """On the launching rank: replace Lightning's child-process observer by one that reports before it kills.
+
+    Lightning's ``_ChildProcessObserver`` (a thread of rank 0) SIGKILLs every rank, rank 0 included, within
+    5 s of a child's non-zero exit: rank 0 then ends without a word. At ``setup`` this callback empties
+    that observer's process list (it then ends at its next wake-up; pinned by
+    ``tests/test_distributed.py``) and starts its own thread, which polls the children every
+    ``poll_s``. Rank 0 itself normally notices a dead child first (its next collective fails) and the
+    CLI reports it (:func:`child_failures`); when rank 0 is still running ``grace_s`` after a child
+    failed (stuck), the thread prints the one line itself, SIGKILLs the other children and ends the
+    process with status 1. Nothing happens on child ranks or without children.
+
+    Args:
+        grace_s: time left to rank 0 to end by itself after a child failed (s).
+        poll_s: polling period (s).
+    """
+
+    def __init__(self, grace_s: float = 60.0, poll_s: float = 0.5) -> None:
+        super().__init__()
+        self.grace_s, self.poll_s = float(grace_s), float(poll_s)
+        self._thread: threading.Thread | None = None
+        self._done = threading.Event()
+        self.disabled_observers = 0
+
+    @override
+    def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        procs = child_rank_processes(trainer)
+        if not procs or self._thread is not None:
+            return
+        for thread in threading.enumerate():
+            if type(thread).__name__ == "_ChildProcessObserver" and hasattr(thread, "_child_processes"):
+                thread._child_processes = []
+                self.disabled_observers += 1
+        self._thread = threading.Thread(target=self._watch, args=(trainer,), name="cropscale-rank-watch", daemon=True)
+        self._thread.start()
+
+    @override
+    def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        self.stop()
+
+    def stop(self) -> None:
+        """End the watch (rank 0 is ending by itself)."""
+        self._done.set()
+
+    def _watch(self, trainer: Trainer) -> None:
+        while not self._done.wait(self.poll_s):
+            failed = child_failures(trainer)
+            if not failed:
+                continue
+            if self._done.wait(self.grace_s):
+                return  # rank 0 ended by itself and reports it
+            stop_child_ranks(trainer)
+            print(f"cropscale: error: {failed[0].describe()}; rank 0 did not end within {self.grace_s:g} s and"
+                  " was stopped", file=sys.stderr, flush=True)
+            os._exit(1)

@@ -42,6 +42,7 @@ def atomic_write(path: str | os.PathLike, write: Callable[[IO[Any]], None], *, b
     except OSError as err:
         raise CropScaleError(f"cannot write {target}: {err.strerror or err}") from None
     try:
+        os.chmod(tmp, _file_mode(target))  # mkstemp's 0600 would hide the file from the user's group
         with os.fdopen(fd, "wb" if binary else "w", **({} if binary else {"encoding": "utf-8"})) as f:
             write(f)
             f.flush()
@@ -54,6 +55,48 @@ def atomic_write(path: str | os.PathLike, write: Callable[[IO[Any]], None], *, b
         _remove(tmp)
         raise
     return target
+
+
+def _file_mode(target: Path) -> int:
+    """The permission bits of the existing ``target``, else those ``open()`` would give: 0666 minus the umask."""
+    try:
+        return target.stat().st_mode & 0o7777
+    except OSError:
+        mask = os.umask(0)
+        os.umask(mask)
+        return 0o666 & ~mask
+
+
+def check_writable_folder(path: str | os.PathLike, what: str = "folder") -> Path:
+    """Check that files can be created in ``path`` (or, while it does not exist, in its nearest existing parent).
+
+    The check creates and removes a temporary file there, so it also catches read-only mounts, which
+    ``os.access`` does not see for root.
+
+    Args:
+        path: the folder that will be written (it need not exist yet).
+        what: how the message calls it (``run folder``, ``statistics folder`` ...).
+
+    Returns:
+        ``path`` as a :class:`~pathlib.Path`.
+
+    Raises:
+        CropScaleError: naming ``path``: it, or its nearest existing parent, is a file or cannot be written.
+    """
+    folder = Path(path)
+    probe = folder
+    while not probe.exists() and probe.parent != probe:
+        probe = probe.parent
+    if not probe.is_dir():
+        raise CropScaleError(f"{what} {folder} cannot be created: {probe} is a file")
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=".cropscale-write-check.", dir=probe)
+    except OSError as err:
+        where = "" if probe == folder else f" ({probe}, where it would be created)"
+        raise CropScaleError(f"{what} {folder} is not writable{where}: {err.strerror or err}") from None
+    os.close(fd)
+    _remove(tmp)
+    return folder
 
 
 def _remove(path: str) -> None:

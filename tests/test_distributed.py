@@ -49,3 +49,56 @@ def test_a_hanging_child_is_named():
     finally:
         procs[0].kill()
         procs[0].wait()
+
+
+def test_rank_failure_lines():
+    from cropscale.distributed import RankFailure
+
+    assert RankFailure(1, 4242, 2, "data.root: not found").describe() == (
+        "DDP rank 1 (pid 4242) exited with status 2: data.root: not found")
+    assert RankFailure(3, 7, -9).describe() == "DDP rank 3 (pid 7) was killed by SIGKILL (exit status 137)"
+
+
+def test_child_failures_read_the_reported_message(tmp_path, monkeypatch):
+    from cropscale.distributed import RANK_ERRORS_ENV, child_failures, report_rank_error
+
+    monkeypatch.setenv(RANK_ERRORS_ENV, str(tmp_path))
+    trainer, procs = _trainer_with_children("pass", "raise SystemExit(2)")
+    report_rank_error(2, "rank 2 had no data")
+    failed = child_failures(trainer, wait_s=30)
+    assert [(f.local_rank, f.status, f.message) for f in failed] == [(2, 2, "rank 2 had no data")]
+    for p in procs:
+        p.wait()
+
+
+def test_lightning_child_observer_is_replaced_by_the_watch():
+    """Pins Lightning 2.6's ``_ChildProcessObserver`` (private): it SIGKILLs ``main_pid`` within its polling
+    period once a child exits non-zero. With ChildRankWatch's setup its list is emptied and it ends without
+    killing; the watch itself gives rank 0 ``grace_s`` to report first."""
+    from lightning.fabric.strategies.launchers.subprocess_script import _ChildProcessObserver
+
+    from cropscale.distributed import ChildRankWatch
+
+    stand_in_main = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])  # what it would kill
+    trainer, procs = _trainer_with_children("raise SystemExit(3)")
+    observer = _ChildProcessObserver(main_pid=stand_in_main.pid, child_processes=procs, sleep_period=1)
+    watch = ChildRankWatch(grace_s=600, poll_s=0.1)
+    try:
+        watch.setup(trainer, None, "fit")
+        observer.start()
+        assert watch.disabled_observers == 0  # started after setup: not found, so replace it now as setup does
+        watch._thread = None
+        watch.setup(trainer, None, "fit")
+        assert watch.disabled_observers == 1 and observer._child_processes == []
+        procs[0].wait()
+        time.sleep(2.5)  # two polling periods of the observer
+        assert stand_in_main.poll() is None and not observer.is_alive()
+    finally:
+        watch.stop()
+        stand_in_main.kill()
+        stand_in_main.wait()
+    # without the watch, Lightning's observer kills the launching process (here a stand-in) with SIGKILL
+    victim = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    _, failing = _trainer_with_children("raise SystemExit(3)")
+    _ChildProcessObserver(main_pid=victim.pid, child_processes=failing, sleep_period=1).start()
+    assert victim.wait(timeout=30) == -9

@@ -113,15 +113,24 @@ def label_problem(labels: np.ndarray, num_classes: int, ignore_index: int | None
             f"(num_classes {num_classes}, ignore_index {ignore_index})")
 
 
-def nonfinite_s2_message(p: PatchFiles, data: np.ndarray, dates: np.ndarray, y0: int = 0, x0: int = 0) -> str | None:
+def nonfinite_s2_message(p: PatchFiles, data: np.ndarray, dates: np.ndarray, y0: int = 0, x0: int = 0,
+                         clear: np.ndarray | None = None) -> str | None:
     """The error for NaN / Inf in Sentinel-2 values ``data`` ``[t, 10, h, w]``, or None when all are finite.
 
     ``dates`` are the date indices of ``data`` in the series, ``(y0, x0)`` its top-left pixel in the patch.
+    ``clear`` (``[t, h, w]`` bool, None = every pixel): only these pixels count; NaN or Inf under a cloud
+    mask is accepted (the dataset sets masked values to 0).
     """
     if data.dtype.kind != "f" or np.isfinite(data).all():
         return None
-    bad = np.argwhere(~np.isfinite(data))[0]
-    return (f"patch {p.patch_id}: S2 file {p.s2}: non-finite reflectance (NaN or Inf) at date index "
+    bad = ~np.isfinite(data)
+    if clear is not None:
+        bad &= np.asarray(clear, dtype=bool)[:, None]
+    if not bad.any():
+        return None
+    bad = np.argwhere(bad)[0]
+    where = "" if clear is None else " at a clear pixel,"
+    return (f"patch {p.patch_id}: S2 file {p.s2}: non-finite reflectance (NaN or Inf){where} at date index "
             f"{int(dates[bad[0]])}, band {S2_BANDS[bad[1]]}, pixel ({y0 + int(bad[2])}, {x0 + int(bad[3])})")
 
 
@@ -176,16 +185,17 @@ def _scan_s2(p: PatchFiles, scan: PatchScan) -> None:
     mask = open_npy(p.mask, patch_id=p.patch_id, what="S2 mask") if p.mask is not None else None
     dates = sample_dates(s2.shape[0])
     data = np.asarray(s2[dates])
-    message = nonfinite_s2_message(p, data, dates)
-    if message:
-        raise CropScaleError(message)
-    present = s2_pixel_validity(data)
+    present = s2_pixel_validity(data)  # NaN is not 0: a NaN pixel is present unless the mask says cloud
     if mask is not None:
         marked = np.asarray(mask[dates]) > 0
         valid = marked & present
         scan.zero_but_clear = int((marked & ~present).sum())
     else:
         valid = present
+    message = nonfinite_s2_message(p, data, dates, clear=valid)
+    if message:
+        raise CropScaleError(message)
+    data = np.where(np.isfinite(data), data, 0) if data.dtype.kind == "f" else data  # NaN under the mask only
     if not valid.any():
         message = no_clear_observation(p, s2, mask)
         if message:

@@ -6,14 +6,22 @@ Built by LightningCLI from ``data:`` in ``configs/*.yaml`` (every constructor ar
 annotated for jsonargparse). ``num_classes`` and ``class_names`` come from ``classes.json`` and are
 available right after construction (the CLI links them into the model).
 
-Determinism: the training DataLoader shuffles with a ``torch.Generator`` seeded by ``seed`` (+ rank);
-each worker re-seeds the dataset's NumPy generator (crops, dates, augmentation) from its torch
-worker seed (:func:`seed_worker`), so a run with the same seed, world size and ``num_workers``
-draws the same samples. Validation and test are deterministic without any seed.
+Determinism and exact resume: the training order is a function of ``(seed, epoch)`` and the rank's
+shard (:class:`~cropscale.data.sharding.TrainShardSampler`, also with one process), each training
+sample's crop, dates and augmentation a function of ``(seed, epoch, sample index)``
+(:class:`~cropscale.data.dataset.PastisHDDataset`), and the DataLoader workers' seeds a function of
+``(seed, epoch, rank, worker)`` (:func:`~cropscale.data.sharding.loader_seed`). :meth:`~PastisHDDataModule.state_dict`
+(saved in every checkpoint) records the training position (epoch and batches done);
+:meth:`~PastisHDDataModule.load_state_dict` makes the first training epoch after a resume continue
+from there, so that a resumed run draws exactly the samples the uninterrupted run draws, whatever
+``num_workers``. Validation and test are deterministic without any seed.
 
-Under DDP (world size > 1), validation and test use
-:class:`~cropscale.data.sharding.EvalShardSampler`, which covers every patch exactly once over the
-ranks (Lightning leaves a ``DistributedSampler`` subclass in place).
+Under DDP (world size > 1), validation, test and predict use
+:class:`~cropscale.data.sharding.EvalShardSampler` with ``pad=True`` over a
+:class:`~cropscale.data.sharding.PaddedEvalDataset`: every patch exactly once over the ranks, and
+every rank the same number of steps, ``ceil(patches / world size)``, completed with placeholders
+(``patch_id = -1``) that the task drops before counting (Lightning leaves a ``DistributedSampler``
+subclass in place). Any world size works, also more ranks than patches.
 """
 
 from __future__ import annotations
@@ -35,25 +43,46 @@ from cropscale.data.content import PatchScan, scale_warnings, zero_but_clear_war
 from cropscale.data.dataset import PastisHDDataset
 from cropscale.data.index import S1_ORBITS, orphan_warning
 from cropscale.data.metadata import read_classes, read_metadata
-from cropscale.data.sharding import EvalShardSampler
+from cropscale.data.sharding import EvalShardSampler, PaddedEvalDataset, TrainShardSampler
 from cropscale.data.stats import NormStats, compute_norm_stats
 from cropscale.errors import CropScaleError
+from cropscale.files import check_writable_folder
 
-_RANK_STRIDE = 1_000_003  # separates the seeds of different ranks
+# The training position is restored by PastisHDDataModule.load_state_dict (TrainShardSampler.resume_at), which
+# Lightning's check for a resumable DataLoader does not see: its warning about a mid-epoch checkpoint does not apply.
+warnings.filterwarnings("ignore", message=r".*resuming from a checkpoint that ended before the epoch ended.*")
+
+#: ``format`` of :meth:`PastisHDDataModule.state_dict`.
+STATE_FORMAT = "cropscale-data-position/1"
 
 
 def seed_worker(worker_id: int) -> None:
-    """DataLoader ``worker_init_fn``: seed Python, NumPy and the dataset's generator from the torch worker seed.
+    """DataLoader ``worker_init_fn``: seed Python's and NumPy's global generators from the torch worker seed.
 
-    The torch worker seed is ``base_seed + worker_id``, where ``base_seed`` comes from the loader's generator.
+    The torch worker seed is ``base_seed + worker_id``, where ``base_seed`` comes from the loader's generator
+    (re-seeded per epoch and rank by :class:`~cropscale.data.sharding.TrainShardSampler`). The dataset's own
+    draws do not use these generators (they are seeded per sample).
     """
     info = get_worker_info()
     seed = int(info.seed) if info is not None else int(torch.initial_seed())
     random.seed(seed)
     np.random.seed(seed % 2**32)
-    dataset = info.dataset if info is not None else None
-    if hasattr(dataset, "reseed"):
-        dataset.reseed(seed)
+
+
+def _check_stats_path(path: str | None) -> str | None:
+    """``data.stats_path``, refused at once when it is a folder, or absent and not creatable.
+
+    Raises:
+        CropScaleError: naming the path.
+    """
+    if path is None:
+        return None
+    target = Path(path)
+    if target.is_dir():
+        raise CropScaleError(f"data.stats_path: {path} is a folder; give a JSON file path such as {target}/stats.json")
+    if not target.exists():
+        check_writable_folder(target.parent, what="data.stats_path: folder")
+    return path
 
 
 class PastisHDDataModule(LightningDataModule):
@@ -76,8 +105,9 @@ class PastisHDDataModule(LightningDataModule):
             (``persistent_workers`` and ``prefetch_factor`` only apply with workers).
         seed: seed of the training sampling (crops, dates, augmentation, order).
         stats_path: normalisation statistics JSON: loaded if it exists (and refused if computed on
-            other folds), else computed over ``train_folds`` at setup and saved there; None =
-            computed at setup and kept in memory.
+            other folds), else computed over ``train_folds`` at setup and saved there (atomically);
+            None = computed at setup and kept in memory. A folder, or a new file whose folder cannot be
+            written, is refused at construction.
         hr_dir, hr_pattern: high-grid GeoTIFF directory (relative to root) and file name pattern
             (``{patch_id}``); a missing directory means no high-grid target.
         ignore_index: class id to ignore in loss and metrics (PASTIS void 19); None = none.
@@ -162,7 +192,7 @@ class PastisHDDataModule(LightningDataModule):
         self.persistent_workers = bool(persistent_workers)
         self.prefetch_factor = prefetch_factor
         self.seed = int(seed)
-        self.stats_path = stats_path
+        self.stats_path = _check_stats_path(stats_path)
         self.hr_dir, self.hr_pattern = hr_dir, hr_pattern
         self.ignore_index = ignore_index
         self.hr_bands, self.hr_max = list(hr_bands), float(hr_max)
@@ -174,6 +204,7 @@ class PastisHDDataModule(LightningDataModule):
         self.val_dataset: PastisHDDataset | None = None
         self.test_dataset: PastisHDDataset | None = None
         self._records = None
+        self._resume: dict | None = None
 
     # ---------------------------------------------------------------- classes
     @property
@@ -268,13 +299,12 @@ class PastisHDDataModule(LightningDataModule):
 
     # ------------------------------------------------------------------ setup
     def _dataset(self, folds: list[int], train: bool) -> PastisHDDataset:
-        rank = int(self.trainer.global_rank) if self.trainer is not None else 0
         return PastisHDDataset(
             self.root, folds, train=train, crop_size=self.crop_size, t2=self.t2, t1=self.t1,
             samples_per_patch=self.samples_per_patch, stats=None, augment=self.augment and train,
             num_classes=self.num_classes, ignore_index=self.ignore_index, hr_dir=self.hr_dir,
             hr_pattern=self.hr_pattern, hr_bands=self.hr_bands, hr_max=self.hr_max, s1_orbits=self.s1_orbits,
-            min_clear_fraction=self.min_clear_fraction, seed=self.seed + _RANK_STRIDE * rank, records=self._records,
+            min_clear_fraction=self.min_clear_fraction, seed=self.seed, records=self._records,
         )
 
     @override
@@ -331,17 +361,65 @@ class PastisHDDataModule(LightningDataModule):
     def train_dataloader(self) -> DataLoader:
         if self.train_dataset is None:
             self.setup("fit")
-        _, rank = self._world()
-        generator = torch.Generator().manual_seed(self.seed + _RANK_STRIDE * rank)
-        return DataLoader(self.train_dataset, batch_size=self.batch_size, shuffle=True, drop_last=False,
+        world, rank = self._world()
+        generator = torch.Generator()
+        sampler = TrainShardSampler(self.train_dataset, num_replicas=world, rank=rank, seed=self.seed,
+                                    generator=generator)
+        if self._resume is not None:
+            sampler.resume_at(*self._resume_position(world))
+            self._resume = None
+        return DataLoader(self.train_dataset, batch_size=self.batch_size, sampler=sampler, drop_last=False,
                           generator=generator, **self._loader_kwargs())
+
+    # ----------------------------------------------------------------- resume
+    @override
+    def state_dict(self) -> dict:
+        """The training position, saved in every checkpoint: ``{format, seed, world_size, batch_size, epoch, batches}``.
+
+        ``epoch`` is the epoch being trained and ``batches`` the training batches of it this rank has
+        done (all of them at an end-of-epoch checkpoint). Empty outside ``fit``.
+        """
+        trainer = self.trainer
+        if trainer is None or not _fitting(trainer):
+            return {}
+        loop = trainer.fit_loop
+        return {"format": STATE_FORMAT, "seed": self.seed, "world_size": int(trainer.world_size),
+                "batch_size": self.batch_size, "epoch": int(trainer.current_epoch),
+                "batches": int(loop.epoch_loop.batch_progress.current.processed)}
+
+    @override
+    def load_state_dict(self, state_dict: dict) -> None:
+        """Keep the training position of a checkpoint for the next :meth:`train_dataloader` (see :meth:`state_dict`).
+
+        Raises:
+            CropScaleError: a checkpoint stopped in the middle of an epoch, resumed with another world size,
+                batch size or seed (its remaining samples cannot be known then).
+        """
+        if state_dict.get("format") != STATE_FORMAT:
+            return
+        self._resume = dict(state_dict)
+
+    def _resume_position(self, world: int) -> tuple[int, int]:
+        """``(epoch, first sample of this rank)`` where the resumed training continues."""
+        state = self._resume
+        epoch, batches = int(state["epoch"]), int(state["batches"])
+        per_rank = -(-len(self.train_dataset) // world)
+        if batches * int(state["batch_size"]) >= per_rank:
+            return epoch + 1, 0  # the checkpoint's epoch was trained to its end
+        if batches and (world, self.batch_size, self.seed) != (state["world_size"], state["batch_size"], state["seed"]):
+            raise CropScaleError(
+                f"--ckpt_path: the checkpoint stopped after {batches} batches of epoch {epoch} with world size"
+                f" {state['world_size']}, data.batch_size {state['batch_size']}, data.seed {state['seed']}; resume it"
+                f" with the same (here {world}, {self.batch_size}, {self.seed}), or from an end-of-epoch checkpoint"
+            )
+        return epoch, batches * self.batch_size
 
     def _eval_loader(self, dataset: PastisHDDataset) -> DataLoader:
         world, rank = self._world()
-        sampler = None
-        if world > 1:
-            sampler = EvalShardSampler(len(dataset), num_replicas=world, rank=rank)
-        return DataLoader(dataset, batch_size=self.val_batch_size, shuffle=False, sampler=sampler,
+        if world == 1:
+            return DataLoader(dataset, batch_size=self.val_batch_size, shuffle=False, **self._loader_kwargs())
+        sampler = EvalShardSampler(len(dataset), num_replicas=world, rank=rank, pad=True)
+        return DataLoader(PaddedEvalDataset(dataset), batch_size=self.val_batch_size, shuffle=False, sampler=sampler,
                           **self._loader_kwargs())
 
     @override
@@ -361,3 +439,8 @@ class PastisHDDataModule(LightningDataModule):
         if self.test_dataset is None:
             self.setup("predict")
         return self._eval_loader(self.test_dataset)
+
+
+def _fitting(trainer) -> bool:
+    state = getattr(trainer, "state", None)
+    return getattr(getattr(state, "fn", None), "value", None) == "fit"

@@ -26,16 +26,20 @@ unreadable ``.npy`` (truncated, bad header), wrong number of dimensions or bands
 disagree, metadata date counts that differ from the array's ``T``, a high-grid directory for patches
 the metadata cannot georeference, a dtype that cannot hold the unit. :meth:`PastisHDDataset.check_content`
 (called by the data module at setup) checks a bounded sample of the values (:mod:`.content`). Checks
-while reading a sample: NaN or Inf in Sentinel-2 reflectance, class ids ``>= num_classes`` (other than
-``ignore_index``), a patch whose Sentinel-2 series has no clear observation at all.
+while reading a sample: NaN or Inf in Sentinel-2 reflectance at a pixel the mask calls clear (NaN or Inf
+under the mask is accepted: masked values are set to 0 after normalisation and never reach the network),
+class ids ``>= num_classes`` (other than ``ignore_index``), a patch whose Sentinel-2 series has no clear
+observation at all.
 
 Documented fallbacks (a warning at construction lists the patches): when ``DATA_S1A``/``DATA_S1D``,
 ``INSTANCE_ANNOTATIONS`` or the high-grid directory exists but one patch's file is absent, that
 sample has the orbit absent (masks all False), ``parcel_present = False`` or ``hr_present = False``.
-Sentinel-1 values that are not finite are set to 0 after normalisation, and a date with fewer than
-``min_clear_fraction`` finite, non-zero pixels is invalid (see :mod:`.temporal`). A Sentinel-2 pixel
-whose ten bands are all 0 is no data (``s2_mask`` False) even where ``DATA_S2_MASK`` marks it clear;
-dates are chosen by the mask's clear fraction.
+Sentinel-1 masks are per date (:mod:`cropscale.batch`): a date with a non-finite VV or VH value in the
+sample's window is invalid for that sample (``s1x_mask`` False, values 0), as is a date with no
+finite, non-zero pixel; dates with fewer than ``min_clear_fraction`` such pixels are chosen last
+(see :mod:`.temporal`). No NaN or Inf reaches a batch. A Sentinel-2 pixel whose ten bands are all 0
+is no data (``s2_mask`` False) even where ``DATA_S2_MASK`` marks it clear; dates are chosen by the
+mask's clear fraction.
 """
 
 from __future__ import annotations
@@ -64,10 +68,12 @@ class PastisHDDataset(Dataset):
 
     Training (``train=True``): ``len = patches x samples_per_patch``; item ``i`` is one random
     ``crop_size x crop_size`` crop of patch ``i // samples_per_patch`` with random temporal sampling
-    and a random D4 augmentation (:class:`~cropscale.data.transforms.RandomDihedral`), drawn from
-    the dataset's generator (seeded by ``seed``, re-seeded per DataLoader worker by
-    :func:`cropscale.data.datamodule.seed_worker`). Evaluation (``train=False``): item ``i`` is
-    the whole patch ``i``, deterministic (evenly spaced valid dates, no augmentation).
+    and a random D4 augmentation (:class:`~cropscale.data.transforms.RandomDihedral`), drawn from a
+    generator seeded by ``(seed, epoch, i)``: the same sample whichever process, DataLoader worker or
+    restart reads it. The index is ``i`` (epoch :attr:`epoch`, set by :meth:`set_epoch`) or a pair
+    ``(epoch, i)`` as :class:`~cropscale.data.sharding.TrainShardSampler` yields them. Evaluation
+    (``train=False``): item ``i`` is the whole patch ``i``, deterministic (evenly spaced valid dates, no
+    augmentation).
 
     A sample holds every key of the contract, per sample (no leading ``B``): ``s2`` ``[T2, 10, h, w]``
     f32, ``s2_doy`` ``[T2]`` int64, ``s2_mask`` ``[T2, h, w]`` bool, ``s1a``/``s1d``
@@ -155,7 +161,8 @@ class PastisHDDataset(Dataset):
             raise CropScaleError(f"hr_bands must name 3 bands (R, G, B), got {list(hr_bands)}")
         self.augment = RandomDihedral() if (self.train if augment is None else augment) else None
         self.hr_reader = HighGridReader(hr_bands, hr_max)
-        self._rng = np.random.default_rng(seed)
+        self.seed = int(seed)
+        self.epoch = 0
         self._arrays: OrderedDict[Path, np.ndarray] = OrderedDict()
 
     # -------------------------------------------------------------- plumbing
@@ -165,8 +172,16 @@ class PastisHDDataset(Dataset):
         return state
 
     def reseed(self, seed: int) -> None:
-        """Re-seed the training generator (called once per DataLoader worker)."""
-        self._rng = np.random.default_rng(seed)
+        """Set the base seed of the training draws (each sample's generator is seeded by ``(seed, epoch, i)``)."""
+        self.seed = int(seed)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Set the epoch used for plain integer indices."""
+        self.epoch = int(epoch)
+
+    def sample_rng(self, epoch: int, index: int) -> np.random.Generator:
+        """The generator of training sample ``index`` in ``epoch``: ``default_rng([seed, epoch, index])``."""
+        return np.random.default_rng([self.seed, int(epoch), int(index)])
 
     def __len__(self) -> int:
         return len(self.patches) * (self.samples_per_patch if self.train else 1)
@@ -183,19 +198,21 @@ class PastisHDDataset(Dataset):
         return arr
 
     # -------------------------------------------------------------- sample
-    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+    def __getitem__(self, index: int | tuple[int, int]) -> dict[str, torch.Tensor]:
+        epoch, index = (int(index[0]), int(index[1])) if isinstance(index, tuple) else (self.epoch, index)
         if not 0 <= index < len(self):
             raise IndexError(f"index {index} out of range for {len(self)} samples")
+        rng = None
         if self.train:
             p = self.patches[index // self.samples_per_patch]
-            rng = self._rng
+            rng = self.sample_rng(epoch, index)
             c = self.crop_size
             y = int(rng.integers(p.hw[0] - c + 1))
             x = int(rng.integers(p.hw[1] - c + 1))
             hw = (c, c)
         else:
             p = self.patches[index]
-            rng, y, x, hw = None, 0, 0, p.hw
+            y, x, hw = 0, 0, p.hw
         # built with NumPy (single-threaded whatever torch's thread count), converted at the end
         sample: dict[str, np.ndarray] = {}
         sample.update(self._read_s2(p, y, x, hw, rng))
@@ -207,7 +224,7 @@ class PastisHDDataset(Dataset):
         sample["patch_id"] = np.array(p.patch_id, dtype=np.int64)
         sample["crop_yx"] = np.array([y, x], dtype=np.int64)
         if self.augment is not None:
-            sample = self.augment(sample, self._rng)
+            sample = self.augment(sample, rng if rng is not None else self.sample_rng(epoch, index))
         return {k: torch.from_numpy(v if v.flags.c_contiguous else v.copy()) for k, v in sample.items()}
 
     def _read_s2(self, p: PatchFiles, y: int, x: int, hw: tuple[int, int], rng) -> dict[str, np.ndarray]:
@@ -225,20 +242,22 @@ class PastisHDDataset(Dataset):
             self._check_patch_has_clear_s2(p)
         idx = select_dates(frac, self.t2, min_clear_fraction=self.min_clear_fraction, rng=rng)
         data = data_all[idx] if data_all is not None else np.asarray(arr[(idx, slice(None), *window)])
-        message = nonfinite_s2_message(p, data, idx, y, x)
-        if message:
+        clear = valid_all[idx]                                              # [n, h, w]
+        if p.mask is not None:  # zero in every band is no data, whatever the mask says (NaN is not zero)
+            clear = clear & s2_pixel_validity(data)
+        message = nonfinite_s2_message(p, data, idx, y, x, clear=clear)
+        if message:  # NaN or Inf where the mask (or no-data detection) says clear
             raise CropScaleError(message)
-        valid = valid_all[idx]
-        if p.mask is not None:  # zero in every band is no data, whatever the mask says
-            valid = valid & s2_pixel_validity(data)
         data = data.astype(np.float32)
         if self.stats is not None:
-            data = self.stats.normalise_s2(data)
+            with np.errstate(invalid="ignore", over="ignore"):
+                data = self.stats.normalise_s2(data)
+        data[~np.broadcast_to(clear[:, None], data.shape)] = 0.0  # masked values (clouds, NaN) never leave
         n = idx.size
         s2 = np.zeros((self.t2, len(S2_BANDS), h, w), dtype=np.float32)
         s2[:n] = data
         mask = np.zeros((self.t2, h, w), dtype=bool)
-        mask[:n] = valid
+        mask[:n] = clear
         doy = np.zeros(self.t2, dtype=np.int64)
         doy[:n] = p.doy["S2"][idx]
         return {"s2": s2, "s2_doy": doy, "s2_mask": mask}
@@ -280,16 +299,20 @@ class PastisHDDataset(Dataset):
         data_all = np.asarray(arr[:, :2, y:y + h, x:x + w])
         valid = s1_pixel_validity(data_all)
         frac = clear_fraction(valid)
+        # the per-date mask cannot mask one pixel: a date with a non-finite value in the window is no date
+        complete = np.isfinite(data_all).reshape(len(data_all), -1).all(axis=1)
+        frac = np.where(complete, frac, 0.0)
         idx = select_dates(frac, self.t1, min_clear_fraction=self.min_clear_fraction, rng=rng)
         data = data_all[idx].astype(np.float32)
-        finite = np.isfinite(data)
         if self.stats is not None:
-            data = self.stats.normalise_s1(data, orbit)
-        data[~finite] = 0.0
+            with np.errstate(invalid="ignore", over="ignore"):
+                data = self.stats.normalise_s1(data, orbit)
+        date_valid = frac[idx] > 0
+        data[~date_valid] = 0.0
         n = idx.size
         out[key][:n] = data
         out[f"{key}_doy"][:n] = p.doy[orbit][idx]
-        out[f"{key}_mask"][:n] = frac[idx] > 0
+        out[f"{key}_mask"][:n] = date_valid
         return out
 
     def _read_semantic(self, p: PatchFiles, y: int, x: int, hw: tuple[int, int]) -> np.ndarray:

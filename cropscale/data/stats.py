@@ -5,7 +5,8 @@ or per batch.
 
 Sentinel-2: mean and standard deviation of each band B02 ... B12 (reflectance x 1e4) over every
 clear pixel of every date of every training patch (clear = not all bands 0, and ``DATA_S2_MASK`` marks
-it clear when the root has masks). Sentinel-1: per orbit, VV and VH (dB) over the pixels that are finite and not both 0.
+it clear when the root has masks; values under the mask, NaN included, are left out). Sentinel-1: per orbit,
+VV and VH (dB) over the pixels that are finite and not both 0.
 Moments are accumulated per date chunk in float64 and merged with the parallel variance formula
 (Chan, Golub & LeVeque, 1979); the standard deviation is the population one. Normalised value:
 ``(x - mean) / std``.
@@ -17,8 +18,6 @@ was computed on, so that loading it for other training folds is refused.
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -28,6 +27,7 @@ from cropscale.batch import S1_BANDS, S2_BANDS
 from cropscale.data.index import index_patches, open_npy
 from cropscale.data.temporal import s1_pixel_validity, s2_pixel_validity
 from cropscale.errors import CropScaleError
+from cropscale.files import atomic_write_json
 
 FORMAT = "cropscale-norm-stats/1"
 
@@ -116,14 +116,14 @@ class NormStats:
                    patch_ids=[int(p) for p in d.get("patch_ids", [])], counts=counts, root=str(d.get("root", "")))
 
     def save(self, path: str | Path) -> Path:
-        """Write JSON atomically (temporary file + rename; safe when several ranks write)."""
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-        with os.fdopen(fd, "w") as fh:
-            json.dump(self.to_dict(), fh, indent=1)
-        os.replace(tmp, path)
-        return path
+        """Write JSON atomically (:func:`cropscale.files.atomic_write_json`: temporary file, fsync, rename).
+
+        A reader, another rank writing the same file, or a kill mid-write never leaves a truncated file.
+
+        Raises:
+            CropScaleError: ``path`` is a folder or cannot be written (the message names it).
+        """
+        return atomic_write_json(path, self.to_dict(), indent=1)
 
     @classmethod
     def load(cls, path: str | Path) -> NormStats:
@@ -187,8 +187,8 @@ def compute_norm_stats(
 
     Raises:
         CropScaleError: unreadable patch files (see :func:`cropscale.data.dataset.index_patches`),
-            NaN or Inf in Sentinel-2 reflectance, no clear observation at all, or a band with zero
-            variance.
+            NaN or Inf in Sentinel-2 reflectance at a clear pixel (under the mask it is left out like
+            any cloudy value), no clear observation at all, or a band with zero variance.
     """
     patches = index_patches(root, list(folds), s1_orbits=s1_orbits, hr_dir=None)
     if max_patches is not None:
@@ -200,12 +200,13 @@ def compute_norm_stats(
         mask = open_npy(p.mask, patch_id=p.patch_id, what="S2 mask") if p.mask is not None else None
         for t0 in range(0, s2.shape[0], chunk_dates):
             x = np.asarray(s2[t0:t0 + chunk_dates], dtype=np.float64)
-            if not np.isfinite(x).all():
-                raise CropScaleError(f"patch {p.patch_id}: S2 file {p.s2}: non-finite reflectance (NaN or Inf)")
             valid = s2_pixel_validity(x)  # zero in every band is no data, whatever the mask says
             if mask is not None:
                 valid &= np.asarray(mask[t0:t0 + chunk_dates]) > 0
-            s2m.update(x, valid)
+            if not np.isfinite(x[np.broadcast_to(valid[:, None], x.shape)]).all():
+                raise CropScaleError(f"patch {p.patch_id}: S2 file {p.s2}: non-finite reflectance (NaN or Inf)"
+                                     " at a clear pixel")
+            s2m.update(np.where(np.isfinite(x), x, 0.0), valid)
         for orbit, path in p.s1.items():
             arr = open_npy(path, patch_id=p.patch_id, what=orbit)
             acc = s1m.setdefault(orbit, _Moments(2))

@@ -19,6 +19,14 @@ always a valid key: invalid dates are masked out of the attention, and a pixel w
 still has one key to attend, so its feature is the learned "no observation" state (finite, never
 NaN). The aggregation token's output is the per-pixel temporal summary.
 
+Masked values never reach a feature: before the per-date stem, every masked value (a cloudy pixel of a
+per-pixel mask, every pixel of a masked date, padding dates) is replaced by 0, the mean of the
+normalised data, so values under a mask (NaN and Inf included) cannot leak into clear neighbours
+through the 3x3 convolution; the stem's GroupNorm takes its mean and variance over the clear
+pixels of each image only (:func:`masked_group_norm`), so the statistics do not depend on how much
+of the image is cloud; masked dates are excluded from the temporal attention. The outputs at every
+pixel are therefore independent of the values under the mask.
+
 A Sentinel-1 orbit absent for the whole batch (tensor ``None``) or for one sample (date mask all
 False) is replaced by that orbit's learned missing-modality embedding, not by zeros pretending to
 be data. The parcel outputs follow the extent / boundary / distance-to-boundary target set of
@@ -62,6 +70,53 @@ def _conv_gn_act(cin: int, cout: int, kernel: int = 3, stride: int = 1) -> nn.Se
         nn.GroupNorm(_groups(cout), cout),
         nn.GELU(),
     )
+
+
+def masked_group_norm(x: Tensor, valid: Tensor | None, norm: nn.GroupNorm) -> Tensor:
+    """GroupNorm of ``x`` whose mean and variance come from the valid pixels only (``norm``'s affine parameters).
+
+    Args:
+        x: ``[N, C, H, W]`` features.
+        valid: ``[N, 1, H, W]`` bool (True = clear pixel), or None for :class:`torch.nn.GroupNorm` itself.
+        norm: the GroupNorm whose ``num_groups``, ``eps``, ``weight`` and ``bias`` are used.
+
+    Returns:
+        ``[N, C, H, W]``: ``(x - mean) / sqrt(var + eps) * weight + bias`` per sample and group, the
+        moments (population variance) taken over the group's channels at the valid pixels. An image
+        without a valid pixel gets mean 0 and variance 0 (finite outputs, ignored downstream).
+    """
+    if valid is None:
+        return norm(x)
+    n, c, h, w = x.shape
+    g = norm.num_groups
+    xg = x.reshape(n, g, c // g, h, w)
+    m = valid.reshape(n, 1, 1, h, w).to(x.dtype)
+    count = (m.sum(dim=(2, 3, 4)) * (c // g)).clamp_min(1.0)[:, :, None, None, None]     # [N, G, 1, 1, 1]
+    mean = (xg * m).sum(dim=(2, 3, 4), keepdim=True) / count
+    var = (((xg - mean) * m) ** 2).sum(dim=(2, 3, 4), keepdim=True) / count
+    y = ((xg - mean) * torch.rsqrt(var + norm.eps)).reshape(n, c, h, w)
+    if norm.affine:
+        y = y * norm.weight[None, :, None, None] + norm.bias[None, :, None, None]
+    return y
+
+
+class _MaskedStem(nn.Sequential):
+    """Per-date stem ``conv3x3 -> GroupNorm -> GELU -> conv1x1`` that ignores masked pixels.
+
+    Masked input values are replaced by 0 before the 3x3 convolution and the GroupNorm statistics are
+    taken over clear pixels only (:func:`masked_group_norm`). Its parameters and their names are those of
+    ``nn.Sequential(_conv_gn_act(cin, dim, 3), nn.Conv2d(dim, dim, 1))``, so checkpoints keep loading.
+    """
+
+    def __init__(self, cin: int, dim: int) -> None:
+        super().__init__(_conv_gn_act(cin, dim, 3), nn.Conv2d(dim, dim, 1))
+
+    def forward(self, x: Tensor, valid: Tensor | None = None) -> Tensor:
+        """``x`` ``[N, C, H, W]``, ``valid`` ``[N, 1, H, W]`` bool or None -> ``[N, D, H, W]``."""
+        conv, norm, act = self[0]
+        if valid is not None:
+            x = torch.where(valid, x, x.new_zeros(()))
+        return self[1](act(masked_group_norm(conv(x), valid, norm)))
 
 
 def doy_encoding(doy: Tensor, dim: int, base: float = 1000.0) -> Tensor:
@@ -142,7 +197,7 @@ class TemporalEncoder(nn.Module):
             raise CropScaleError(f"temporal encoder needs depth >= 1 and an even width, got {depth=}, {dim=}")
         self.dim = dim
         self.doy_base = doy_base
-        self.stem = nn.Sequential(_conv_gn_act(in_bands, dim, 3), nn.Conv2d(dim, dim, 1))
+        self.stem = _MaskedStem(in_bands, dim)
         self.token = nn.Parameter(torch.empty(dim).normal_(0.0, 0.02))
         self.blocks = nn.ModuleList(_TemporalBlock(dim, heads, mlp_ratio) for _ in range(depth))
         self.norm = nn.LayerNorm(dim)
@@ -150,11 +205,16 @@ class TemporalEncoder(nn.Module):
     def forward(self, x: Tensor, doy: Tensor, valid: Tensor | None) -> Tensor:
         """Encode ``x [B, T, C, H, W]`` with ``doy [B, T]`` into ``[B, D, H, W]``.
 
-        ``valid`` is None (all valid), ``[B, T]`` or ``[B, T, H, W]`` bool (True = valid).
+        ``valid`` is None (all valid), ``[B, T]`` or ``[B, T, H, W]`` bool (True = valid). Values where
+        ``valid`` is False (NaN and Inf included) do not influence the output (module docstring).
         """
         b, t, c, h, w = x.shape
         d = self.dim
-        f = self.stem(x.reshape(b * t, c, h, w))                          # [B*T, D, H, W]
+        pixel_valid = None
+        if valid is not None:
+            pixel_valid = (valid[:, :, None, None] if valid.dim() == 2 else valid).expand(b, t, h, w)
+            pixel_valid = pixel_valid.reshape(b * t, 1, h, w)
+        f = self.stem(x.reshape(b * t, c, h, w), pixel_valid)               # [B*T, D, H, W]
         f = f.reshape(b, t, d, h, w).permute(0, 3, 4, 1, 2)              # [B, H, W, T, D]
         pe = doy_encoding(doy, d, self.doy_base).to(f.dtype)             # [B, T, D]
         f = (f + pe[:, None, None]).reshape(b * h * w, t, d)
@@ -306,8 +366,9 @@ class CropMappingNet(nn.Module):
                                  f"{None if doy is None else list(doy.shape)}")
         if mask is None:
             return None
-        if tuple(mask.shape) != tuple(x.shape[:2]):
-            raise CropScaleError(f"{name}_mask must be [B, T1] = {list(x.shape[:2])}, got {list(mask.shape)}")
+        if tuple(mask.shape) not in (tuple(x.shape[:2]), (*x.shape[:2], h, w)):
+            raise CropScaleError(f"{name}_mask must be [B, T1] = {list(x.shape[:2])} or [B, T1, H, W], got"
+                                 f" {list(mask.shape)}")
         return mask.bool()
 
     def _orbit_feature(self, encoder: TemporalEncoder, missing: Tensor, x: Tensor | None, doy: Tensor | None,
@@ -318,7 +379,8 @@ class CropMappingNet(nn.Module):
         f = encoder(x, doy, mask)
         if mask is None:
             return f
-        present = mask.any(dim=1)[:, None, None, None]                   # [B, 1, 1, 1]
+        present = mask.any(dim=1)                                         # [B] or [B, H, W]
+        present = present[:, None, None, None] if present.dim() == 1 else present[:, None]
         return torch.where(present, f, missing.to(f.dtype)[None, :, None, None])
 
     # ------------------------------------------------------------------ forward
@@ -339,14 +401,17 @@ class CropMappingNet(nn.Module):
         Args:
             s2: ``[B, T2, s2_bands, H, W]`` normalised Sentinel-2 reflectance, ``T2 >= 1``.
             s2_doy: ``[B, T2]`` day of year.
-            s2_mask: None (all valid), ``[B, T2]`` or ``[B, T2, H, W]`` bool, True = clear observation.
+            s2_mask: None (all valid), ``[B, T2]`` or ``[B, T2, H, W]`` bool, True = clear observation;
+                the values under False (NaN and Inf included) do not influence any output.
             s1a: ascending orbit, ``[B, T1, s1_bands, H, W]`` normalised VV, VH (dB), or None (orbit absent
                 for the batch).
             s1a_doy: ``[B, T1]`` day of year of ``s1a`` (required with ``s1a``).
-            s1a_mask: ``[B, T1]`` bool, True = real date of ``s1a``; all False = orbit absent for the sample.
+            s1a_mask: ``[B, T1]`` bool, True = real date of ``s1a``; all False = orbit absent for the sample
+                (``[B, T1, H, W]`` per pixel is accepted too: a pixel with no valid date gets the missing
+                embedding).
             s1d: descending orbit, as ``s1a``.
             s1d_doy: ``[B, T1]`` day of year of ``s1d`` (required with ``s1d``).
-            s1d_mask: ``[B, T1]`` bool, True = real date of ``s1d``; all False = orbit absent for the sample.
+            s1d_mask: as ``s1a_mask``, for ``s1d``.
 
         Returns:
             ``{"semantic": [B, C, H, W], "parcel": [B, K, H, W], "hr": [B, 3, sH, sW]}``.

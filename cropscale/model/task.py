@@ -13,6 +13,7 @@ Validation and test: overlap-weighted tiled inference over whole patches
 
 from __future__ import annotations
 
+import inspect
 import math
 import warnings
 from typing import Any
@@ -25,7 +26,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from torch.optim.lr_scheduler import LambdaLR
 from typing_extensions import override
 
-from cropscale.batch import model_inputs
+from cropscale.batch import PLACEHOLDER_PATCH_ID, model_inputs
 from cropscale.errors import CropScaleError
 from cropscale.metrics import HighGridMetrics, ParcelMetrics, SegmentationMetrics, confusion_matrix_figure
 from cropscale.model.flops import flops_per_sample, flops_per_sample_by_class
@@ -45,6 +46,11 @@ from cropscale.model.optim import (
 from cropscale.model.speed import COMPILE_MODES, choose_fused, compile_network
 from cropscale.model.synthetic import synthetic_batch
 from cropscale.tiling import sliding_window_inference
+
+#: Settings whose effect a resumed ``fit`` takes from the checkpoint's optimiser and LR-schedule state.
+RESUME_FIXED_SETTINGS: tuple[str, ...] = ("optimizer", "lr", "weight_decay", "momentum", "trust_coefficient",
+                                          "lr_scaling", "reference_batch_size", "warmup_steps", "warmup_epochs",
+                                          "schedule")
 
 # The validation scores are computed from confusion matrices already summed across ranks
 # (torchmetrics), so they are logged without sync_dist; Lightning's advice to add it does not apply.
@@ -245,7 +251,9 @@ class CropMappingTask(LightningModule):
 
     @override
     def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
-        outputs = self._tiled_forward(batch)
+        batch, outputs = without_placeholders(batch, self._tiled_forward(batch))
+        if batch is None:  # a rank without a patch: its metrics and loss sums stay empty (zero weight)
+            return
         _, terms = self.loss_fn(outputs, batch)
         for name, count in self._loss_term_counts(batch).items():  # term = its sum / its count: sum = term x count
             self.val_loss_terms[f"{name}_sum"].update(terms[name].detach().float() * count)
@@ -313,12 +321,15 @@ class CropMappingTask(LightningModule):
     def predict_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> dict[str, torch.Tensor]:
         """Tiled prediction of whole patches.
 
+        Evaluation placeholders (``patch_id = -1``, :mod:`cropscale.batch`) are left out, so ``B`` counts the
+        real patches of the batch (0 on a rank that only had a placeholder).
+
         Returns:
             ``{"patch_id": [B] int64, "semantic": [B, H, W] int64 class ids (argmax of the blended
             logits), "semantic_logits": [B, C, H, W], "parcel": [B, 3, H, W] probabilities (sigmoid of
             extent, boundary, distance logits), "hr": [B, 3, 10H, 10W] RGB in [0, 1]}``.
         """
-        outputs = self._tiled_forward(batch)
+        batch, outputs = without_placeholders(batch, self._tiled_forward(batch), keep_empty=True)
         return {
             "patch_id": batch["patch_id"],
             "semantic": outputs["semantic"].argmax(dim=1),
@@ -329,7 +340,9 @@ class CropMappingTask(LightningModule):
 
     @override
     def test_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
-        outputs = self._tiled_forward(batch)
+        batch, outputs = without_placeholders(batch, self._tiled_forward(batch))
+        if batch is None:
+            return
         self.test_seg.update(outputs["semantic"].detach(), batch["semantic"])
 
     @override
@@ -444,9 +457,71 @@ class CropMappingTask(LightningModule):
 
     @override
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        self._check_architecture(checkpoint.get("hyper_parameters"))
         state = checkpoint.get("cropscale", {})
         self.best_miou = float(state.get("best_miou", float("nan")))
         self.best_epoch = int(state.get("best_epoch", -1))
+
+    def _check_architecture(self, saved: dict[str, Any] | None) -> None:
+        """Refuse a checkpoint whose network differs (class count, ``net_kwargs``) from this task's.
+
+        Raises:
+            CropScaleError: naming the settings that differ, with both values (from the command line, a
+                ``--config`` file or ``data`` (class count) vs the checkpoint).
+        """
+        if not saved or "num_classes" not in saved:
+            return
+        ours = _architecture(self.hparams.num_classes, self.hparams.net_kwargs)
+        theirs = _architecture(saved["num_classes"], saved.get("net_kwargs"))
+        differ = [k for k in ours if ours[k] != theirs.get(k)]
+        if differ:
+            path = getattr(self._trainer, "ckpt_path", None) if self._trainer is not None else None
+            raise CropScaleError(
+                f"--ckpt_path {path or ''} holds a network with {_describe(theirs, differ)}, but this run asks for"
+                f" {_describe(ours, differ)} (command line, --config or the data's classes.json): a checkpoint's"
+                " architecture cannot change; drop those settings or train a new model"
+            )
+
+
+def _architecture(num_classes: int, net_kwargs: dict[str, Any] | None) -> dict[str, Any]:
+    """Every :class:`CropMappingNet` argument, defaults filled in: what fixes the shapes of the weights."""
+    params = inspect.signature(CropMappingNet.__init__).parameters
+    arch = {name: p.default for name, p in params.items() if name != "self"}
+    arch.update({k: v for k, v in (net_kwargs or {}).items() if k != "num_classes"})
+    arch["num_classes"] = int(num_classes)
+    return arch
+
+
+def without_placeholders(batch: dict[str, torch.Tensor], outputs: dict[str, torch.Tensor], keep_empty: bool = False,
+                         ) -> tuple[dict[str, torch.Tensor] | None, dict[str, torch.Tensor] | None]:
+    """Drop the evaluation placeholders (``patch_id == -1``, :mod:`cropscale.batch`) from a batch and its outputs.
+
+    The placeholders have been run through the network (every rank runs the same steps); they must not
+    reach a metric, a loss or a prediction.
+
+    Args:
+        batch: a batch of ``B`` samples (``patch_id`` ``[B]``).
+        outputs: network outputs whose first dimension is ``B``.
+        keep_empty: return empty ``[0, ...]`` tensors when every sample is a placeholder (for predictions)
+            instead of ``(None, None)``.
+
+    Returns:
+        ``(batch, outputs)`` restricted to the real samples (the same objects when there is no
+        placeholder), or ``(None, None)`` when none is real and ``keep_empty`` is False.
+    """
+    keep = batch["patch_id"] != PLACEHOLDER_PATCH_ID
+    if bool(keep.all()):
+        return batch, outputs
+    if not keep_empty and not bool(keep.any()):
+        return None, None
+    b = keep.shape[0]
+    real = {k: v[keep] if isinstance(v, torch.Tensor) and v.dim() >= 1 and v.shape[0] == b else v
+            for k, v in batch.items()}
+    return real, {k: v[keep] for k, v in outputs.items()}
+
+
+def _describe(arch: dict[str, Any], keys: list[str]) -> str:
+    return ", ".join(f"{'model.num_classes' if k == 'num_classes' else 'net_kwargs.' + k}={arch.get(k)}" for k in keys)
 
 
 def _check_arguments(**values: Any) -> None:

@@ -14,11 +14,11 @@ the speed-ups they were computed from, which the user must state.
 from __future__ import annotations
 
 import argparse
-import json
 from dataclasses import asdict
 
 from cropscale.errors import CropScaleError
 from cropscale.evidence import LABELS as EVIDENCE_LABELS
+from cropscale.files import atomic_write_json
 from cropscale.model.network import CropMappingNet
 from cropscale.scaling.allreduce import (
     DDP_BUCKET_CAP_MB,
@@ -124,8 +124,7 @@ def main(argv: list[str] | None = None) -> int:
             all_rows["karp_flatt"].append({"n": n, "speedup": s, "efficiency": eff, "karp_flatt": e,
                                            "evidence": args.speedup_evidence})
     if args.json:
-        with open(args.json, "w", encoding="utf-8") as fh:
-            json.dump(all_rows, fh, indent=2)
+        atomic_write_json(args.json, all_rows, indent=2, allow_nan=True)
         print(f"\nrows written to {args.json}")
     return 0
 

@@ -172,3 +172,69 @@ def test_built_by_jsonargparse(flanders_root):
     dm = parser.instantiate(cfg).data
     assert isinstance(dm, PastisHDDataModule) and dm.samples_per_patch == 3 and dm.prefetch_factor == 2
     assert dm.num_classes == 10
+
+
+def _fitting_trainer(epoch, batches, world=1, rank=0):
+    """A stand-in for the Trainer as the data module sees it while fitting."""
+    progress = SimpleNamespace(current=SimpleNamespace(processed=batches))
+    return SimpleNamespace(world_size=world, global_rank=rank, current_epoch=epoch,
+                           state=SimpleNamespace(fn=SimpleNamespace(value="fit")),
+                           fit_loop=SimpleNamespace(epoch_loop=SimpleNamespace(batch_progress=progress)))
+
+
+def _epoch_batches(dm, epoch):
+    loader = dm.train_dataloader()
+    loader.sampler.set_epoch(epoch)  # what Lightning does at each epoch start
+    return list(loader)
+
+
+def _same(a, b):
+    assert len(a) == len(b)
+    for x, y in zip(a, b, strict=True):
+        for key in x:
+            assert torch.equal(x[key], y[key]), key
+
+
+def test_training_samples_do_not_depend_on_workers_or_on_earlier_epochs(flanders_root):
+    kwargs = {"batch_size": 3, "samples_per_patch": 4, "t2": 4, "t1": 2}
+    plain = PastisHDDataModule(str(flanders_root), **kwargs)
+    plain.setup("fit")
+    workers = PastisHDDataModule(str(flanders_root), num_workers=2, **kwargs)
+    workers.setup("fit")
+    epoch2 = _epoch_batches(plain, 2)
+    _same(_epoch_batches(workers, 2), epoch2)  # no worker-dependent stream
+    _epoch_batches(plain, 0)
+    _same(_epoch_batches(plain, 2), epoch2)  # not a stream continued from the epochs before
+    assert not torch.equal(_epoch_batches(plain, 1)[0]["s2"], epoch2[0]["s2"])  # but another epoch draws others
+
+
+def test_state_dict_resumes_the_epoch_where_the_checkpoint_stopped(flanders_root):
+    kwargs = {"batch_size": 2, "samples_per_patch": 5, "t2": 4, "t1": 2, "seed": 3}
+    uninterrupted = PastisHDDataModule(str(flanders_root), **kwargs)
+    uninterrupted.setup("fit")
+    epoch1 = _epoch_batches(uninterrupted, 1)  # 10 samples: 5 batches
+    assert len(epoch1) == 5
+    saver = PastisHDDataModule(str(flanders_root), **kwargs)
+    saver.trainer = _fitting_trainer(epoch=1, batches=2)
+    state = saver.state_dict()
+    assert state == {"format": "cropscale-data-position/1", "seed": 3, "world_size": 1, "batch_size": 2, "epoch": 1,
+                     "batches": 2}
+    resumed = PastisHDDataModule(str(flanders_root), **kwargs)
+    resumed.load_state_dict(state)
+    resumed.setup("fit")
+    loader = resumed.train_dataloader()
+    loader.sampler.set_epoch(1)
+    _same(list(loader), epoch1[2:])  # the 3 batches the checkpoint had not trained on
+    _same(_epoch_batches(resumed, 2), _epoch_batches(uninterrupted, 2))  # then whole epochs again
+    # an end-of-epoch checkpoint: the next epoch from its start
+    end = PastisHDDataModule(str(flanders_root), **kwargs)
+    end.load_state_dict({**state, "batches": 5})
+    end.setup("fit")
+    assert end.train_dataloader().sampler.epoch == 2
+    # a mid-epoch checkpoint of another world size cannot be continued exactly: one line says so
+    other = PastisHDDataModule(str(flanders_root), **kwargs)
+    other.load_state_dict({**state, "world_size": 2})
+    other.setup("fit")
+    with pytest.raises(CropScaleError, match="stopped after 2 batches of epoch 1 with world size 2"):
+        other.train_dataloader()
+    assert PastisHDDataModule(str(flanders_root)).state_dict() == {}  # outside fit: nothing to save

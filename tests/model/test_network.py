@@ -158,6 +158,56 @@ def test_masked_dates_do_not_influence_the_output(net):
     assert (unmasked["semantic"] - ref["semantic"]).abs().max() > 1e-3
 
 
+def _garbage_under(x: torch.Tensor, masked: torch.Tensor, seed: int) -> torch.Tensor:
+    """``x`` with random values, NaN, +Inf and -Inf written where ``masked`` ([B, T, H, W] bool) is True."""
+    g = torch.Generator().manual_seed(seed)
+    noise = 50.0 * torch.randn(x.shape, generator=g)
+    pick = torch.randint(0, 4, x.shape, generator=g)
+    noise = torch.where(pick == 1, torch.nan, torch.where(pick == 2, torch.inf, torch.where(pick == 3, -torch.inf,
+                                                                                             noise)))
+    return torch.where(masked[:, :, None], noise, x).contiguous()
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_values_under_a_per_pixel_mask_change_no_output(net, seed):
+    """Random values, NaN and Inf under a per-pixel cloud mask (a 5 x 5 cloud on three dates, scattered
+    cloudy pixels, one pixel never clear) change no output at any pixel: not the cloudy pixels' own,
+    not their neighbours' (3 x 3 stem, GroupNorm statistics, FPN)."""
+    batch = synthetic_batch(2, t2=6, t1=2, height=16, width=16, seed=seed)
+    # the same memory layout for both runs (the convolution's summation order depends on it)
+    batch["s2"] = batch["s2"].contiguous()
+    g = torch.Generator().manual_seed(100 + seed)
+    mask = torch.rand(2, 6, 16, 16, generator=g) > 0.2  # ~20 % scattered cloudy pixels
+    mask[:, 1:4, 4:9, 6:11] = False                     # a 5 x 5 cloud on three dates
+    mask[1, :, 12, 3] = False                           # a pixel never clear
+    ref = _run(net, {**batch, "s2_mask": mask})
+    out = _run(net, {**batch, "s2": _garbage_under(batch["s2"], ~mask, seed), "s2_mask": mask})
+    for k in ref:
+        assert torch.isfinite(out[k]).all(), k
+        assert (out[k] - ref[k]).abs().max() == 0.0, (k, float((out[k] - ref[k]).abs().max()))
+    # the same garbage without the mask does reach the outputs (the check can fail)
+    leaked = _run(net, {**batch, "s2": _garbage_under(batch["s2"], ~mask, seed).nan_to_num(0.0, 0.0, 0.0),
+                        "s2_mask": None})
+    assert (leaked["semantic"] - ref["semantic"]).abs().max() > 1e-3
+
+
+def test_values_under_a_per_date_mask_change_no_output_sentinel1_included(net):
+    """Per-date masks: NaN and random values on masked S2 dates and masked S1 dates change nothing."""
+    batch = synthetic_batch(2, t2=5, t1=3, height=16, width=16)
+    batch["s2"], batch["s1a"] = batch["s2"].contiguous(), batch["s1a"].contiguous()
+    s2_mask = torch.ones(2, 5, dtype=torch.bool)
+    s2_mask[0, 1] = s2_mask[1, 4] = False
+    s1a_mask = torch.tensor([[True, False, True], [True, True, False]])
+    ref = _run(net, {**batch, "s2_mask": s2_mask, "s1a_mask": s1a_mask})
+    per_pixel_s2 = (~s2_mask)[:, :, None, None].expand(2, 5, 16, 16)
+    per_pixel_s1 = (~s1a_mask)[:, :, None, None].expand(2, 3, 16, 16)
+    out = _run(net, {**batch, "s2_mask": s2_mask, "s1a_mask": s1a_mask,
+                     "s2": _garbage_under(batch["s2"], per_pixel_s2, 3),
+                     "s1a": _garbage_under(batch["s1a"], per_pixel_s1, 4)})
+    for k in ref:
+        assert (out[k] - ref[k]).abs().max() == 0.0, k
+
+
 def test_pixel_with_no_valid_date_gives_finite_outputs(net):
     batch = synthetic_batch(2, t2=5, t1=2, height=16, width=16)
     mask = batch["s2_mask"].clone()

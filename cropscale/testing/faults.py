@@ -1,0 +1,105 @@
+"""Faults injected into a real ``python -m cropscale fit`` run from its configuration, for resilience tests.
+
+Each is a Lightning plugin or callback named in a ``--config`` file or by ``--trainer.callbacks+=``, so the
+run under test is the real CLI, data and model:
+
+- :class:`FailAt`: at one training batch of one rank, raise, SIGKILL or SIGTERM the process.
+- :class:`KillDuringSave`: a :class:`~cropscale.checkpointing.AtomicCheckpointIO` that SIGKILLs the process
+  in the middle of its ``n``-th checkpoint write (the temporary file half written).
+- :class:`FullDiskCheckpointIO`: the same, but the ``n``-th write fails with ``ENOSPC`` (or another
+  ``errno``) after part of the bytes, as a full disk does.
+"""
+
+from __future__ import annotations
+
+import errno
+import io
+import os
+import signal
+from typing import IO, Any, Literal
+
+import torch
+from lightning.pytorch import Callback, LightningModule, Trainer
+from typing_extensions import override
+
+from cropscale.checkpointing import AtomicCheckpointIO
+
+
+class FailAt(Callback):
+    """At the end of training batch ``batch`` of epoch ``epoch`` on global rank ``rank``: fail as ``how`` says.
+
+    Args:
+        epoch: the epoch (0-based).
+        batch: the batch index within the epoch.
+        rank: the global rank that fails.
+        how: ``raise`` (a ``RuntimeError`` naming the rank), ``sigkill`` or ``sigterm`` (the signal sent to
+            this process).
+    """
+
+    def __init__(self, epoch: int = 0, batch: int = 0, rank: int = 0,
+                 how: Literal["raise", "sigkill", "sigterm"] = "raise") -> None:
+        super().__init__()
+        self.epoch, self.batch, self.rank, self.how = int(epoch), int(batch), int(rank), how
+
+    @override
+    def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
+        if (trainer.current_epoch, batch_idx, trainer.global_rank) != (self.epoch, self.batch, self.rank):
+            return
+        if self.how == "raise":
+            raise RuntimeError(f"injected failure on rank {self.rank} at epoch {self.epoch}, batch {self.batch}")
+        os.kill(os.getpid(), signal.SIGKILL if self.how == "sigkill" else signal.SIGTERM)
+
+
+class _PartialWrite(AtomicCheckpointIO):
+    """Counts saves; the ``on_save``-th writes ``fraction`` of the serialised checkpoint, then :meth:`_fault`."""
+
+    def __init__(self, on_save: int = 1, fraction: float = 0.5) -> None:
+        super().__init__()
+        self.on_save, self.fraction, self.saves = int(on_save), float(fraction), 0
+
+    @override
+    def _write(self, checkpoint: dict[str, Any], f: IO[bytes]) -> None:
+        self.saves += 1
+        if self.saves != self.on_save:
+            super()._write(checkpoint, f)
+            return
+        buffer = io.BytesIO()
+        torch.save(checkpoint, buffer)
+        data = buffer.getvalue()
+        f.write(data[: int(len(data) * self.fraction)])
+        f.flush()
+        os.fsync(f.fileno())
+        self._fault()
+
+    def _fault(self) -> None:
+        raise NotImplementedError
+
+
+class KillDuringSave(_PartialWrite):
+    """SIGKILL the process in the middle of its ``on_save``-th checkpoint write.
+
+    Args:
+        on_save: which save (1 = the first of the run).
+        fraction: part of the checkpoint's bytes written (and fsync-ed) before the kill.
+    """
+
+    def _fault(self) -> None:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+class FullDiskCheckpointIO(_PartialWrite):
+    """The ``on_save``-th checkpoint write fails after part of its bytes, as on a full (or read-only) disk.
+
+    Args:
+        on_save: which save (1 = the first of the run).
+        fraction: part of the checkpoint's bytes written before the failure.
+        error: the ``errno`` name raised (``ENOSPC``: no space left; ``EROFS``: read-only file system).
+    """
+
+    def __init__(self, on_save: int = 1, fraction: float = 0.5, error: str = "ENOSPC") -> None:
+        super().__init__(on_save, fraction)
+        self.errno = getattr(errno, error)
+
+    def _fault(self) -> None:
+        raise OSError(self.errno, os.strerror(self.errno))

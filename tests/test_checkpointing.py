@@ -1,0 +1,215 @@
+"""cropscale.checkpointing: atomic checkpoint writes (full disk, kill mid-write), ``last.ckpt`` always the latest
+state, SIGTERM stops with a resumable checkpoint, ``--ckpt_path last`` resolution; cropscale.files'
+writability check. Tiny Lightning modules on CPU; the CLI runs are in tests/integration/test_resilience.py."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch.utilities.exceptions import SIGTERMException
+from torch.utils.data import DataLoader
+
+from cropscale import CropScaleError
+from cropscale.checkpointing import (
+    AtomicCheckpointIO,
+    ResumableCheckpoint,
+    StopOnSigterm,
+    find_last_checkpoint,
+    run_version,
+)
+from cropscale.files import check_writable_folder
+from cropscale.testing.faults import FullDiskCheckpointIO
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+class Tiny(LightningModule):
+    """A linear model on 12 fixed samples; logs ``score = -epoch`` (so epoch 0 is the best by ``max``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.lin = torch.nn.Linear(4, 1)
+        g = torch.Generator().manual_seed(1)
+        self.data = [torch.randn(4, generator=g) for _ in range(12)]
+
+    def training_step(self, batch, batch_idx):
+        return (self.lin(batch) ** 2).mean()
+
+    def validation_step(self, batch, batch_idx):
+        self.log("score", -float(self.current_epoch))
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    def train_dataloader(self):
+        return DataLoader(self.data, batch_size=3)
+
+    def val_dataloader(self):
+        return DataLoader(self.data[:3], batch_size=3)
+
+
+def _trainer(tmp_path, epochs, callbacks=(), plugins=None):
+    ckpt = ResumableCheckpoint(dirpath=tmp_path / "ckpt", monitor="score", mode="max", filename="best-{epoch}")
+    return Trainer(max_epochs=epochs, accelerator="cpu", logger=False, enable_progress_bar=False,
+                   enable_model_summary=False, callbacks=[ckpt, *callbacks], plugins=plugins), ckpt
+
+
+def _weights(path):
+    return torch.load(path, map_location="cpu", weights_only=False)["state_dict"]
+
+
+def test_last_ckpt_is_the_final_state_when_the_best_epoch_is_earlier(tmp_path):
+    trainer, _ = _trainer(tmp_path, 3)
+    model = Tiny()
+    trainer.fit(model)
+    last = torch.load(tmp_path / "ckpt" / "last.ckpt", map_location="cpu", weights_only=False)
+    assert (last["epoch"], last["global_step"]) == (2, 12)  # the final epoch (4 steps per epoch)
+    for k, v in model.state_dict().items():
+        assert torch.equal(last["state_dict"][k], v), k
+    best = torch.load(tmp_path / "ckpt" / "best-epoch=0.ckpt", map_location="cpu", weights_only=False)
+    assert best["epoch"] == 0  # the best epoch is still kept by score
+
+
+def test_plain_model_checkpoint_keeps_last_at_the_best_epoch(tmp_path):
+    """What Lightning 2.6's own ModelCheckpoint(save_last=True) does (why ResumableCheckpoint exists)."""
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    cb = ModelCheckpoint(dirpath=tmp_path, monitor="score", mode="max", save_last=True)
+    Trainer(max_epochs=3, accelerator="cpu", logger=False, enable_progress_bar=False, enable_model_summary=False,
+            callbacks=[cb]).fit(Tiny())
+    assert torch.load(tmp_path / "last.ckpt", map_location="cpu", weights_only=False)["epoch"] == 0
+
+
+class SendSigterm(Callback):
+    def __init__(self, epoch, batch):
+        self.at = (epoch, batch)
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if (trainer.current_epoch, batch_idx) == self.at:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+
+def test_sigterm_saves_a_resumable_last_ckpt(tmp_path):
+    """One process: the stop is at the signalled step, last.ckpt holds it and a resume runs to the end.
+
+    (That the resumed run then equals the uninterrupted one needs the resumable training order of
+    cropscale's data module: tests/integration/test_resilience.py.)"""
+    stop = StopOnSigterm()
+    trainer, ckpt = _trainer(tmp_path / "run", 3, callbacks=[SendSigterm(1, 1), stop])
+    previous = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(SIGTERMException):
+        trainer.fit(Tiny())
+    assert signal.getsignal(signal.SIGTERM) == previous  # the handler is given back
+    last = Path(ckpt.last_model_path)
+    state = torch.load(last, map_location="cpu", weights_only=False)
+    assert stop.stopped_at_step == state["global_step"] == 6  # epoch 1, batch 1: the 6th optimiser step
+    for k, v in state["state_dict"].items():
+        assert torch.isfinite(v).all(), k
+    resumed_trainer = _trainer(tmp_path / "run", 3)[0]
+    resumed_trainer.fit(Tiny(), ckpt_path=str(last))
+    assert resumed_trainer.global_step == 12
+    assert torch.load(last, map_location="cpu", weights_only=False)["global_step"] == 12
+
+
+def test_sigterm_waits_for_the_end_of_an_accumulation_window(tmp_path):
+    stop = StopOnSigterm()
+    trainer = Trainer(max_epochs=2, accelerator="cpu", logger=False, enable_progress_bar=False,
+                      enable_model_summary=False, enable_checkpointing=False, accumulate_grad_batches=3,
+                      callbacks=[SendSigterm(0, 0), stop])
+    with pytest.raises(SIGTERMException):
+        trainer.fit(Tiny())
+    assert stop.stopped_at_step == 1 and trainer.fit_loop.epoch_loop.batch_progress.current.completed == 2
+
+
+def test_full_disk_leaves_the_previous_checkpoint(tmp_path):
+    path = tmp_path / "last.ckpt"
+    first = {"state_dict": {"w": torch.arange(1000.0)}, "epoch": 0}
+    io = FullDiskCheckpointIO(on_save=2)
+    io.save_checkpoint(first, path)
+    with pytest.raises(CropScaleError) as err:
+        io.save_checkpoint({"state_dict": {"w": torch.zeros(1000)}, "epoch": 1}, path)
+    message = str(err.value)
+    assert "\n" not in message and str(path) in message and "No space left on device" in message
+    assert "the previous last.ckpt is unchanged" in message
+    assert torch.equal(torch.load(path, weights_only=True)["state_dict"]["w"], first["state_dict"]["w"])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["last.ckpt"]  # the partial temporary file is removed
+
+
+def test_a_kill_in_the_middle_of_a_save_leaves_the_previous_checkpoint(tmp_path):
+    script = (
+        "import sys, torch\n"
+        "from cropscale.testing.faults import KillDuringSave\n"
+        "io = KillDuringSave(on_save=2, fraction=0.5)\n"
+        "io.save_checkpoint({'w': torch.arange(100000.0), 'epoch': 0}, sys.argv[1])\n"
+        "io.save_checkpoint({'w': torch.zeros(100000), 'epoch': 1}, sys.argv[1])\n"
+    )
+    path = tmp_path / "last.ckpt"
+    proc = subprocess.run([sys.executable, "-c", script, str(path)], cwd=REPO, capture_output=True, timeout=120)
+    assert proc.returncode == -signal.SIGKILL
+    ckpt = torch.load(path, weights_only=True)
+    assert ckpt["epoch"] == 0 and torch.equal(ckpt["w"], torch.arange(100000.0))
+    leftovers = [p.name for p in tmp_path.iterdir() if p.name != "last.ckpt"]
+    assert len(leftovers) == 1 and leftovers[0].startswith(".last.ckpt.") and leftovers[0].endswith(".tmp")
+
+
+def test_find_last_checkpoint_takes_the_newest_and_names_where_it_looked(tmp_path):
+    runs = tmp_path / "runs"
+    with pytest.raises(CropScaleError, match=rf"no last.ckpt under {runs}/default/version_\*/checkpoints/"):
+        find_last_checkpoint(runs, "default")
+    paths = []
+    for version in (0, 3, 1):
+        p = runs / "default" / f"version_{version}" / "checkpoints" / "last.ckpt"
+        p.parent.mkdir(parents=True)
+        p.write_bytes(b"x")
+        paths.append(p)
+    (runs / "default" / "version_7" / "checkpoints").mkdir(parents=True)  # a run that saved nothing yet
+    now = time.time()
+    for age, p in zip((30, 20, 10), paths, strict=True):  # version_1 is the newest by time
+        os.utime(p, (now - age, now - age))
+    assert find_last_checkpoint(runs, "default") == paths[2]
+    os.utime(paths[0], (now, now))  # version_0 resumed later: its last.ckpt is now the latest state
+    assert find_last_checkpoint(runs, "default") == paths[0]
+    assert run_version(paths[1], runs, "default") == 3
+    assert run_version(tmp_path / "elsewhere" / "last.ckpt", runs, "default") is None
+
+
+def test_writable_folder_check(tmp_path):
+    assert check_writable_folder(tmp_path / "a" / "b") == tmp_path / "a" / "b"  # created later: parent checked
+    assert not (tmp_path / "a").exists()
+    (tmp_path / "f").write_text("x")
+    with pytest.raises(CropScaleError, match=f"run folder {tmp_path}/f/x cannot be created: {tmp_path}/f is a file"):
+        check_writable_folder(tmp_path / "f" / "x", what="run folder")
+
+
+@pytest.fixture
+def read_only_mount(tmp_path):
+    """A read-only tmpfs (root and mount(8) needed; skipped otherwise)."""
+    mnt = tmp_path / "ro"
+    mnt.mkdir()
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)],
+                                           capture_output=True).returncode != 0:
+        pytest.skip("needs root and mount to make a read-only file system")
+    try:
+        (mnt / "runs").mkdir()
+        subprocess.run(["mount", "-o", "remount,ro", str(mnt)], check=True, capture_output=True)
+        yield mnt
+    finally:
+        subprocess.run(["umount", str(mnt)], capture_output=True)
+
+
+def test_writable_folder_check_on_a_read_only_file_system(read_only_mount):
+    assert os.access(read_only_mount / "runs", os.W_OK) is False or os.geteuid() == 0
+    with pytest.raises(CropScaleError, match=f"run folder {read_only_mount}/runs/default is not writable .*"
+                                             "Read-only file system"):
+        check_writable_folder(read_only_mount / "runs" / "default", what="run folder")
+    with pytest.raises(CropScaleError, match="Read-only file system.*no last.ckpt was written"):
+        AtomicCheckpointIO().save_checkpoint({"w": torch.zeros(3)}, read_only_mount / "runs" / "last.ckpt")
