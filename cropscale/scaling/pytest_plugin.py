@@ -38,6 +38,7 @@ from collections.abc import Callable, Sequence
 import pytest
 
 from cropscale.errors import CropScaleError
+from cropscale.evidence import COUNT, MEASURED_MICROBENCHMARK
 from cropscale.scaling.assertions import ScalingVerdict, check_scaling
 
 _KEY = "scaling"
@@ -147,7 +148,7 @@ class ScalingStatement:
                 elapsed = time.perf_counter() - t0
                 if rnd >= warmup:
                     rows[k].append(elapsed if use == "time" else _number(out))
-        kwargs.setdefault("evidence", "measured-microbenchmark" if use == "time" else "count")
+        kwargs.setdefault("evidence", MEASURED_MICROBENCHMARK if use == "time" else COUNT)
         return self([float(x) for x in xs], rows, **kwargs)
 
 
