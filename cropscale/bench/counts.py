@@ -23,8 +23,7 @@ sends, not traffic observed on a network).
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -33,6 +32,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
 from cropscale.batch import model_inputs
+from cropscale.bench.measure import torch_threads
 from cropscale.data.datamodule import PastisHDDataModule
 from cropscale.errors import CropScaleError
 from cropscale.evidence import ANALYTICAL_SCENARIO, COUNT
@@ -62,22 +62,6 @@ def _sizes(values: Sequence[int], name: str) -> list[int]:
     if not out:
         raise CropScaleError(f"{name} must not be empty")
     return out
-
-
-@contextmanager
-def _threads(threads: int | None) -> Iterator[None]:
-    """Fix torch's intra-op threads for the block (``None``: leave them)."""
-    if threads is None:
-        yield
-        return
-    if threads < 1:
-        raise CropScaleError(f"threads must be >= 1, got {threads}")
-    before = torch.get_num_threads()
-    torch.set_num_threads(int(threads))
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
 
 
 def _default_net() -> torch.nn.Module:
@@ -135,7 +119,7 @@ def step_counts(net: torch.nn.Module, batch_size: int, *, t2: int = 4, t1: int =
 def _per_batch(batch_sizes, net, t2, t1, crop_size, threads) -> tuple[list[int], list[dict], torch.nn.Module]:
     bs = _sizes(batch_sizes, "batch_sizes")
     net = net if net is not None else _default_net()
-    with _threads(threads):
+    with torch_threads(threads):
         counts = [step_counts(net, b, t2=t2, t1=t1, crop_size=crop_size) for b in bs]
     return bs, counts, net
 

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -48,7 +48,12 @@ from cropscale.tiling import sliding_window_inference
 
 
 @contextmanager
-def _torch_threads(threads: int | None):
+def torch_threads(threads: int | None) -> Iterator[None]:
+    """Fix torch's intra-op threads for the block (``None``: leave them).
+
+    Raises:
+        CropScaleError: ``threads`` below 1.
+    """
     if threads is None:
         yield
         return
@@ -203,7 +208,7 @@ def step_time_vs_batch(
     net = net.to(device).train()
     batches = {b: make_batch(b) for b in sizes}
     steps = _train_steps(net, loss, [batches[b] for b in sizes], lr, clip_norm)
-    with _torch_threads(threads):
+    with torch_threads(threads):
         times = time_round_robin(steps, repetitions, warmup, device)
     return ScalingSeries(
         parameter="batch_size",
@@ -284,7 +289,7 @@ def tiled_validation_time_vs_area(
     infer = infer or sliding_window_inference
     kwargs = {"window": window, "stride": stride, "hr_scale": hr_scale, "tile_batch_size": tile_batch_size}
     runs = [_inference_run(infer, net, patches[s], kwargs) for s in sizes]
-    with _torch_threads(threads):
+    with torch_threads(threads):
         times = time_round_robin(runs, repetitions, warmup, device)
     return ScalingSeries(
         parameter="area_px",
@@ -404,7 +409,7 @@ def loader_time_vs_dates(
         make_loader = _datamodule_loaders(data_root, train_folds, batch_size, crop_size, batches * batch_size)
     loaders = {t: make_loader(t) for t in ts}
     passes = [_loader_pass(loaders[t], t, batches) for t in ts]
-    with _torch_threads(threads):
+    with torch_threads(threads):
         times = time_round_robin(passes, repetitions, warmup)
     per_batch = [[v / batches for v in row] for row in times]
     return ScalingSeries(
