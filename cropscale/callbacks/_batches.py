@@ -20,6 +20,10 @@ def batch_size(batch: Any) -> int | None:
     dimension of the first tensor found in a dict / list / tuple batch, so that the callbacks work in
     any Lightning project. ``None`` when no tensor with a dimension is found.
     """
+    if type(batch) is dict:  # the per-step path of a cropscale batch: no ABC check
+        s2 = batch.get("s2")
+        if type(s2) is torch.Tensor and s2.dim() > 0:
+            return s2.shape[0]
     if isinstance(batch, Mapping):
         s2 = batch.get("s2")
         if isinstance(s2, torch.Tensor) and s2.dim() > 0:
@@ -47,7 +51,7 @@ def id_tensors(batch: Any) -> tuple[torch.Tensor | None, torch.Tensor | None]:
 
     No copy and no device read: cheap enough to call every step.
     """
-    if isinstance(batch, Mapping):
+    if type(batch) is dict or isinstance(batch, Mapping):
         pid = batch.get("patch_id")
         yx = batch.get("crop_yx")
         return (pid if isinstance(pid, torch.Tensor) else None, yx if isinstance(yx, torch.Tensor) else None)

@@ -17,7 +17,7 @@ from lightning.pytorch import LightningModule, Trainer
 
 from cropscale.callbacks._dist import dist_ready
 
-_GRAD_NORM_CACHE: dict[str, Any] = {"key": None, "value": None, "step": 0}
+_GRAD_NORM_CACHE: dict[str, Any] = {"key": None, "value": None}
 
 
 class GradNormParts(list):
@@ -30,10 +30,9 @@ class GradNormParts(list):
 
 
 def clear_grad_norm_cache() -> None:
-    """Forget the cached gradient norm (called at every ``on_train_batch_start``) and start a new cache period."""
+    """Forget the cached gradient norm (called at ``on_train_start``, so that no fit reads another fit's norms)."""
     _GRAD_NORM_CACHE["key"] = None
     _GRAD_NORM_CACHE["value"] = None
-    _GRAD_NORM_CACHE["step"] += 1
 
 
 @dataclass(frozen=True)
@@ -101,6 +100,7 @@ def grad_norm_parts(
     trainer: Trainer,
     params: Sequence[torch.nn.Parameter],
     optimizer: Any,
+    step: int,
     norm_type: float = 2.0,
     sharded: bool | ShardLayout = False,
 ) -> GradNormParts | None:
@@ -111,42 +111,44 @@ def grad_norm_parts(
     (:class:`ShardLayout`; ``True`` means :data:`WORLD`) the local ``sum |g|^p`` (local max for ``inf``) of
     the sharded gradients is all-reduced over their shard group only, a device-side collective, and
     returned as one part per group beside the replicated gradients' norms. Computed once per optimizer
-    step and shared by the callbacks that need it (gradient norm and non-finite checks). ``None`` when no
-    parameter has a gradient.
+    step and shared by the callbacks that need it (gradient norm and non-finite checks): the cache is keyed
+    by ``step``, the caller's count of optimizer steps (:meth:`~cropscale.callbacks.base.ScalingCallback.
+    _count_step`, the same in every scaling callback of a fit), so that no per-step hook has to clear it.
+    ``None`` when no parameter has a gradient.
 
     Raises:
         RuntimeError: from the collectives, when ranks call this at different points.
     """
     layout = WORLD if sharded is True else (REPLICATED if sharded is False else sharded)
-    # no trainer property in the key (``global_step`` costs about 2 µs a read): the callbacks that share the
-    # cache clear it at every ``on_train_batch_start`` (clear_grad_norm_cache), so one entry is one step's
-    key = (id(optimizer), float(norm_type), layout.kind, id(layout.group), _GRAD_NORM_CACHE["step"])
+    # no trainer property in the key (``global_step`` costs about 2 µs a read): the callers' own step counts
+    key = (id(optimizer), float(norm_type), layout.kind, id(layout.group), step)
     if _GRAD_NORM_CACHE["key"] == key:
         return _GRAD_NORM_CACHE["value"]
-    with_grad = [p for p in params if p.grad is not None]
     value: GradNormParts | None
-    if not with_grad:
-        value = None
-    elif not (layout.sharded and dist_ready(trainer)):
-        grads = [p.grad for p in with_grad]
-        if type(grads[0]) is not torch.Tensor:  # DTensor without a sharded layout: the local shards
-            grads = [g.to_local() if hasattr(g, "to_local") else g for g in grads]
-        value = GradNormParts(_local_norms(grads, norm_type))
+    if not (layout.sharded and dist_ready(trainer)):
+        grads = [g for p in params if (g := p.grad) is not None]
+        if not grads:
+            value = None
+        else:
+            if type(grads[0]) is not torch.Tensor:  # DTensor without a sharded layout: the local shards
+                grads = [g.to_local() if hasattr(g, "to_local") else g for g in grads]
+            value = GradNormParts(_local_norms(grads, norm_type))
     else:
-        value = _sharded_parts(with_grad, layout, norm_type)
+        with_grad = [p for p in params if p.grad is not None]
+        value = _sharded_parts(with_grad, layout, norm_type) if with_grad else None
     _GRAD_NORM_CACHE["key"] = key
     _GRAD_NORM_CACHE["value"] = value
     return value
 
 
-def _local_norms(grads: list[torch.Tensor], norm_type: float) -> list[torch.Tensor]:
+def _local_norms(grads: list[torch.Tensor], norm_type: float) -> Sequence[torch.Tensor]:
     """The ``norm_type`` norm of each gradient (one ``_foreach_norm`` launch where it applies)."""
     if grads[0].requires_grad:  # backward(create_graph=True): keep the norms out of the graph
         grads = [g.detach() for g in grads]
     # no torch.no_grad() block: gradients are leaves that need no graph, and entering one costs about
     # 6 µs per step on a CPU (measured in a Lightning step of callback-bench's tiny model)
     try:
-        return list(torch._foreach_norm(grads, norm_type))
+        return torch._foreach_norm(grads, norm_type)
     except (RuntimeError, TypeError, AttributeError):  # mixed devices/dtypes, no foreach kernel
         return [torch.linalg.vector_norm(g, norm_type) for g in grads]
 

@@ -9,8 +9,8 @@ collective.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Mapping
+from types import TracebackType
 
 from lightning.pytorch import Trainer
 
@@ -48,8 +48,37 @@ def log_metrics(trainer: Trainer, metrics: Mapping[str, float | int | None], ste
         logger.log_metrics(clean, step=step)
 
 
-@contextmanager
-def deferred_logging(trainer: Trainer) -> Iterator[None]:
+def open_deferred() -> None:
+    """Start collecting :func:`log_metrics` calls (the start of a :func:`deferred_logging` block)."""
+    _DEFERRED.append({})
+
+
+def close_deferred(trainer: Trainer) -> None:
+    """Write what was collected since the matching :func:`open_deferred`, one ``log_metrics`` call per step."""
+    collected = _DEFERRED.pop()
+    if collected:
+        for step, clean in collected.items():
+            for logger in trainer.loggers:
+                logger.log_metrics(clean, step=step)
+
+
+class _DeferredLogging:
+    """The context manager of :func:`deferred_logging`."""
+
+    __slots__ = ("trainer",)
+
+    def __init__(self, trainer: Trainer) -> None:
+        self.trainer = trainer
+
+    def __enter__(self) -> None:
+        open_deferred()
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        close_deferred(self.trainer)
+
+
+def deferred_logging(trainer: Trainer) -> _DeferredLogging:
     """Collect the :func:`log_metrics` calls made inside the block and write them at its end.
 
     One ``logger.log_metrics`` call per step.
@@ -62,11 +91,4 @@ def deferred_logging(trainer: Trainer) -> Iterator[None]:
     so its members do their reads first and the writes come last. Scalars are still written if the
     block raises.
     """
-    _DEFERRED.append({})
-    try:
-        yield
-    finally:
-        collected = _DEFERRED.pop()
-        for step, clean in collected.items():
-            for logger in trainer.loggers:
-                logger.log_metrics(clean, step=step)
+    return _DeferredLogging(trainer)

@@ -35,6 +35,7 @@ class ScalingCallback(Callback):
     evidence: str = MEASURED_RUN
     _log_every: int = 0
     _gstep: int = 0
+    _stepped: bool = False  # an optimizer step ran since the last on_train_batch_end
 
     def summary(self) -> Record | dict[str, Any]:
         """This callback's ``run.json`` section: a :class:`~cropscale.runs.schema.Record` (or a JSON-ready dict)."""
@@ -50,10 +51,20 @@ class ScalingCallback(Callback):
         """
         return True
 
+    def on_before_optimizer_step(self, trainer: Trainer, pl_module: Any, optimizer: Any) -> None:
+        """Note that an optimizer step runs in this micro-batch (``_stepped``, read in ``on_train_batch_end``).
+
+        Subclasses that need more call ``super()`` or set ``_stepped`` themselves. A
+        :class:`~cropscale.callbacks.CallbackGroup` sets ``_stepped`` directly on the members that keep this
+        default, without a call.
+        """
+        self._stepped = True
+
     def _start_log_schedule(self, trainer: Trainer) -> None:
         """Start counting optimizer steps from ``trainer.global_step`` (call in ``on_train_start``)."""
         self._log_every = int(trainer.log_every_n_steps or 0)
         self._gstep = int(trainer.global_step)
+        self._stepped = False
 
     def _count_step(self) -> bool:
         """Count one optimizer step; True when it is a log step (``global_step % log_every_n_steps == 0``).

@@ -198,10 +198,6 @@ class EnergyCallback(ScalingCallback):
         self._stepped = False
 
     @override
-    def on_before_optimizer_step(self, trainer: Trainer, pl_module: LightningModule, optimizer: Any) -> None:
-        self._stepped = True
-
-    @override
     def on_train_batch_end(
         self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:

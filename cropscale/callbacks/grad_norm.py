@@ -103,6 +103,7 @@ class GradNormCallback(ScalingCallback):
     @override
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._params = trainable_params(pl_module)
+        clear_grad_norm_cache()
         if self.sharded is None:
             self._layout = shard_layout(trainer)
         else:
@@ -125,14 +126,10 @@ class GradNormCallback(ScalingCallback):
         return self._layout.kind != "unsupported"  # gradients outside p.grad: nothing to measure per step
 
     @override
-    def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
-        clear_grad_norm_cache()
-        self._stepped = False
-
-    @override
     def on_before_optimizer_step(self, trainer: Trainer, pl_module: LightningModule, optimizer: Any) -> None:
         self._stepped = True
-        parts = grad_norm_parts(trainer, self._params, optimizer, norm_type=self.norm_type, sharded=self._layout)
+        parts = grad_norm_parts(trainer, self._params, optimizer, self._gstep, norm_type=self.norm_type,
+                                sharded=self._layout)
         if parts is None:
             return
         scale = None
@@ -145,7 +142,10 @@ class GradNormCallback(ScalingCallback):
     def on_train_batch_end(
         self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        if self._stepped and self._count_step():
+        if not self._stepped:
+            return
+        self._stepped = False
+        if self._count_step():
             interval = self._flush()
             finite = [v for v in interval if math.isfinite(v)]
             metrics: dict[str, float | None] = {}

@@ -4,7 +4,9 @@ Lightning 2.6 calls *every* hook of *every* callback on every step, each inside 
 (``trainer/call.py``: ``_call_callback_hooks``), whether the callback overrides the hook or not. On a
 small CPU step this costs about 2 µs per callback and hook, i.e. about 12 µs per callback and
 training step (6 per-step hooks), measured with ``python -m cropscale callback-bench``. A group pays
-that once and forwards each hook only to the members that override it.
+that once and forwards each hook only to the members that override it; during training it pays nothing
+for a per-step hook that no member wants (Lightning skips a hook that is not callable) and no forwarding
+call for one that a single member wants.
 """
 
 from __future__ import annotations
@@ -14,7 +16,8 @@ from typing import Any
 from lightning.pytorch.callbacks import Callback, Checkpoint
 from typing_extensions import override
 
-from cropscale.callbacks._logging import deferred_logging
+from cropscale.callbacks._logging import close_deferred, open_deferred
+from cropscale.callbacks.base import ScalingCallback
 from cropscale.errors import CropScaleError
 
 _HOOKS: tuple[str, ...] = (
@@ -65,7 +68,11 @@ class CallbackGroup(Callback):
 
     After ``on_train_start`` the per-step hooks are forwarded only to members whose
     ``wants_hook(name)`` (if they define it) is true, e.g. a loss-scale callback without a GradScaler
-    or an energy callback without a GPU; the full table is restored at ``on_train_end``.
+    or an energy callback without a GPU; a per-step hook that no member wants is set to ``None`` on the
+    group and one that a single member wants to that member's bound method; members that keep
+    :meth:`ScalingCallback.on_before_optimizer_step <cropscale.callbacks.base.ScalingCallback.on_before_optimizer_step>`
+    get their step flag set without a call. The full table is restored at ``on_train_end`` and
+    ``on_exception``.
     """
 
     _is_callback_group = True
@@ -87,6 +94,7 @@ class CallbackGroup(Callback):
             keys.add(cb.state_key)
         self.callbacks = list(callbacks)
         self._dispatch: dict[str, list[Any]] = self._full_table()
+        self._flag_only: list[ScalingCallback] = []  # members whose on_before_optimizer_step only sets _stepped
         self._state_key = self._generate_state_key(members=[cb.state_key for cb in self.callbacks])
 
     @property
@@ -105,12 +113,63 @@ class CallbackGroup(Callback):
             self._dispatch[hook] = [
                 getattr(cb, hook) for cb in self.callbacks if _overrides(cb, hook) and _wants(cb, hook)
             ]
+        default = ScalingCallback.on_before_optimizer_step
+        self._flag_only = [cb for cb in self.callbacks if isinstance(cb, ScalingCallback)
+                           and type(cb).on_before_optimizer_step is default
+                           and _wants(cb, "on_before_optimizer_step")]
+        flagged = {id(cb) for cb in self._flag_only}
+        self._dispatch["on_before_optimizer_step"] = [
+            fn for fn in self._dispatch["on_before_optimizer_step"] if id(fn.__self__) not in flagged]
+        self._bind_per_step_hooks()
+
+    def _bind_per_step_hooks(self) -> None:
+        """Hand Lightning the cheapest callable for each per-step hook, as instance attributes.
+
+        Lightning calls a callback's hook only when ``getattr(callback, name)`` is callable
+        (``trainer/call.py``: ``_call_callback_hooks``), inside a profiler context that costs a few µs. So a
+        per-step hook that no member wants is set to ``None`` (Lightning skips it), and one that a single
+        member wants is that member's bound method (no forwarding call). ``on_train_batch_end`` keeps the
+        group's forwarder when two or more members want it (deferred logging). Undone by
+        :meth:`_unbind_per_step_hooks`.
+        """
+        for hook in _PER_STEP_HOOKS:
+            fns = self._dispatch[hook]
+            if hook == "on_before_optimizer_step" and self._flag_only:
+                self.__dict__.pop(hook, None)  # the group's own hook sets the flags, then forwards
+            elif not fns:
+                setattr(self, hook, None)
+            elif len(fns) == 1:
+                setattr(self, hook, fns[0])
+            else:
+                self.__dict__.pop(hook, None)
+
+    def _unbind_per_step_hooks(self) -> None:
+        for hook in _PER_STEP_HOOKS:
+            self.__dict__.pop(hook, None)
 
     @override
     def on_train_end(self, trainer: Any, pl_module: Any) -> None:
         for fn in self._dispatch["on_train_end"]:
             fn(trainer, pl_module)
+        self._unbind_per_step_hooks()
         self._dispatch = self._full_table()
+        self._flag_only = []
+
+    @override
+    def on_before_optimizer_step(self, trainer: Any, pl_module: Any, optimizer: Any) -> None:
+        """Set ``_stepped`` on the members that keep :meth:`ScalingCallback.on_before_optimizer_step`, then forward."""
+        for cb in self._flag_only:
+            cb._stepped = True
+        for fn in self._dispatch["on_before_optimizer_step"]:
+            fn(trainer, pl_module, optimizer)
+
+    @override
+    def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
+        for fn in self._dispatch["on_exception"]:
+            fn(trainer, pl_module, exception)
+        self._unbind_per_step_hooks()
+        self._dispatch = self._full_table()
+        self._flag_only = []
 
     @override
     def state_dict(self) -> dict[str, Any]:
@@ -138,7 +197,8 @@ def _make_forwarder(hook: str) -> Any:
 
 
 for _hook in _HOOKS:
-    if _hook not in ("on_train_start", "on_train_end", "on_train_batch_end"):
+    if _hook not in ("on_train_start", "on_train_end", "on_train_batch_end", "on_exception",
+                     "on_before_optimizer_step"):
         setattr(CallbackGroup, _hook, _make_forwarder(_hook))
 del _hook
 
@@ -149,9 +209,12 @@ def _on_train_batch_end(self: CallbackGroup, trainer: Any, *args: Any, **kwargs:
     The hook runs inside :func:`~cropscale.callbacks._logging.deferred_logging`, so that the members' device
     reads all come before the first write.
     """
-    with deferred_logging(trainer):
+    open_deferred()  # deferred_logging(trainer), without a context manager's calls on every step
+    try:
         for fn in self._dispatch["on_train_batch_end"]:
             fn(trainer, *args, **kwargs)
+    finally:
+        close_deferred(trainer)
 
 
 CallbackGroup.on_train_batch_end = _on_train_batch_end  # type: ignore[method-assign]

@@ -86,18 +86,13 @@ class MemoryCallback(ScalingCallback):
             torch.cuda.reset_peak_memory_stats(self._device)
 
     @override
-    def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
-        self._stepped = False
-
-    @override
-    def on_before_optimizer_step(self, trainer: Trainer, pl_module: LightningModule, optimizer: Any) -> None:
-        self._stepped = True
-
-    @override
     def on_train_batch_end(
         self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        if not (self._stepped and self._count_step()):
+        if not self._stepped:
+            return
+        self._stepped = False
+        if not self._count_step():
             return
         metrics: dict[str, float | None] = {"memory/host_rss_gib": host_rss_gib()}
         if self._device is not None:

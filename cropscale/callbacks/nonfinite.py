@@ -139,6 +139,8 @@ class NonFiniteCallback(ScalingCallback):
         self._epoch = 0
         self._stepped = False
         self._logged = 0
+        self._early = True  # micro-batches recorded from on_train_batch_start (see on_train_start)
+        self._step: tuple[Any, tuple[int, int]] = (None, (0, 0))  # (gradient norm parts, meta) of the step
 
     # ------------------------------------------------------------------ state
     @override
@@ -157,8 +159,14 @@ class NonFiniteCallback(ScalingCallback):
     @override
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._params = trainable_params(pl_module)
+        clear_grad_norm_cache()
         self._scaler = grad_scaler(trainer)
-        if self._scaler is not None:
+        # skip / raise decide at the optimizer step, before the step's last on_train_batch_end, and the input check
+        # runs before training_step: both record a micro-batch from its start. Otherwise (log, the default, under
+        # automatic optimisation) the micro-batch is recorded in on_train_batch_end from the loss Lightning hands
+        # it: two hooks per step instead of four, and no detach.
+        self._early = self.policy != "log" or bool(self.check_inputs) or not pl_module.automatic_optimization
+        if self._scaler is not None and self._early:
             watch_unscaled_loss(self._scaler, self._on_unscaled_loss)
         self._layout = shard_layout(trainer)
         self._rank = trainer.global_rank
@@ -171,8 +179,15 @@ class NonFiniteCallback(ScalingCallback):
         self._epoch = trainer.current_epoch
 
     @override
+    def wants_hook(self, hook: str) -> bool:
+        if hook in ("on_train_batch_start", "on_before_backward"):
+            return self._early  # under log without the input check, the loss comes with on_train_batch_end
+        return True
+
+    @override
     def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
-        clear_grad_norm_cache()
+        if not self._early:
+            return
         micro = _MicroBatch(len(self._micros), batch_idx, id_tensors(batch), [])
         if self.check_inputs:
             keys, tensors = self._inputs(batch)
@@ -181,7 +196,6 @@ class NonFiniteCallback(ScalingCallback):
         if self.policy != "log":
             micro.batch = batch
         self._micros.append(micro)
-        self._stepped = False
 
     def _inputs(self, batch: Any) -> tuple[list[str], list[torch.Tensor]]:
         """The floating-point tensors of ``batch`` and their keys; the keys of a flat dict batch are cached."""
@@ -205,17 +219,21 @@ class NonFiniteCallback(ScalingCallback):
 
     @override
     def on_before_backward(self, trainer: Trainer, pl_module: LightningModule, loss: torch.Tensor) -> None:
-        if self._scaler is None and self._micros:  # under a scaler this loss is scaled: the tap has the real one
+        # under a scaler this loss is scaled: the tap has the real one
+        if self._early and self._scaler is None and self._micros:
             self._micros[-1].loss = loss.detach()
 
     @override
     def on_before_optimizer_step(self, trainer: Trainer, pl_module: LightningModule, optimizer: Any) -> None:
-        micros, self._micros = self._micros, []
         parts = None
         if self.check_grads and self._scaler is None:
-            parts = grad_norm_parts(trainer, self._params, optimizer, sharded=self._layout)
+            parts = grad_norm_parts(trainer, self._params, optimizer, self._gstep, sharded=self._layout)
         self._stepped = True
         meta = (self._gstep + 1, self._epoch)  # global step after this optimizer step
+        if not self._early:  # log: the step's last micro-batch is recorded in on_train_batch_end
+            self._step = (parts, meta)
+            return
+        micros, self._micros = self._micros, []
         if self.policy == "log":
             self._pending.append((micros, parts, meta))
             return
@@ -261,7 +279,15 @@ class NonFiniteCallback(ScalingCallback):
     def on_train_batch_end(
         self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        if self._stepped and self._count_step():
+        if not self._early:  # log without the input check: the loss Lightning returns, already detached
+            self._micros.append(_MicroBatch(len(self._micros), batch_idx, id_tensors(batch), [], loss=_loss(outputs)))
+            if self._stepped:
+                micros, self._micros = self._micros, []
+                self._pending.append((micros, *self._step))
+        if not self._stepped:
+            return
+        self._stepped = False
+        if self._count_step():
             self._flush()
             if self.nonfinite_batches != self._logged:  # a scalar only when the count moved
                 self._logged = self.nonfinite_batches
@@ -384,6 +410,17 @@ def _extremes(keys: list[str], tensors: list[torch.Tensor]) -> tuple[list[str], 
     except (RuntimeError, TypeError, AttributeError, NotImplementedError):  # integer-like or mixed devices
         return kept, [torch.linalg.vector_norm(v.float() if not v.is_floating_point() else v, math.inf)
                       for v in values]
+
+
+def _loss(outputs: Any) -> torch.Tensor | None:
+    """The loss in the ``outputs`` of ``on_train_batch_end`` under automatic optimisation, or ``None``.
+
+    Lightning's detached copy of the ``training_step`` loss (``ClosureResult.loss``): divided by
+    ``accumulate_grad_batches`` and never multiplied by a GradScaler's scale, so it is finite exactly when the
+    micro-batch's loss was. ``None`` when ``training_step`` returned none (the batch was skipped).
+    """
+    loss = outputs.get("loss") if isinstance(outputs, dict) else None
+    return loss if isinstance(loss, torch.Tensor) else None
 
 
 def _micro_values(micro: _MicroBatch) -> list[torch.Tensor]:

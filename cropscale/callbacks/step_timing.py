@@ -61,7 +61,7 @@ from typing import Any
 
 import torch
 from lightning.pytorch import LightningModule, Trainer
-from lightning.pytorch.profilers import Profiler
+from lightning.pytorch.profilers import PassThroughProfiler, Profiler
 from lightning.pytorch.utilities import rank_zero_info
 from typing_extensions import override
 
@@ -98,7 +98,8 @@ class _StepTimingProfiler(Profiler):
 
     ``profile()`` is the inner profiler's own bound method (no extra cost per hook); only the direct
     ``start``/``stop`` calls (made by the data fetchers) pass through here. Private contract of
-    Lightning 2.6 (``_TrainingEpochLoop._on_before_fetch``), pinned by a test.
+    Lightning 2.6 (``_TrainingEpochLoop._on_before_fetch``), pinned by a test. The default
+    ``PassThroughProfiler``'s ``start``/``stop`` do nothing, so they are not called.
     """
 
     def __init__(self, inner: Profiler, owner: StepTimingCallback) -> None:
@@ -106,16 +107,21 @@ class _StepTimingProfiler(Profiler):
         self.inner = inner
         self._owner = owner
         self.profile = inner.profile  # type: ignore[method-assign]
+        passthrough = type(inner) is PassThroughProfiler
+        self._inner_start = None if passthrough else inner.start
+        self._inner_stop = None if passthrough else inner.stop
 
     def start(self, action_name: str) -> None:
         if action_name.endswith(_FETCH_ACTION):
             self._owner._on_fetch_start()
-        self.inner.start(action_name)
+        if self._inner_start is not None:
+            self._inner_start(action_name)
 
     def stop(self, action_name: str) -> None:
         if action_name.endswith(_FETCH_ACTION):
             self._owner._on_fetch_end()
-        self.inner.stop(action_name)
+        if self._inner_stop is not None:
+            self._inner_stop(action_name)
 
     def summary(self) -> str:
         return self.inner.summary()
@@ -193,6 +199,7 @@ class StepTimingCallback(ScalingCallback):
         self.epochs: list[StepTimingEpoch] = []
         # run state
         self._clock: HostClock | CudaEventClock = HostClock()
+        self._mark: Any = self._clock.mark  # the clock's mark function, looked up once per fit
         self._profiler: _StepTimingProfiler | None = None
         self._cur: MicroBatchMarks | None = None
         self._micros: list[MicroBatchMarks] = []
@@ -242,6 +249,7 @@ class StepTimingCallback(ScalingCallback):
     @override
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._clock = clock_for(pl_module.device)
+        self._mark = self._clock.mark
         self._rank, self._world = trainer.global_rank, trainer.world_size
         self._steps_this_fit = 0
         self._pending.clear()
@@ -298,12 +306,12 @@ class StepTimingCallback(ScalingCallback):
         cur = self._cur
         if cur is not None:  # an orphan record (prefetch outside a step, or the epoch's last fetch)
             self._clock.release(cur.marks())
-        self._cur = MicroBatchMarks(fetch_start=self._clock.mark())
+        self._cur = MicroBatchMarks(fetch_start=self._mark())
 
     def _on_fetch_end(self) -> None:
         cur = self._cur
         if cur is not None:
-            cur.fetch_end = self._clock.mark()
+            cur.fetch_end = self._mark()
 
     @override
     def on_train_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
@@ -322,14 +330,14 @@ class StepTimingCallback(ScalingCallback):
         cur = self._cur
         if cur is None:  # no fetch seen (dataloader_iter-style training_step)
             cur = self._cur = MicroBatchMarks()
-        cur.batch_start = self._clock.mark()
+        cur.batch_start = self._mark()
         self._stepped = False
 
     @override
     def on_before_backward(self, trainer: Trainer, pl_module: LightningModule, loss: torch.Tensor) -> None:
         cur = self._cur
         if cur is not None and cur.backward_start is None:
-            cur.backward_start = self._clock.mark()
+            cur.backward_start = self._mark()
 
     @override
     def on_after_backward(self, trainer: Trainer, pl_module: LightningModule) -> None:
@@ -337,14 +345,10 @@ class StepTimingCallback(ScalingCallback):
         if cur is not None:
             if cur.backward_end is not None:
                 self._clock.release([cur.backward_end])
-            cur.backward_end = self._clock.mark()
+            cur.backward_end = self._mark()
         if self._buckets:
             self._micro_comm.extend(self._buckets)
             self._buckets = []
-
-    @override
-    def on_before_optimizer_step(self, trainer: Trainer, pl_module: LightningModule, optimizer: Any) -> None:
-        self._stepped = True
 
     @override
     def on_validation_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
@@ -358,7 +362,7 @@ class StepTimingCallback(ScalingCallback):
         cur = self._cur
         if cur is None:
             return
-        cur.batch_end = self._clock.mark()
+        cur.batch_end = self._mark()
         self._cur = None
         self._micros.append(cur)
         if not self._stepped:  # accumulating: the optimizer step spans more micro-batches

@@ -30,7 +30,7 @@ Definitions (host clock, ``time.perf_counter``):
 
 from __future__ import annotations
 
-import time
+from time import perf_counter
 from typing import Any
 
 import torch
@@ -148,19 +148,11 @@ class ThroughputCallback(ScalingCallback):
     @override
     def on_train_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._sync()
-        self._epoch_t0 = self._log_t0 = time.perf_counter()
+        self._epoch_t0 = self._log_t0 = perf_counter()
         self._last_end = None
         self._lat, self._lat_samples = [], 0
         self._samples = self._step_samples = self._log_samples = 0
         self._val_s = 0.0
-
-    @override
-    def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
-        self._stepped = False
-
-    @override
-    def on_before_optimizer_step(self, trainer: Trainer, pl_module: LightningModule, optimizer: Any) -> None:
-        self._stepped = True
 
     @override
     def on_train_batch_end(
@@ -168,17 +160,20 @@ class ThroughputCallback(ScalingCallback):
     ) -> None:
         n = batch_size(batch) or 0
         self._samples += n
-        self._step_samples += n
-        if not self._stepped:
+        if not self._stepped:  # accumulating: the optimizer step spans more micro-batches
+            self._step_samples += n
             return
-        t = time.perf_counter()
-        self._steps_this_fit += 1
-        if self._last_end is not None and self._steps_this_fit > self.warmup_steps:
-            self._lat.append(t - self._last_end)
-            self._lat_samples += self._step_samples
-        self._last_end = t
-        self._log_samples += self._step_samples
+        t = perf_counter()
+        self._stepped = False
+        step_samples = self._step_samples + n
         self._step_samples = 0
+        self._steps_this_fit += 1
+        last = self._last_end
+        if last is not None and self._steps_this_fit > self.warmup_steps:
+            self._lat.append(t - last)
+            self._lat_samples += step_samples
+        self._last_end = t
+        self._log_samples += step_samples
         if self._count_step() and self._log_t0 is not None and t > self._log_t0:
             log_metrics(trainer, {"perf/samples_per_s_rank": self._log_samples / (t - self._log_t0)})
             self._log_t0, self._log_samples = t, 0
@@ -187,13 +182,13 @@ class ThroughputCallback(ScalingCallback):
     def on_validation_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if not trainer.sanity_checking and self._epoch_t0 is not None:
             self._sync()
-            self._val_t0 = time.perf_counter()
+            self._val_t0 = perf_counter()
 
     @override
     def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if self._val_t0 is not None:
             self._sync()
-            t = time.perf_counter()
+            t = perf_counter()
             self._val_s += t - self._val_t0
             self._val_t0 = None
             self._last_end = None  # the next step's latency would include validation
@@ -202,7 +197,7 @@ class ThroughputCallback(ScalingCallback):
     @override
     def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._sync()
-        wall = time.perf_counter() - self._epoch_t0 if self._epoch_t0 is not None else None
+        wall = perf_counter() - self._epoch_t0 if self._epoch_t0 is not None else None
         train_s = (wall - self._val_s) if wall is not None else None
         steady = sum(self._lat)
         rows = gather_vectors(trainer, pl_module, [
