@@ -2,24 +2,31 @@
 
 The overhead of host-side callback code hides in the noise of a real CPU step (hundreds of ms) but
 not on a GPU, where a step takes a few ms. So it is measured where it shows: a tiny model (one
-``nn.Linear``, batch 1, one CPU thread, FP32), a few hundred optimizer steps, the median step period
-after warm-up. Configurations, run alternately in ONE process, ``--repeats`` times each:
+``nn.Linear``, batch 1, one CPU thread, FP32), a few thousand optimizer steps, the median step period
+after warm-up. Configurations:
 
 - ``off``: Lightning with a TensorBoardLogger (``log_every_n_steps`` as given), no cropscale callback;
 - ``on``: the same plus every scaling callback in one :class:`~cropscale.callbacks.CallbackGroup`
   (what ``callbacks/scaling.yaml`` installs);
 - ``separate`` (``--separate``): the same callbacks as eight separate Lightning callbacks.
 
-The step period is the time between consecutive ``on_train_batch_end`` hooks, read by a probe callback
-present in every configuration: wall time (``time.perf_counter``, default) or, with ``--clock cpu``, the
-CPU time of the process (``time.process_time``: every thread of the process, the TensorBoard writer's
-included), which other processes on a shared machine do not inflate while they only take CPUs away.
-Printed: median step per configuration over all measured steps (µs), overhead ``on - off`` in µs and as
-a ratio, the mean step (which keeps the log steps, where scalars are read from the device and written),
-the per-repeat medians, and the median of the per-repeat differences (runs of one repeat are adjacent in
-time, so that figure is less exposed to the load of other processes on a shared machine), all labelled
-``measured-microbenchmark``. Target: at most 100 µs
-per step. ``--json`` also writes the figures.
+**Interleaved in one fit.** On a shared machine the speed of a core drifts by tens of percent within
+a second, so two configurations run one after the other differ by more than the 100 µs looked for.
+Each fit therefore alternates two configurations in blocks of ``--block`` optimizer steps (``off``,
+``on``, ``off``, ...): between two blocks the trainer's callback list (and the profiler, which
+:class:`~cropscale.callbacks.StepTimingCallback` wraps) is swapped, so that a block runs exactly the
+code of its configuration, and the drift hits both alike. The first ``--warmup`` steps run with every
+callback and are left out, and so are the first two steps of each block (caches warm up again). The
+callbacks themselves see gaps in their steps; their figures are not used here. ``--repeats`` fits
+(``separate`` has fits of its own, against ``off``).
+
+The step period is the time between consecutive ``on_train_batch_end`` hooks, read by the last callback
+of the trainer: wall time (``time.perf_counter``, default) or, with ``--clock cpu``, the CPU time of the
+process (``time.process_time``: every thread of the process, the TensorBoard writer's included). Printed:
+median step per configuration over all measured steps (µs), overhead ``on - off`` in µs and as a ratio,
+the mean step (which keeps the log steps, where scalars are read from the device and written), the
+per-repeat medians and the median of the per-repeat differences, all labelled
+``measured-microbenchmark``. Target: at most 100 µs per step. ``--json`` also writes the figures.
 
 ``--model network`` runs the same comparison on the study's model instead (default
 :class:`~cropscale.model.network.CropMappingNet`, multi-task loss, AdamW, gradient norm clipped to
@@ -30,44 +37,112 @@ minute): there the figure is the ratio to a real step, target at most 2 %.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
+import math
 import os
 import statistics
 import tempfile
 import time
 import warnings
+from collections.abc import Callable
 from typing import Any
 
 import torch
 from lightning.pytorch import Callback, Trainer
 from lightning.pytorch.loggers import TensorBoardLogger
+from typing_extensions import override
 
 from cropscale.callbacks import CallbackGroup, all_scaling_callbacks
 from cropscale.errors import CropScaleError
 from cropscale.evidence import MEASURED_MICROBENCHMARK
+from cropscale.files import atomic_write_json
 from cropscale.progress import Progress
 from cropscale.testing.probe import ProbeTask, SyntheticSamples
 from cropscale.testing.toy import ToyTask, toy_batches
 
 TARGET_US = 100.0
 TARGET_RATIO = 0.02  # --model network: at most 2 % of the study model's step
-_DEFAULTS = {"steps": (400, 30), "warmup": (100, 5), "log_every": (50, 10)}  # (linear, network)
+_DEFAULTS = {"steps": (1000, 30), "warmup": (100, 5), "log_every": (50, 10), "block": (20, 5)}  # (linear, network)
+SETTLE_STEPS = 2
+"""Steps at the start of each block left out: the first steps after a swap run on cold caches."""
 
 
 CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
 """``--clock``: wall time, or the CPU time of the process (all threads), in s."""
 
 
-class _Probe(Callback):
-    """Clock reading (s) at every ``on_train_batch_end``."""
+class Interleaver(Callback):
+    """Alternates two sets of callbacks in blocks of optimizer steps within one fit and times every step.
 
-    def __init__(self, clock: str = "wall") -> None:
-        self.ends: list[float] = []
-        self._now = CLOCKS[clock]
+    Put it last in the trainer's callbacks, after every callback of ``arms``. Until ``warmup`` steps have
+    run, all of them are active; then the trainer's callback list alternates between ``arms[0]`` and
+    ``arms[1]`` (plus this callback), ``block`` steps each, starting with ``arms[0]``; after ``last_step``
+    every callback is active again, for the epoch-end and fit-end hooks. With the callback list it swaps
+    the trainer's profiler: for an arm without callbacks the one the trainer had when :meth:`bind` was
+    called (before a callback such as :class:`~cropscale.callbacks.StepTimingCallback` wrapped it), for the
+    other the one found at ``on_train_start``.
 
-    def on_train_batch_end(self, *a: Any) -> None:
-        self.ends.append(self._now())
+    Args:
+        arms: two ``(name, callbacks)`` pairs; the callbacks must be in the trainer too.
+        block: optimizer steps per block (>= ``SETTLE_STEPS + 1``).
+        warmup: optimizer steps before the first block.
+        last_step: optimizer steps of the fit; later steps (none) are not timed.
+        clock: a function returning seconds (``time.perf_counter`` or ``time.process_time``).
+
+    ``periods[name]``: the measured step periods of each arm (s), i.e. the time between this callback's
+    consecutive ``on_train_batch_end`` calls, leaving out the first :data:`SETTLE_STEPS` steps of each
+    block.
+    """
+
+    def __init__(self, arms: list[tuple[str, list[Callback]]], block: int, warmup: int, last_step: int,
+                 clock: Callable[[], float] = time.perf_counter) -> None:
+        if len(arms) != 2 or block <= SETTLE_STEPS:
+            raise CropScaleError(f"Interleaver: two arms and block > {SETTLE_STEPS} steps")
+        self.arms = arms
+        self.block, self.warmup, self.last_step = block, warmup, last_step
+        self._now = clock
+        self.periods: dict[str, list[float]] = {name: [] for name, _ in arms}
+        self._steps = 0
+        self._last: float | None = None
+        self._arm: int | None = None  # index into arms; None during warm-up
+        self._in_block = 0
+        self._lists: list[list[Callback]] = []
+        self._profilers: list[Any] = []
+        self._all: list[Callback] = []
+        self._profiler_off: Any = None
+        self._profiler_on: Any = None
+
+    def bind(self, trainer: Trainer) -> None:
+        """Remember ``trainer``'s profiler before ``fit`` (before a callback wraps it)."""
+        self._profiler_off = trainer.profiler
+
+    @override
+    def on_train_start(self, trainer: Trainer, pl_module: Any) -> None:
+        self._all = list(trainer.callbacks)
+        self._profiler_on = trainer.profiler
+        if self._profiler_off is None:
+            self._profiler_off = self._profiler_on
+        in_arms = {id(cb) for _, cbs in self.arms for cb in cbs}
+        for _, cbs in self.arms:
+            mine = {id(cb) for cb in cbs}
+            # the arm's callbacks, this callback and any the trainer added itself, in the trainer's order
+            self._lists.append([cb for cb in self._all if id(cb) in mine or id(cb) not in in_arms])
+            self._profilers.append(self._profiler_on if cbs else self._profiler_off)
+
+    @override
+    def on_train_batch_end(self, trainer: Trainer, *args: Any) -> None:
+        now = self._now()
+        self._steps += 1
+        if self._arm is not None and self._last is not None and self._in_block > SETTLE_STEPS:
+            self.periods[self.arms[self._arm][0]].append(now - self._last)
+        if self._steps >= self.last_step:
+            trainer.callbacks, trainer.profiler = self._all, self._profiler_on
+        elif self._steps >= self.warmup and (self._arm is None or self._in_block >= self.block):
+            self._arm = 0 if self._arm is None else 1 - self._arm
+            self._in_block = 0
+            trainer.callbacks, trainer.profiler = self._lists[self._arm], self._profilers[self._arm]
+        self._in_block += 1
+        self._last = self._now()  # the swap is in no period
 
 
 def _network(args: argparse.Namespace, steps: int) -> tuple[Any, Any]:
@@ -81,51 +156,70 @@ def _network(args: argparse.Namespace, steps: int) -> tuple[Any, Any]:
     return ProbeTask(), torch.utils.data.DataLoader(data, batch_size=args.batch, shuffle=False)
 
 
-def _one_run(config: str, args: argparse.Namespace, root: str) -> list[float]:
-    probe = _Probe(args.clock)
-    callbacks: list[Any] = [probe]
+def _fit_steps(args: argparse.Namespace) -> int:
+    """Optimizer steps of one interleaved fit: warm-up, then ``steps`` per arm in whole blocks."""
+    return args.warmup + 2 * args.block * math.ceil(args.steps / args.block)
+
+
+def _arm_callbacks(config: str) -> list[Callback]:
     if config == "on":
-        callbacks.append(CallbackGroup(all_scaling_callbacks()))
-    elif config == "separate":
-        callbacks.extend(all_scaling_callbacks())
-    steps = args.warmup + args.steps + 1
+        return [CallbackGroup(all_scaling_callbacks())]
+    if config == "separate":
+        return list(all_scaling_callbacks())
+    return []
+
+
+def _one_fit(config: str, args: argparse.Namespace, root: str) -> dict[str, list[float]]:
+    """One fit alternating ``off`` and ``config``; returns the step periods of each (s)."""
+    cbs = _arm_callbacks(config)
+    steps = _fit_steps(args)
+    switch = Interleaver([("off", []), (config, cbs)], block=args.block, warmup=args.warmup, last_step=steps,
+                         clock=CLOCKS[args.clock])
     if args.model == "network":
-        module, loader = _network(args, steps)
+        module, loader = _network(args, steps + 1)
     else:
         module = ToyTask(features=args.features)
-        loader = torch.utils.data.DataLoader(toy_batches(steps, args.batch, args.features), batch_size=None)
+        loader = torch.utils.data.DataLoader(toy_batches(steps + 1, args.batch, args.features), batch_size=None)
     trainer = Trainer(
-        accelerator="cpu", devices=1, max_steps=steps, max_epochs=1, callbacks=callbacks,
+        accelerator="cpu", devices=1, max_steps=steps, max_epochs=1, callbacks=[*cbs, switch],
         logger=TensorBoardLogger(root, name=config), log_every_n_steps=args.log_every,
         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
         num_sanity_val_steps=0, gradient_clip_val=1.0 if args.model == "network" else None,
     )
+    switch.bind(trainer)
     trainer.fit(module, train_dataloaders=loader)
-    ends = probe.ends
-    periods = [b - a for a, b in zip(ends[:-1], ends[1:], strict=False)]
-    return periods[args.warmup:]
+    return switch.periods
 
 
 def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
-    """Run the alternating configurations; returns the figures (seconds inside, µs in the report)."""
+    """Run the interleaved fits; returns the figures (seconds inside, µs in the report)."""
     torch.set_num_threads(args.threads)
-    configs = ["off", "on"] + (["separate"] if args.separate else [])
-    per_config: dict[str, list[float]] = {c: [] for c in configs}
-    medians: dict[str, list[float]] = {c: [] for c in configs}
+    configs = ["on"] + (["separate"] if args.separate else [])
+    per_config: dict[str, list[float]] = {"off": [], **{c: [] for c in configs}}
+    medians: dict[str, list[float]] = {"off": [], **{c: [] for c in configs}}
+    off_of: dict[str, list[float]] = {c: [] for c in configs}  # the off periods of each configuration's fits
+    diffs: dict[str, list[float]] = {c: [] for c in configs}
     load_before = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
     progress = Progress(args.repeats * len(configs), "callback-bench")
     with tempfile.TemporaryDirectory(prefix="cropscale-callback-bench-") as root:
         for r in range(args.repeats):
             for c in configs:
-                progress.start(f"repeat {r + 1}, callbacks {c}")
-                periods = _one_run(c, args, root)
+                progress.start(f"repeat {r + 1}, off and {c} interleaved")
+                periods = _one_fit(c, args, root)
                 progress.finish()
-                per_config[c].extend(periods)
-                medians[c].append(statistics.median(periods))
+                per_config[c].extend(periods[c])
+                off_of[c].extend(periods["off"])
+                medians[c].append(statistics.median(periods[c]))
+                diffs[c].append(statistics.median(periods[c]) - statistics.median(periods["off"]))
+                if c == "on":
+                    per_config["off"].extend(periods["off"])
+                    medians["off"].append(statistics.median(periods["off"]))
     result: dict[str, Any] = {
         "evidence": MEASURED_MICROBENCHMARK,
         "setup": {"model": _model_name(args), "batch": args.batch, "threads": args.threads,
-                  "steps": args.steps, "warmup": args.warmup, "repeats": args.repeats,
+                  "steps": args.steps, "warmup": args.warmup, "repeats": args.repeats, "block": args.block,
+                  "design": (f"off and each configuration interleaved in blocks of {args.block} steps within one "
+                             f"fit (first {SETTLE_STEPS} of each block left out)"),
                   "log_every_n_steps": args.log_every, "precision": "32-true",
                   "clock": {"wall": "time.perf_counter (wall)", "cpu": "time.process_time (CPU time of the process)"}[
                       args.clock],
@@ -134,19 +228,18 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
         # the mean keeps the log steps (1 in log_every_n_steps), where the scalars are read and written
         "mean_step_us": {c: 1e6 * statistics.fmean(v) for c, v in per_config.items()},
         "median_step_us_per_repeat": {c: [1e6 * m for m in v] for c, v in medians.items()},
+        "measured_steps": {c: len(v) for c, v in per_config.items()},
         "load_average_1min": [load_before, os.getloadavg()[0] if hasattr(os, "getloadavg") else None],
         "cpu_count": os.cpu_count(),
     }
-    off = result["median_step_us"]["off"]
-    result["overhead_us"] = {c: result["median_step_us"][c] - off for c in configs if c != "off"}
-    result["overhead_ratio"] = {c: result["overhead_us"][c] / off for c in configs if c != "off"}
-    result["overhead_mean_us"] = {c: result["mean_step_us"][c] - result["mean_step_us"]["off"]
-                                  for c in configs if c != "off"}
-    # runs of one repeat are adjacent in time: their difference is less exposed to drifting machine load
-    per = result["median_step_us_per_repeat"]
-    result["overhead_us_paired_median"] = {
-        c: statistics.median(a - b for a, b in zip(per[c], per["off"], strict=True)) for c in configs if c != "off"
-    }
+    result["overhead_us"] = {c: 1e6 * (statistics.median(per_config[c]) - statistics.median(off_of[c]))
+                             for c in configs}
+    result["overhead_ratio"] = {c: 1e6 * (statistics.median(per_config[c]) - statistics.median(off_of[c]))
+                                / (1e6 * statistics.median(off_of[c])) for c in configs}
+    result["overhead_mean_us"] = {c: 1e6 * (statistics.fmean(per_config[c]) - statistics.fmean(off_of[c]))
+                                  for c in configs}
+    # each repeat's difference comes from one fit: the median over repeats is less exposed to a bad fit
+    result["overhead_us_paired_median"] = {c: 1e6 * statistics.median(d) for c, d in diffs.items()}
     if args.model == "network":
         result["target_ratio"] = TARGET_RATIO
         result["within_target"] = result["overhead_ratio"]["on"] <= TARGET_RATIO
@@ -166,9 +259,11 @@ def _model_name(args: argparse.Namespace) -> str:
 
 def _print(result: dict[str, Any]) -> None:
     s = result["setup"]
+    steps = ", ".join(f"{c} {n}" for c, n in result["measured_steps"].items())
     print(f"callback-bench ({result['evidence']}): {s['model']}, batch {s['batch']}, {s['threads']} thread(s), "
-          f"{s['steps']} steps after {s['warmup']} warm-up, {s['repeats']} alternating repeats, "
+          f"{s['repeats']} fit(s) per configuration after {s['warmup']} warm-up steps each, "
           f"log_every_n_steps={s['log_every_n_steps']}, clock {s['clock']}")
+    print(f"  {s['design']}; measured steps: {steps}")
     print(f"{'configuration':<34} {'median step (µs)':>17} {'overhead (µs)':>14} {'ratio':>8}")
     names = {"off": "Lightning + TensorBoard (off)", "on": "+ scaling callbacks, grouped (on)",
              "separate": "+ scaling callbacks, 8 separate"}
@@ -178,7 +273,7 @@ def _print(result: dict[str, Any]) -> None:
         print(f"{names[c]:<34} {us:>17.1f} {'' if over is None else f'{over:+.1f}':>14} "
               f"{'' if ratio is None else f'{100 * ratio:+.1f}%':>8}")
     for c, reps in result["median_step_us_per_repeat"].items():
-        print(f"  {c:<9} per-repeat medians (µs): " + ", ".join(f"{x:.0f}" for x in reps))
+        print(f"  {c:<9} per-fit medians (µs): " + ", ".join(f"{x:.0f}" for x in reps))
     la = result["load_average_1min"]
     if la[0] is not None:
         print(f"  1-min load average before/after: {la[0]:.2f} / {la[1]:.2f} on {result['cpu_count']} CPUs "
@@ -188,7 +283,7 @@ def _print(result: dict[str, Any]) -> None:
                       for c, us in result["mean_step_us"].items())
     print(f"  mean step incl. log steps (µs): {means}")
     paired = result["overhead_us_paired_median"]
-    print("  overhead, median of the per-repeat differences (µs): "
+    print("  overhead, median of the per-fit differences (µs): "
           + ", ".join(f"{c} {v:+.1f}" for c, v in paired.items()))
     print(f"overhead of the grouped callbacks: {result['overhead_us']['on']:+.1f} µs/step "
           f"({100 * result['overhead_ratio']['on']:+.1f} %), {verdict(result)} [{result['evidence']}]")
@@ -203,7 +298,7 @@ def verdict(result: dict[str, Any]) -> str:
     over = result["overhead_us"]["on"]
     target = f"{100 * TARGET_RATIO:.0f} %" if "target_ratio" in result else f"{TARGET_US:.0f} µs"
     if over < 0:
-        return (f"below the noise of this machine (the run with the callbacks was the faster one; "
+        return (f"below the noise of this machine (the steps with the callbacks were the faster ones; "
                 f"target {target}: repeat the command, or use --clock cpu)")
     return f"{'within' if result['within_target'] else 'ABOVE'} the {target} target"
 
@@ -211,8 +306,8 @@ def verdict(result: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``python -m cropscale callback-bench``; returns the exit status."""
     p = argparse.ArgumentParser(prog="cropscale callback-bench", description=__doc__.split("\n\n")[0])
-    p.add_argument("--steps", type=int, default=None, help="measured optimizer steps per run (default 400; 30 "
-                   "with --model network)")
+    p.add_argument("--steps", type=int, default=None, help="optimizer steps per configuration and repeat, rounded "
+                   "up to whole blocks (default 1000; 30 with --model network)")
     p.add_argument("--warmup", type=int, default=None,
                    help="warm-up steps left out (default 100; 5 with --model network)")
     p.add_argument("--repeats", type=int, default=3, help="alternating runs per configuration (default 3)")
@@ -227,6 +322,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch", type=int, default=1, help="batch size (default 1)")
     p.add_argument("--log-every", type=int, default=None, help="trainer.log_every_n_steps (default 50; 10 with "
                    "--model network)")
+    p.add_argument("--block", type=int, default=None, help=f"optimizer steps per block of one configuration "
+                   f"(default 20; 5 with --model network; at least {SETTLE_STEPS + 1})")
     p.add_argument("--separate", action="store_true", help="also run the callbacks as 8 separate callbacks")
     p.add_argument("--clock", choices=tuple(CLOCKS), default="wall",
                    help="wall: time.perf_counter (default); cpu: CPU time of the process, steadier on a loaded machine")
@@ -240,6 +337,9 @@ def main(argv: list[str] | None = None) -> int:
             raise CropScaleError(f"callback-bench: --{name.replace('_', '-')} must be >= 1")
     if args.warmup < 0:
         raise CropScaleError("callback-bench: --warmup must be >= 0")
+    if args.block <= SETTLE_STEPS:
+        raise CropScaleError(f"callback-bench: --block must be >= {SETTLE_STEPS + 1} (the first {SETTLE_STEPS} "
+                             "steps of each block are left out)")
     os.environ.setdefault("PYTHONWARNINGS", "ignore")
     warnings.filterwarnings("ignore")
     for name in ("lightning", "lightning.pytorch", "lightning.fabric"):
@@ -247,9 +347,7 @@ def main(argv: list[str] | None = None) -> int:
     result = run_benchmark(args)
     _print(result)
     if args.json:
-        with open(args.json, "w", encoding="utf-8") as f:
-            json.dump(result, f, indent=2)
-            f.write("\n")
+        atomic_write_json(args.json, result)
     return 0
 
 

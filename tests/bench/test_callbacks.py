@@ -6,6 +6,7 @@ import json
 from types import SimpleNamespace
 
 import pytest
+import torch
 
 from cropscale.bench import callbacks as callback_overhead
 from cropscale.callbacks._logging import deferred_logging, log_metrics
@@ -79,3 +80,53 @@ def test_callback_bench_rejects_bad_arguments():
 
     with pytest.raises(CropScaleError, match="--crop-size must be >= 1"):
         callback_overhead.main(["--model", "network", "--crop-size", "0"])
+    with pytest.raises(CropScaleError, match="--block must be >= 3"):
+        callback_overhead.main(["--block", "2"])
+
+
+@pytest.mark.filterwarnings("ignore:The number of training batches")
+def test_interleaver_times_each_arm_with_a_fake_clock(tmp_path):
+    """A fake clock that only the callbacks move: 1 s per step in every block, 5 s more where the arm runs."""
+    from lightning.pytorch import Callback, Trainer
+
+    from cropscale.callbacks import StepTimingCallback
+    from cropscale.testing.toy import ToyTask, toy_batches
+
+    now = [0.0]
+    seen = []  # per step: (did the measured arm run, was the trainer's own profiler in place)
+
+    class Tick(Callback):
+        def on_train_batch_start(self, trainer, *a):
+            now[0] += 1.0
+            self.ran = False
+
+        def on_train_batch_end(self, trainer, *a):
+            seen.append((self.ran, trainer.profiler is original))
+
+    tick = Tick()
+
+    class Cost(Callback):
+        def on_before_optimizer_step(self, *a):
+            now[0] += 5.0
+            tick.ran = True
+
+    cost, timing = Cost(), StepTimingCallback()
+    warmup, block, rounds = 3, 4, 3
+    steps = warmup + 2 * block * rounds
+    switch = callback_overhead.Interleaver([("off", []), ("on", [timing, cost])], block=block, warmup=warmup,
+                                           last_step=steps, clock=lambda: now[0])
+    trainer = Trainer(accelerator="cpu", devices=1, max_steps=steps, max_epochs=1, logger=False,
+                      callbacks=[tick, timing, cost, switch], enable_progress_bar=False, enable_model_summary=False,
+                      enable_checkpointing=False, num_sanity_val_steps=0, default_root_dir=str(tmp_path))
+    original = trainer.profiler
+    switch.bind(trainer)
+    trainer.fit(ToyTask(features=16), train_dataloaders=torch.utils.data.DataLoader(
+        toy_batches(steps + 1, 1, 16), batch_size=None))
+    # by hand: each block of 4 steps keeps its last 2; 3 blocks per arm
+    assert switch.periods == {"off": [1.0] * 6, "on": [6.0] * 6}
+    # warm-up with everything, then off, on, off, ... blocks of 4 steps
+    arms = [ran for ran, _ in seen]
+    assert arms == [True] * warmup + ([False] * block + [True] * block) * rounds
+    # the off blocks ran on the trainer's own profiler, the on blocks on StepTimingCallback's wrapper
+    assert all(orig == (not ran) for ran, orig in seen[warmup:])
+    assert trainer.callbacks[-1] is switch and timing in trainer.callbacks  # all restored for the fit's end
