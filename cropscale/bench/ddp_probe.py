@@ -38,6 +38,7 @@ from lightning.pytorch import Trainer, seed_everything
 from cropscale.distributed import finish_distributed
 from cropscale.errors import CropScaleError
 from cropscale.evidence import MEASURED_MICROBENCHMARK
+from cropscale.files import atomic_write_json
 from cropscale.testing.probe import ProbeTask, StepTimer, SyntheticSamples
 
 
@@ -118,8 +119,7 @@ def main(argv: list[str] | None = None) -> int:
                      "platform": platform.platform(), "python": platform.python_version(),
                      "torch": torch.__version__},
         }
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(record, indent=2), encoding="utf-8")
+        atomic_write_json(args.out, record)
     failed = finish_distributed(trainer)  # gloo group destroyed; rank 0 waits for the other ranks
     if failed:
         raise CropScaleError(f"ddp_probe: rank 0 finished but child ranks failed: {failed} (local rank, exit status)")

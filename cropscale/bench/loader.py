@@ -21,7 +21,6 @@ samples/s is printed beside (``--no-model`` skips it). All figures are ``measure
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
 from pathlib import Path
@@ -33,6 +32,7 @@ from cropscale.data.datamodule import PastisHDDataModule
 from cropscale.env.host import environment_record
 from cropscale.errors import CropScaleError
 from cropscale.evidence import MEASURED_MICROBENCHMARK
+from cropscale.files import atomic_write_json
 from cropscale.model.losses import MultiTaskLoss
 from cropscale.model.network import CropMappingNet
 from cropscale.progress import Progress
@@ -206,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
               f"[{MEASURED_MICROBENCHMARK}]")
     if args.json:
         result["environment"] = environment_record(__file__, argv, torch.device(args.device))
-        Path(args.json).write_text(json.dumps(result, indent=1, default=str))
+        atomic_write_json(args.json, result, indent=1, default=str)
         print(f"written {args.json}")
     return 0
 

@@ -19,7 +19,6 @@ cost (cutting, padding, blending). Every number printed is labelled ``measured-m
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -36,6 +35,7 @@ from cropscale.bench.step import AUTOCAST_DTYPE, resolve_device
 from cropscale.env.host import environment_record
 from cropscale.errors import CropScaleError
 from cropscale.evidence import MEASURED_MICROBENCHMARK
+from cropscale.files import atomic_write_json
 from cropscale.model.network import CropMappingNet
 from cropscale.model.synthetic import synthetic_batch
 from cropscale.precision import normalise
@@ -230,10 +230,9 @@ def _write_output(args: argparse.Namespace, fig: dict[str, Any], model_desc: str
     }
     out = Path(args.output)
     try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(doc, indent=2) + "\n")
-    except OSError as err:
-        raise CropScaleError(f"--output {out}: cannot write: {err}") from None
+        atomic_write_json(out, doc)
+    except CropScaleError as err:
+        raise CropScaleError(f"--output {out}: {err}") from None
     print(f"wrote {out}")
 
 

@@ -30,9 +30,6 @@ the same seed gives the same figures on any machine with the same NumPy random s
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -41,6 +38,7 @@ import numpy as np
 
 from cropscale.errors import CropScaleError
 from cropscale.evidence import COUNT, MEASURED_MICROBENCHMARK
+from cropscale.files import atomic_write_json
 from cropscale.scaling.landau import LADDER
 from cropscale.scaling.verdict import DEFAULT_RESAMPLES, FAIL, INCONCLUSIVE, PASS, judge
 
@@ -205,15 +203,7 @@ def format_result(res: BenchResult) -> str:
 
 def _write_json(path: Path, res: BenchResult) -> None:
     payload = {**asdict(res), "rates": res.rates, "targets": TARGETS, "missed": res.missed(), "evidence": COUNT}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            json.dump(payload, fh, indent=2)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    atomic_write_json(path, payload)
 
 
 def _parser() -> argparse.ArgumentParser:

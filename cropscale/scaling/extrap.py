@@ -30,14 +30,13 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import re
-import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 
 from cropscale.errors import CropScaleError
 from cropscale.evidence import check_label
+from cropscale.files import atomic_write_text
 from cropscale.scaling.series import ScalingSeries
 
 DEFAULT_CALLPATH = "<root>"
@@ -77,18 +76,6 @@ def _as_list(series) -> list:
 
 def _points(s) -> tuple[float, ...]:
     return tuple(sorted({float(x) for x in s.x}))
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def _check_one_experiment(items: list[tuple[str, tuple[float, ...], str]], where: str) -> None:
@@ -145,7 +132,7 @@ def write_extrap_jsonl(path: str | Path, series: Iterable, append: bool = False)
     else:
         _check_one_experiment(items, f"write_extrap_jsonl {path}")
     lines = [json.dumps(rec) for s in series for rec in extrap_records(s)]
-    _write_atomic(path, existing + "\n".join(lines) + "\n")
+    atomic_write_text(path, existing + "\n".join(lines) + "\n")
     return path
 
 
