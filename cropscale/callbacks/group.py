@@ -109,9 +109,10 @@ class CallbackGroup(Callback):
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
         for fn in self._dispatch["on_train_start"]:
             fn(trainer, pl_module)
-        for hook in _PER_STEP_HOOKS:
+        for hook in _PER_STEP_HOOKS:  # None: a nested group that bound the hook away in its own on_train_start
             self._dispatch[hook] = [
-                getattr(cb, hook) for cb in self.callbacks if _overrides(cb, hook) and _wants(cb, hook)
+                fn for cb in self.callbacks
+                if _overrides(cb, hook) and _wants(cb, hook) and (fn := getattr(cb, hook)) is not None
             ]
         default = ScalingCallback.on_before_optimizer_step
         self._flag_only = [cb for cb in self.callbacks if isinstance(cb, ScalingCallback)
@@ -119,7 +120,7 @@ class CallbackGroup(Callback):
                            and _wants(cb, "on_before_optimizer_step")]
         flagged = {id(cb) for cb in self._flag_only}
         self._dispatch["on_before_optimizer_step"] = [
-            fn for fn in self._dispatch["on_before_optimizer_step"] if id(fn.__self__) not in flagged]
+            fn for fn in self._dispatch["on_before_optimizer_step"] if id(getattr(fn, "__self__", None)) not in flagged]
         self._bind_per_step_hooks()
 
     def _bind_per_step_hooks(self) -> None:

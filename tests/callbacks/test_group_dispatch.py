@@ -142,3 +142,10 @@ def test_a_group_fit_after_a_failed_one_still_counts_every_step(tmp_path):
         cb.load_state_dict({})
     _fit(tmp_path / "b", [group])
     assert members[0].steps_total == 4 and [e.samples for e in members[2].epochs] == [16, 16]
+
+
+def test_a_group_inside_a_group_forwards_every_step(tmp_path):
+    """The inner group binds its per-step hooks in its own on_train_start (called by the outer one first)."""
+    st, th, mem = StepTimingCallback(warmup_steps=0), ThroughputCallback(warmup_steps=0), MemoryCallback()
+    _fit(tmp_path, [CallbackGroup([CallbackGroup([st, mem]), th])])
+    assert st.steps_total == 4 and [e.samples for e in th.epochs] == [16, 16] and len(mem.epochs) == 2
