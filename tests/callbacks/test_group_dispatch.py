@@ -26,23 +26,13 @@ from cropscale.callbacks import (
     ThroughputCallback,
 )
 from cropscale.testing.toy import ToyTask
+from tests.callbacks.test_fit import NormSpy  # total L2 norm of the gradients, one concatenated vector
 
 pytestmark = [
     pytest.mark.filterwarnings("ignore:.*LeafSpec"),
     pytest.mark.filterwarnings("ignore:NonFiniteCallback"),
     pytest.mark.filterwarnings("ignore:The number of training batches"),
 ]
-
-
-class NormSpy(Callback):
-    """Total L2 norm of the gradients at each optimizer step, computed here (one concatenated vector)."""
-
-    def __init__(self):
-        self.norms = []
-
-    def on_before_optimizer_step(self, trainer, pl_module, optimizer):
-        g = torch.cat([p.grad.flatten() for p in pl_module.parameters() if p.grad is not None])
-        self.norms.append(float(torch.linalg.vector_norm(g)))
 
 
 def _members():
