@@ -1,5 +1,9 @@
-"""Shared fixtures: paths of the bundled real samples in ../shared/data."""
+"""Shared fixtures: paths of the bundled real samples in ../shared/data; a real small file system."""
 
+import os
+import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -9,6 +13,22 @@ SHARED_DATA = REPO_ROOT.parent / "shared" / "data"
 FLANDERS = SHARED_DATA / "worldcereal-flanders"
 PASTIS_MINI = SHARED_DATA / "pastis-r-mini"
 VHR_SAMPLE = SHARED_DATA / "vhr-samples" / "treesatai_aerial_0p2m.tif"
+
+
+@contextmanager
+def tmpfs_mount(mnt: Path, size: str, why: str) -> Iterator[Path]:
+    """Mount a tmpfs of ``size`` (mount(8) syntax, e.g. ``"40m"``) on the new folder ``mnt``; unmount at exit.
+
+    Skips the test (``why`` says what for) when not root or when mount(8) fails.
+    """
+    mnt.mkdir()
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mnt)],
+                                           capture_output=True).returncode != 0:
+        pytest.skip(f"needs root and mount(8) {why}")
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", str(mnt)], capture_output=True)
 
 
 def _require(path: Path) -> Path:

@@ -27,6 +27,7 @@ from cropscale.checkpointing import (
 )
 from cropscale.files import check_writable_folder
 from cropscale.testing.faults import FullDiskCheckpointIO
+from tests.conftest import tmpfs_mount
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -193,17 +194,10 @@ def test_writable_folder_check(tmp_path):
 @pytest.fixture
 def read_only_mount(tmp_path):
     """A read-only tmpfs (root and mount(8) needed; skipped otherwise)."""
-    mnt = tmp_path / "ro"
-    mnt.mkdir()
-    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)],
-                                           capture_output=True).returncode != 0:
-        pytest.skip("needs root and mount to make a read-only file system")
-    try:
+    with tmpfs_mount(tmp_path / "ro", "1m", "to make a read-only file system") as mnt:
         (mnt / "runs").mkdir()
         subprocess.run(["mount", "-o", "remount,ro", str(mnt)], check=True, capture_output=True)
         yield mnt
-    finally:
-        subprocess.run(["umount", str(mnt)], capture_output=True)
 
 
 def test_writable_folder_check_on_a_read_only_file_system(read_only_mount):

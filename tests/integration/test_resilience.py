@@ -17,7 +17,6 @@ Faults are injected from the run's own configuration (:mod:`cropscale.testing.fa
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -26,6 +25,7 @@ import pytest
 import torch
 from lightning.pytorch import Callback
 
+from tests.conftest import tmpfs_mount
 from tests.integration.test_cli import run_cli
 
 pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore:.*LeafSpec")]
@@ -166,15 +166,8 @@ def test_a_full_disk_during_a_save_ends_with_one_line_and_the_previous_checkpoin
 @pytest.fixture
 def small_tmpfs(tmp_path):
     """A 40 MiB tmpfs: room for one checkpoint (23 MB) and the run's other files, not for a second one."""
-    mnt = tmp_path / "disk"
-    mnt.mkdir()
-    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=40m", "tmpfs", str(mnt)],
-                                           capture_output=True).returncode != 0:
-        pytest.skip("needs root and mount(8) for a real small file system")
-    try:
+    with tmpfs_mount(tmp_path / "disk", "40m", "for a real small file system") as mnt:
         yield mnt
-    finally:
-        subprocess.run(["umount", str(mnt)], capture_output=True)
 
 
 def test_a_really_full_disk_and_a_read_only_folder(tmp_path, flanders_root, small_tmpfs):
