@@ -63,6 +63,7 @@ from typing_extensions import override
 
 from cropscale.callbacks.divergence import DivergenceCallback
 from cropscale.checkpointing import AtomicCheckpointIO, StopOnSigterm, find_last_checkpoint, run_version
+from cropscale.config_errors import describe_config_error
 from cropscale.data.datamodule import PastisHDDataModule
 from cropscale.distributed import (
     ChildRankWatch,
@@ -553,7 +554,8 @@ def main(argv: list[str] | None = None) -> None:
     except (CropScaleError, MisconfigurationException, ArgumentError) as err:
         if isinstance(err, ArgumentError):
             sub = args[0] if args and args[0] in LIGHTNING_COMMANDS else ""
-            _fail(f"{err} (see: python -m cropscale {sub} --help)".replace("  ", " "))
+            text = describe_config_error(str(err), args, str(DEFAULT_CONFIG) if DEFAULT_CONFIG.is_file() else None)
+            _fail(f"{text} (see: python -m cropscale {sub} --help)".replace("  ", " "))
         _fail(_name_trainer_argument(str(err)) if isinstance(err, MisconfigurationException) else user_error_text(err))
     except Exception as err:
         message = _user_error(err)
