@@ -55,9 +55,10 @@ from typing import Any
 
 from lightning.fabric.plugins import CheckpointIO
 from lightning.pytorch import Trainer
+from lightning.pytorch.accelerators import CPUAccelerator
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
-from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from typing_extensions import override
 
@@ -78,6 +79,7 @@ from cropscale.distributed import (
 from cropscale.errors import CropScaleError, user_error_text
 from cropscale.files import check_writable_folder
 from cropscale.model.task import RESUME_FIXED_SETTINGS, CropMappingTask
+from cropscale.precision import cpu_precision_line
 from cropscale.runs.record import is_run_folder, load_run
 from cropscale.runs.summary import fit_summary
 
@@ -405,6 +407,11 @@ class CropScaleCLI(LightningCLI):
             kwargs["plugins"] = [*plugins, AtomicCheckpointIO()]
         trainer = super().instantiate_trainer(**kwargs)
         _ACTIVE["trainer"] = trainer
+        line = cpu_precision_line(trainer.precision) if isinstance(trainer.accelerator, CPUAccelerator) else None
+        if line and line[0] == "error":
+            raise CropScaleError(line[1])
+        if line:
+            rank_zero_warn(line[1])
         return trainer
 
     def _check_outputs(self) -> None:
