@@ -178,6 +178,13 @@ def test_per_rank_gathers(ddp_run):
     for ep in r0["throughput"]:
         assert ep["samples_per_rank"] == [16, 16] and ep["samples"] == 32
         assert ep["samples_per_s"] == pytest.approx(32 / max(ep["train_s_per_rank"]))
+        # TFLOP/s per GPU: FLOPs of the 32 samples (the toy task's 6 features: 6 x 6 = 36 per sample) over the
+        # slowest rank's seconds, divided by the world size 2; MFU: that over the peak of one GPU
+        flops = 36.0
+        assert ep["flops_per_sample"] == flops
+        assert ep["tflops_per_s_per_gpu"] == pytest.approx(flops * 32 / max(ep["train_s_per_rank"]) / 2 / 1e12)
+        if ep["peak_tflops"]:
+            assert ep["mfu"] == pytest.approx(ep["tflops_per_s_per_gpu"] / ep["peak_tflops"])
     assert len(r0["memory"][0]["per_rank"]["host_rss_gib"]) == 2
     assert r0["grad_norm"]["steps"] == 8 and r0["grad_norm"]["nonfinite_steps"] == 2
 
