@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 from lightning.pytorch import LightningModule, Trainer
+from lightning.pytorch.plugins.precision import MixedPrecision, Precision
 
 from cropscale.callbacks._dist import dist_ready
 
@@ -306,3 +307,95 @@ def unwatch_unscaled_loss(scaler: Any, fn: Callable[[torch.Tensor], None]) -> No
     if not tap.listeners:
         scaler.__dict__.pop("scale", None)
         scaler.__dict__.pop(_TAP_ATTR, None)
+
+
+def norms_tensor(steps: Sequence[Sequence[torch.Tensor]], norm_type: float = 2.0) -> torch.Tensor:
+    """Total norm of each step from its :func:`grad_norm_parts` (or one total each), as a device tensor ``[steps]``.
+
+    No host read: give the result to :func:`~cropscale.callbacks._readout.read_later`. A step of one part (the
+    total norm clipping computed, :class:`ClipNormTap`) is that part; otherwise
+    ``(sum_i part_i^p)^(1/p)`` (``max_i part_i`` for ``p = inf``) on the device; NaN / inf propagate.
+    """
+    if all(len(parts) == 1 for parts in steps):
+        return torch.stack([parts[0] for parts in steps])  # 0-d each
+    width = len(steps[0])
+    if width and all(len(parts) == width for parts in steps):
+        try:  # [steps, parts] -> one norm per row
+            mat = torch.stack([t for parts in steps for t in parts]).reshape(len(steps), width).double()
+            return torch.linalg.vector_norm(mat, norm_type, dim=1)
+        except RuntimeError:  # mixed dtypes or devices: one step at a time below
+            pass
+    device = steps[0][0].device
+    return torch.stack([
+        torch.linalg.vector_norm(torch.stack([t.reshape(()).double().to(device) for t in parts]), norm_type)
+        if len(parts) else torch.zeros((), dtype=torch.float64, device=device)
+        for parts in steps])
+
+
+class ClipNormTap:
+    """Keeps the total gradient norm that Lightning's clipping by norm computes (and otherwise throws away).
+
+    Installed on the trainer's precision plugin (``clip_grad_by_norm``, an instance attribute shadowing the
+    method) by :func:`clip_norm_tap`; does what ``Precision.clip_grad_by_norm`` does in Lightning 2.6,
+    ``torch.nn.utils.clip_grad_norm_(plugin.main_params(optimizer), clip_val)``, and keeps its return value:
+    the 2-norm of all gradients *before* clipping (after AMP unscaling: Lightning clips after
+    ``scaler.unscale_``), a 0-d device tensor, with no extra device work. ``calls`` counts the clippings (one
+    per optimizer step), ``last`` is the latest norm.
+    """
+
+    def __init__(self, plugin: Any) -> None:
+        self.plugin = plugin
+        self.calls = 0
+        self.last: torch.Tensor | None = None
+        plugin.clip_grad_by_norm = self.clip_grad_by_norm
+
+    def clip_grad_by_norm(self, optimizer: Any, clip_val: float) -> None:
+        """Clip the gradients of ``optimizer``'s parameters to total 2-norm ``clip_val``; keep the norm before."""
+        self.last = torch.nn.utils.clip_grad_norm_(self.plugin.main_params(optimizer), clip_val)
+        self.calls += 1
+
+
+_CLIP_TAP_ATTR = "_cropscale_clip_tap"
+
+
+def clip_norm_tap(trainer: Trainer, pl_module: LightningModule) -> tuple[ClipNormTap | None, str | None]:
+    """The shared :class:`ClipNormTap` of ``trainer`` when the clipping's norm can stand for the callbacks' own.
+
+    That is when Lightning clips by norm on every optimizer step through the precision plugin's
+    ``clip_grad_by_norm`` as written in ``Precision`` (32-true, 16-mixed, bf16-mixed, 64-true, half precision),
+    on whole gradients (single device, DDP): ``gradient_clip_val > 0`` with ``gradient_clip_algorithm="norm"``,
+    automatic optimisation and the default ``configure_gradient_clipping``. Not under FSDP (its precision
+    plugin refuses ``clip_grad_by_norm``: FSDP clips through the root module, on sharded gradients, and the
+    callbacks compute the norm themselves, :func:`grad_norm_parts`), DeepSpeed (it clips inside its own
+    engine) or a plugin that clips its own way.
+
+    Returns:
+        ``(tap, None)``, or ``(None, reason)`` saying why the callbacks compute the norm themselves.
+    """
+    plugin = trainer.precision_plugin
+    clip = trainer.gradient_clip_val
+    algorithm = str(getattr(trainer.gradient_clip_algorithm, "value", trainer.gradient_clip_algorithm) or "norm")
+    if not clip or float(clip) <= 0 or algorithm.lower() != "norm":
+        return None, "no gradient clipping by norm configured"
+    if not pl_module.automatic_optimization:
+        return None, "manual optimisation: Lightning does not clip"
+    if type(pl_module).configure_gradient_clipping is not LightningModule.configure_gradient_clipping:
+        return None, f"{type(pl_module).__name__} overrides configure_gradient_clipping"
+    if shard_layout(trainer).kind != "replicated":
+        return None, f"{type(trainer.strategy).__name__}: gradients are sharded, the clipping's norm is not global"
+    cls = type(plugin)
+    if cls.clip_grad_by_norm is not Precision.clip_grad_by_norm or cls.clip_gradients not in (
+            Precision.clip_gradients, MixedPrecision.clip_gradients):
+        return None, f"precision plugin {cls.__name__} clips its own way"
+    tap = plugin.__dict__.get(_CLIP_TAP_ATTR)
+    if tap is None:
+        tap = ClipNormTap(plugin)
+        setattr(plugin, _CLIP_TAP_ATTR, tap)
+    return tap, None
+
+
+def release_clip_tap(trainer: Trainer) -> None:
+    """Give the precision plugin its own ``clip_grad_by_norm`` back (idempotent; at the end of training)."""
+    plugin = trainer.precision_plugin
+    if plugin.__dict__.pop(_CLIP_TAP_ATTR, None) is not None:
+        plugin.__dict__.pop("clip_grad_by_norm", None)
