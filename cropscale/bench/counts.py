@@ -382,6 +382,11 @@ READ_METHODS: tuple[str, ...] = ("item", "tolist", "cpu", "numpy", "__bool__", "
 FIGURES: tuple[str, ...] = ("python_calls", "c_calls", "torch_ops", "reads")
 
 
+_DISPATCH_RULES = str(Path(torch._library.__file__).parent)
+"""``torch._library``: with a Python dispatch mode active, each op first looks up dispatch rules there (Python
+calls that exist only because the counter is on; left out)."""
+
+
 class HookCostCounter(TorchDispatchMode):
     """Per owner: Python calls, C calls, torch ops dispatched and device-to-host reads, on this thread.
 
@@ -394,7 +399,8 @@ class HookCostCounter(TorchDispatchMode):
     frame returns is the owner's. Owners listed in ``transparent`` (a
     :class:`~cropscale.callbacks.CallbackGroup`) keep only their own frames: a member called from them opens
     the member's region. Frames are looked at only when their code comes from one of ``files``. The
-    counter's own frames (dispatch, read wrappers) are not counted. ``totals`` maps owner -> the four
+    counter's own frames (dispatch, read wrappers) and the dispatch-rule lookups a Python mode adds to every op
+    are not counted. ``totals`` maps owner -> the four
     :data:`FIGURES` so far.
     """
 
@@ -414,8 +420,8 @@ class HookCostCounter(TorchDispatchMode):
             return
         if event == "call":
             code = frame.f_code
-            if code in self._own_codes:
-                self._skip = frame
+            if code in self._own_codes or code.co_filename.startswith(_DISPATCH_RULES):
+                self._skip = frame  # the counter's code, or torch's rule lookup that a Python mode brings
                 return
             stack = self._stack
             if (not stack or stack[-1][2]) and code.co_filename in self.files:
