@@ -2,13 +2,21 @@
 
 The overhead of host-side callback code hides in the noise of a real CPU step (hundreds of ms) but
 not on a GPU, where a step takes a few ms. So it is measured where it shows: a tiny model (one
-``nn.Linear``, batch 1, one CPU thread, FP32), a few thousand optimizer steps, the median step period
-after warm-up. Configurations:
+``nn.Linear``, batch 1, one CPU thread, FP32, gradient norm clipped to 1.0 as in ``configs/default.yaml``),
+a few thousand optimizer steps, the median step period after warm-up. Configurations:
 
 - ``off``: Lightning with a TensorBoardLogger (``log_every_n_steps`` as given), no cropscale callback;
 - ``on``: the same plus every scaling callback in one :class:`~cropscale.callbacks.CallbackGroup`
   (what ``callbacks/scaling.yaml`` installs);
-- ``separate`` (``--separate``): the same callbacks as eight separate Lightning callbacks.
+- ``separate`` (``--separate``): the same callbacks as eight separate Lightning callbacks;
+- ``lightning`` (default with the linear model, ``--no-lightning`` leaves it out): Lightning's own
+  ``ThroughputMonitor`` + ``LearningRateMonitor`` + ``DeviceStatsMonitor``, interleaved in the same fits as
+  ``on``; printed: the ratio of the mean overheads over all steps (log steps included), group / Lightning;
+- ``trace`` (``--trace``): the group with the step trace on, in the same fits.
+
+``--count`` counts instead of timing (:func:`count_fit`): per callback, ordinary and log steps apart,
+Python calls, C calls, torch ops and device-to-host reads, for the default group and Lightning's monitors
+in one fit, under ``32-true`` and ``16-mixed`` with a GradScaler (``docs/measuring.md``).
 
 **Interleaved in one fit.** On a shared machine the speed of a core drifts by tens of percent within
 a second, so two configurations run one after the other differ by more than the 100 µs looked for.
@@ -208,7 +216,7 @@ def _one_fit(configs: list[str], args: argparse.Namespace, root: str) -> dict[st
         accelerator="cpu", devices=1, max_steps=steps, max_epochs=1, callbacks=[*cbs, switch],
         logger=TensorBoardLogger(root, name="-".join(configs)), log_every_n_steps=args.log_every,
         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-        num_sanity_val_steps=0, gradient_clip_val=1.0 if args.model == "network" else None,
+        num_sanity_val_steps=0, gradient_clip_val=1.0,  # clipped by norm, as configs/default.yaml
     )
     switch.bind(trainer)
     trainer.fit(module, train_dataloaders=loader)
@@ -252,7 +260,7 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
                   "log_every_n_steps": args.log_every, "precision": "32-true",
                   "clock": {"wall": "time.perf_counter (wall)", "cpu": "time.process_time (CPU time of the process)"}[
                       args.clock],
-                  "optimizer": "AdamW, gradient norm clipped to 1.0" if args.model == "network" else "SGD"},
+                  "optimizer": ("AdamW" if args.model == "network" else "SGD") + ", gradient norm clipped to 1.0"},
         "median_step_us": {c: 1e6 * statistics.median(v) for c, v in per_config.items()},
         # the mean keeps the log steps (1 in log_every_n_steps), where the scalars are read and written
         "mean_step_us": {c: 1e6 * statistics.fmean(v) for c, v in per_config.items()},
