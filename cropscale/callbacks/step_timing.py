@@ -166,8 +166,7 @@ class StepTimingCallback(ScalingCallback):
             ``callpath`` like ``train_step->forward``, ``metric`` ``time``, ``value`` in seconds, plus
             ``rank``, ``step``, ``epoch``, ``warmup``), from a background thread. ``{rank}`` is replaced by
             the global rank; a relative path is taken inside ``trainer.log_dir``. ``None`` (default): no
-            trace (``configs/default.yaml`` leaves it off; ``callbacks/step_timing.yaml`` and
-            ``callbacks/scaling.yaml`` turn it on).
+            trace (``configs/default.yaml`` and the presets turn it on).
         trace_params: Extra-P modelling parameters written in every line besides ``world_size``
             (e.g. ``{"local_batch": 8}``).
         max_pending: steps kept unresolved at most; beyond it the oldest is waited for.
