@@ -1,8 +1,9 @@
 """Gradient helpers shared by the gradient-norm and non-finite callbacks.
 
-One total-norm computation per optimizer step (device tensors, cached), combined on the host at log
-steps; the AMP scaler and its scale without a host sync; the trainable parameters; how the strategy
-lays out gradients across ranks (:class:`ShardLayout`); the unscaled loss under a GradScaler.
+One total-norm computation per optimizer step (device tensors, cached), or the one gradient clipping made
+(:class:`ClipNormTap`), combined on the device at log steps (:func:`norms_tensor`); the AMP scaler and its
+scale without a host sync; the trainable parameters; how the strategy lays out gradients across ranks
+(:class:`ShardLayout`); the unscaled loss under a GradScaler.
 """
 
 from __future__ import annotations
@@ -22,12 +23,7 @@ _GRAD_NORM_CACHE: dict[str, Any] = {"key": None, "value": None}
 
 
 class GradNormParts(list):
-    """Device tensors whose norm is one step's total gradient norm (see :func:`grad_norm_parts`).
-
-    ``total`` caches the host value once :func:`total_norms` has read it (shared by callbacks).
-    """
-
-    total: float | None = None
+    """Device tensors whose norm is one step's total gradient norm (:func:`grad_norm_parts`, :func:`norms_tensor`)."""
 
 
 def clear_grad_norm_cache() -> None:
@@ -108,7 +104,7 @@ def grad_norm_parts(
     """Device tensors whose ``norm_type`` norm is the total gradient norm of ``params`` (no host sync).
 
     Without sharding: the per-parameter norms (one ``torch._foreach_norm`` launch, about 20 µs on a
-    CPU); :func:`total_norms` combines them on the host at log steps. With a sharded layout
+    CPU); :func:`norms_tensor` combines them on the device at log steps. With a sharded layout
     (:class:`ShardLayout`; ``True`` means :data:`WORLD`) the local ``sum |g|^p`` (local max for ``inf``) of
     the sharded gradients is all-reduced over their shard group only, a device-side collective, and
     returned as one part per group beside the replicated gradients' norms. Computed once per optimizer
@@ -194,54 +190,6 @@ def _sharded_parts(params: list[torch.nn.Parameter], layout: ShardLayout, norm_t
             torch.distributed.all_reduce(local, op=op, group=group)
         parts.append(local if inf else local ** (1.0 / norm_type))
     return parts
-
-
-def total_norms(steps: Sequence[Sequence[torch.Tensor]], norm_type: float = 2.0) -> list[float]:
-    """Total norm of each step from its :func:`grad_norm_parts` (one device-to-host copy for all steps).
-
-    ``total = (sum_i part_i^p)^(1/p)``, or ``max_i part_i`` for ``p = inf``; NaN / inf propagate.
-    """
-    if not steps:
-        return []
-    cached = [getattr(parts, "total", None) for parts in steps]
-    if all(c is not None for c in cached):  # another callback read these steps already
-        return cached  # type: ignore[return-value]
-    values = _total_norms(steps, norm_type)
-    for parts, v in zip(steps, values, strict=True):
-        if isinstance(parts, GradNormParts):
-            parts.total = v
-    return values
-
-
-def _total_norms(steps: Sequence[Sequence[torch.Tensor]], norm_type: float) -> list[float]:
-    tensors = [t for parts in steps for t in parts]
-    width = len(steps[0])
-    if width and all(len(parts) == width for parts in steps):
-        try:  # the common case, vectorised: [steps, parts] -> one norm per row
-            mat = torch.stack(tensors).reshape(len(steps), width).double()
-            return torch.linalg.vector_norm(mat, norm_type, dim=1).cpu().tolist()
-        except RuntimeError:  # mixed dtypes or devices: the host path below
-            pass
-    try:
-        flat = torch.stack(tensors).double().cpu().tolist()
-    except RuntimeError:
-        flat = [float(t) for t in tensors]
-    out: list[float] = []
-    i = 0
-    inf = math.isinf(norm_type)
-    for parts in steps:
-        vals = flat[i:i + len(parts)]
-        i += len(parts)
-        if any(math.isnan(v) for v in vals):
-            out.append(math.nan)
-        elif inf:
-            out.append(max(vals) if vals else 0.0)
-        else:
-            try:
-                out.append(math.fsum(v ** norm_type for v in vals) ** (1.0 / norm_type))
-            except OverflowError:
-                out.append(math.inf)
-    return out
 
 
 def trainable_params(pl_module: LightningModule) -> list[torch.nn.Parameter]:
