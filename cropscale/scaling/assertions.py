@@ -124,6 +124,8 @@ class ScalingVerdict:
             f"  noise    : {100 * c.noise:.2g} % per repetition (from the {c.noise_source}); "
             f"{len(c.x)} distinct {var} values in [{c.x.min():g}, {c.x.max():g}], "
             f"repetitions {sorted(set(map(int, c.repetitions)))}",
+            "  screened : " + ("; ".join(r.text(var) for r in c.screened) if c.screened else "none")
+            + " (repetitions beyond 7 robust sd of their point's median, at most r // 4 per point)",
             f"  PMNF fit : f({var}) = {m.formula}  [lead order {m.big_o}, LOO SMAPE {m.smape:.2f} %, "
             f"adjusted R^2 {m.adjusted_r2:.4f}] (Extra-P's selection on the medians)",
             "  data     : " + ", ".join(f"{xv:g}: {yv:.4g}" for xv, yv in zip(c.x, c.centres, strict=True))
