@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 from cropscale.errors import CropScaleError
 from cropscale.scaling.landau import order_variable, parse_order
+from cropscale.scaling.multi_verdict import MultiVerdict, check_scaling_multi, is_multi
 from cropscale.scaling.pmnf import PMNFModel, Term, fit_pmnf
 from cropscale.scaling.verdict import (
     DEFAULT_RESAMPLES,
@@ -137,7 +138,7 @@ class ScalingVerdict:
 class ScalingAssertionError(AssertionError):
     """A performance assertion failed; the message prints the verdict, both models and the data."""
 
-    def __init__(self, message: str, verdict: ScalingVerdict | None = None) -> None:
+    def __init__(self, message: str, verdict: ScalingVerdict | MultiVerdict | None = None) -> None:
         super().__init__(message)
         self.verdict = verdict
 
@@ -177,12 +178,16 @@ def check_scaling(
     resamples: int = DEFAULT_RESAMPLES,
     seed: int = 0,
     **fit_kwargs,
-) -> ScalingVerdict:
+) -> ScalingVerdict | MultiVerdict:
     """Judge measurements against ``expected``; never raises on a failed or undecided expectation.
 
     Args:
         x: parameter values (> 0), or a :class:`cropscale.scaling.series.ScalingSeries` (then ``y``
-            is omitted and its parameter name, label and evidence are used).
+            is omitted and its parameter name, label and evidence are used), or a tuple of two
+            sequences ``(x1, x2)`` (two parameters: ``expected`` is a product class such as
+            ``"O(batch)"`` over ``variables=("devices", "batch")``; returns a
+            :class:`cropscale.scaling.multi_verdict.MultiVerdict`, see
+            :func:`cropscale.scaling.multi_verdict.check_scaling_multi`).
         y: measurements: one value per ``x`` entry, or one sequence of repetitions per ``x``
             (repetitions give the verdict its noise estimate; without them it is the scatter of
             the best model's residuals).
@@ -203,6 +208,14 @@ def check_scaling(
     Raises:
         CropScaleError: a missing or malformed expectation, bad measurements, an unknown argument.
     """
+    if is_multi(x):
+        if model is not None:
+            raise CropScaleError("model= is for one parameter; a two-parameter assertion fits its own model")
+        if expected is None:
+            raise CropScaleError("state the expectation: expected='O(batch)', 'O(log devices * batch)' ...")
+        variables = fit_kwargs.pop("variables", None)
+        return check_scaling_multi(x, y, expected, resolution, variables=variables, label=label, evidence=evidence,
+                                   resamples=resamples, seed=seed, **fit_kwargs)
     if model is not None and not isinstance(model, PMNFModel):
         raise CropScaleError(f"model must be a PMNFModel, got {type(model).__name__}")
     if y is None and model is not None:
@@ -238,7 +251,7 @@ def assert_scaling(
     *,
     inconclusive: str = "fail",
     **kwargs,
-) -> ScalingVerdict:
+) -> ScalingVerdict | MultiVerdict:
     """Assert that measurements scale no worse than ``expected`` (see :func:`check_scaling`).
 
     Args:

@@ -14,14 +14,15 @@ of the verdict then has a mean of about ``lambda``. A verdict at level 0.005 wit
 needs ``lambda >= LAMBDA_NEEDED = (2.576 + 1.645)^2 = 17.8`` (normal quantiles: one-sided 0.005 and
 0.05). :func:`decide` estimates, from the observed noise and the two models, each of:
 
-- the repetitions per point that reach it (``lambda`` grows about linearly in ``r``);
+- the repetitions per point that reach it (equal repetitions ``k`` scale ``lambda`` by ``k / c(k)^2``);
 - the number of points, spaced evenly in ``log x`` over the same range, that reach it;
 - the largest ``x``, the points continued in the same ratio, that reaches it (the two models
   extrapolated beyond the measured range: an assumption the message states).
 
-Each is searched up to a cap (:data:`MAX_REPETITIONS`, :data:`MAX_POINTS`, :data:`MAX_DOUBLINGS`) and
-reported as "not within" it when the cap does not suffice. These are estimates, not guarantees:
-the verdict's bootstrap, not this formula, decides.
+Each is searched up to a cap (:data:`MAX_REPETITIONS`, :data:`MAX_POINTS`, :data:`MAX_DOUBLINGS`;
+points and range by bisection, taking ``lambda`` as growing with them) and reported as "not
+within" it when the cap does not suffice. These are estimates, not guarantees: the verdict's
+bootstrap, not this formula, decides.
 """
 
 from __future__ import annotations
@@ -62,7 +63,7 @@ def separation(xs: np.ndarray, reps: np.ndarray, sigma: float, alt: Callable[[np
 
 
 def decide(xs: np.ndarray, counts: np.ndarray, sigma: float, alt: Callable[[np.ndarray], np.ndarray],
-           within: Sequence[Term], var: str = "n") -> str:
+           within: Sequence[Term], var: str = "n", min_points: int = 5) -> str:
     """One sentence: what would separate ``alt`` from the ``within`` family (module docstring).
 
     Args:
@@ -72,41 +73,52 @@ def decide(xs: np.ndarray, counts: np.ndarray, sigma: float, alt: Callable[[np.n
         alt: the alternative above the expectation, a callable of ``x``.
         within: the terms of the expectation or below.
         var: the parameter's name.
+        min_points: distinct values below which a verdict never passes (named first when short of them).
     """
     xs = np.asarray(xs, dtype=np.float64)
+    if xs.size < min_points:
+        lo, hi = float(xs[0]), float(xs[-1])
+        return (f"to decide: measure at least {min_points} distinct {var} values (now {xs.size}; a verdict never "
+                f"passes on fewer), e.g. {min_points} values spaced evenly in log {var} over [{lo:g}, {hi:g}] or "
+                "further")
     r = max(int(np.median(counts)), 1)
     lam = separation(xs, counts, sigma, alt, within)
     head = f"to decide (estimates from the observed noise: separation {lam:.3g} of the {LAMBDA_NEEDED:.3g} needed): "
     if lam >= LAMBDA_NEEDED:
         return head + "the two models are far enough apart at these points; repeat the measurement"
-    parts = []
-    need_r = next((k for k in _steps(r, MAX_REPETITIONS)
-                   if separation(xs, np.full(xs.size, k), sigma, alt, within) >= LAMBDA_NEEDED), None)
-    parts.append(f"about {need_r} repetitions per point (now {r})" if need_r
-                 else f"not within {MAX_REPETITIONS} repetitions per point")
+    # equal repetitions k everywhere scale every weight by k / c(k)^2: one fit gives them all
+    unit = separation(xs, np.ones(xs.size), sigma, alt, within)
+    need_r = next((k for k in range(r + 1, MAX_REPETITIONS + 1)
+                   if unit * k / iqm_se_factor(k) ** 2 >= LAMBDA_NEEDED), None)
+    parts = [f"about {need_r} repetitions per point (now {r})" if need_r
+             else f"not within {MAX_REPETITIONS} repetitions per point"]
     lo, hi = float(xs[0]), float(xs[-1])
-    need_n = next((n for n in range(xs.size + 1, MAX_POINTS + 1)
-                   if separation(np.geomspace(lo, hi, n), np.full(n, r), sigma, alt, within) >= LAMBDA_NEEDED), None)
+    need_n = _first(range(xs.size + 1, MAX_POINTS + 1),
+                    lambda n: separation(np.geomspace(lo, hi, n), np.full(n, r), sigma, alt, within) >= LAMBDA_NEEDED)
     parts.append(f"or {need_n} points over the same range (now {xs.size})" if need_n
                  else f"not within {MAX_POINTS} points over the same range")
-    ratio = (hi / lo) ** (1.0 / max(xs.size - 1, 1)) if hi > lo else 2.0
-    ext = list(xs)
-    need_x = None
-    for _ in range(MAX_DOUBLINGS):
-        ext.append(ext[-1] * max(ratio, 1.0 + 1e-9))
-        pts = np.asarray(ext)
-        if separation(pts, np.full(pts.size, r), sigma, alt, within) >= LAMBDA_NEEDED:
-            need_x = pts
-            break
-    parts.append(f"or the range up to {var} = {need_x[-1]:.4g} ({need_x.size - xs.size} more points in the same "
-                 f"ratio, if both models hold there)" if need_x is not None
+    ratio = max((hi / lo) ** (1.0 / max(xs.size - 1, 1)), 1.0 + 1e-9) if hi > lo else 2.0
+
+    def extended(m: int) -> np.ndarray:
+        return np.concatenate([xs, hi * ratio ** np.arange(1, m + 1)])
+
+    need_m = _first(range(1, MAX_DOUBLINGS + 1), lambda m: separation(
+        extended(m), np.full(xs.size + m, r), sigma, alt, within) >= LAMBDA_NEEDED)
+    parts.append(f"or the range up to {var} = {extended(need_m)[-1]:.4g} ({need_m} more points in the same ratio, "
+                 "if both models hold there)" if need_m
                  else f"no range up to {MAX_DOUBLINGS} more points in the same ratio")
     return head + ", ".join(parts)
 
 
-def _steps(start: int, cap: int):
-    """Repetition counts tried: ``start + 1`` .. ``cap``, densely at first, then by about 10 %."""
-    k = start + 1
-    while k <= cap:
-        yield k
-        k = k + 1 if k < 20 else int(math.ceil(k * 1.1))
+def _first(candidates: range, ok: Callable[[int], bool]) -> int | None:
+    """The smallest candidate where ``ok`` holds, by bisection (``ok`` taken as monotone), or ``None``."""
+    lo, hi = candidates.start, candidates.stop - 1
+    if hi < lo or not ok(hi):
+        return None
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if ok(mid):
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo

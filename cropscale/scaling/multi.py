@@ -167,11 +167,13 @@ def aggregate_multi(x, y, measure: str = "mean") -> tuple[np.ndarray, list[np.nd
     return uniq, reps, np.array([float(agg(r)) for r in reps])
 
 
-def line_points(coords: np.ndarray, values: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
-    """Per parameter, the line ``(x [k] ascending, value [k])`` of step 2 of the module docstring."""
-    dims = coords.shape[1]
+def line_groups(coords: np.ndarray) -> list[list[tuple[float, list[int]]]]:
+    """Per parameter, its line as ``[(x_p, indices of the coordinates averaged there)]``, ``x_p`` ascending.
+
+    Step 2 of the module docstring; ``coords`` ``[m, P]`` in the order of the measurements.
+    """
     out = []
-    for p in range(dims):
+    for p in range(coords.shape[1]):
         groups: dict[tuple, list[int]] = {}
         for k, c in enumerate(coords):
             groups.setdefault(tuple(np.delete(c, p)), []).append(k)
@@ -183,15 +185,15 @@ def line_points(coords: np.ndarray, values: np.ndarray) -> list[tuple[np.ndarray
                     by_value.setdefault(float(coords[k, p]), []).append(k)
         members = list(by_value.values())
         common = {tuple(np.delete(coords[k], p)) for k in members[0]}
-        xs, ys = [], []
-        for v, ks in by_value.items():
-            kept = [k for k in ks if tuple(np.delete(coords[k], p)) in common]
-            if kept:
-                xs.append(v)
-                ys.append(float(np.mean(values[kept])))
-        order = np.argsort(xs)
-        out.append((np.asarray(xs)[order], np.asarray(ys)[order]))
+        line = [(v, [k for k in ks if tuple(np.delete(coords[k], p)) in common]) for v, ks in by_value.items()]
+        out.append(sorted(((v, ks) for v, ks in line if ks), key=lambda t: t[0]))
     return out
+
+
+def line_points(coords: np.ndarray, values: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Per parameter, the line ``(x [k] ascending, value [k])``: the mean of ``values`` over each group."""
+    return [(np.array([v for v, _ in line]), np.array([float(np.mean(values[ks])) for _, ks in line]))
+            for line in line_groups(coords)]
 
 
 def _line_term(xs: np.ndarray, ys: np.ndarray, eps: float, var: str) -> tuple[Term, float, float]:

@@ -531,7 +531,8 @@ class _State:
         if status == INCONCLUSIVE:
             alt = excluded[0][0]
             hint = decide(self.xs, self.counts, max(self.sigma, NOISE_FLOOR), alt,
-                          [t for t, w in zip(self.design.terms, self.design.within, strict=True) if w], self.variable)
+                          [t for t, w in zip(self.design.terms, self.design.within, strict=True) if w], self.variable,
+                          MIN_POINTS)
             reason = self.reason(within, alt, adequacy, p_within, p_above) + "; " + hint
         return ClassVerdict(
             status, self.expected, within, above, d_obs, p_within, p_above, tuple(excluded), support,

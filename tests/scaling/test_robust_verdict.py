@@ -70,11 +70,16 @@ def test_separation_against_the_constant_by_hand():
     assert separation(x, np.full(5, need - 1), sigma, alt2, [CONSTANT]) < LAMBDA_NEEDED
 
 
-def test_an_inconclusive_verdict_on_four_points_says_what_would_decide_it():
+def test_an_inconclusive_verdict_says_what_would_decide_it():
     x4 = 2.0 ** np.arange(1, 5)
     rng = np.random.default_rng(7)
     y = (20 + x4)[:, None] * (1 + 0.05 * rng.standard_normal((4, 5)))
     v = judge(x4, y, Term(1), resamples=300)
     assert v.status == INCONCLUSIVE and v.hint and v.reason.endswith(v.hint)
-    assert "repetitions per point (now 5)" in v.hint and "points over the same range" in v.hint
-    assert "the range up to n = " in v.hint or "no range up to" in v.hint
+    assert v.hint.startswith("to decide: measure at least 5 distinct n values (now 4")
+    x6 = 2.0 ** np.arange(1, 7)
+    y6 = (20 + x6)[:, None] * (1 + 0.3 * rng.standard_normal((6, 5)))  # 30 % noise
+    w = judge(x6, y6, Term(1), resamples=300)
+    assert w.status == INCONCLUSIVE and w.reason.startswith("too much noise")
+    assert "repetitions per point (now 5)" in w.hint and "points over the same range" in w.hint
+    assert "the range up to n = " in w.hint or "no range up to" in w.hint
