@@ -44,11 +44,16 @@ def test_line_repetitions_by_hand():
     coords, reps, _ = aggregate_multi((d, b), y)
     (dx, dy), (bx, by) = lines_with_repetitions(coords, reps)
     np.testing.assert_array_equal(bx, BATCH)
-    for i, bv in enumerate(BATCH):
-        rows = y[b == bv]  # one row per device value
-        m = rows.mean(axis=1)
-        expected = m.mean() * (1 + np.mean(rows / m[:, None] - 1, axis=0))
+    ybar = y.mean(axis=1).reshape(len(DEVICES), len(BATCH))  # [device, batch]
+    per_device = ybar.mean(axis=1)
+    cube = y.reshape(len(DEVICES), len(BATCH), 5)
+    for i in range(len(BATCH)):
+        expected = np.mean(cube[:, i, :] / per_device[:, None], axis=0)
         np.testing.assert_allclose(by[i], expected, rtol=1e-12)
+    # for a product the normalised line keeps the class exactly: 1 + d b over d is affine in b
+    d0, b0, y0 = _grid(lambda d, b: d * b, reps=2)
+    _, (bx0, by0) = lines_with_repetitions(*aggregate_multi((d0, b0), y0)[:2])
+    np.testing.assert_allclose(by0[:, 0], np.array(BATCH) / np.mean(BATCH), rtol=1e-12)
     assert dy.shape == (len(DEVICES), 5)
 
 
