@@ -165,8 +165,8 @@ class MultiVerdict:
         if self.model is not None:
             lines.append(f"  PMNF fit : {self.model} (Extra-P's multi-parameter selection on the means)")
         for v, (x, reps) in zip(self.variables, self.lines, strict=True):
-            lines.append(f"  line {v} (normalised): " + ", ".join(f"{a:g}: {float(np.mean(r)):.4g}" for a, r in zip(x, reps,
-                                                                                                    strict=True)))
+            pts = ", ".join(f"{a:g}: {float(np.mean(r)):.4g}" for a, r in zip(x, reps, strict=True))
+            lines.append(f"  line {v} (normalised): {pts}")
         return "\n".join(lines)
 
 
