@@ -1,6 +1,6 @@
 """Error rates of the scaling verdict on seeded synthetic series of known class.
 
-``python -m cropscale scaling assert-bench [--seed 0] [--per-cell 3] [--multi 48] [--resamples 1000]
+``python -m cropscale scaling assert-bench [--seed 0] [--per-cell 3] [--multi 96] [--resamples 1000]
 [--class-step 1] [--json F]``
 
 Three cases, each a count of verdict outcomes on seeded series (evidence label ``count``).
@@ -74,7 +74,7 @@ KINDS = ("true", "next-lower", "two-or-more-lower")
 TARGETS = {"false_reject": 0.05, "next_lower_accepted_per_pair": 0.02, "two_or_more_lower_accepted": 0.0}
 """Upper bounds of the rates (fractions), for every case."""
 DEFAULT_PER_CELL = 3
-DEFAULT_MULTI = 48
+DEFAULT_MULTI = 96
 DEFAULT_BENCH_RESAMPLES = 1000
 
 
