@@ -91,6 +91,11 @@ class ScalingVerdict:
         return self.model.lead_order <= self.expected
 
     @property
+    def reason(self) -> str:
+        """Why the verdict is inconclusive, and what would decide it (empty otherwise)."""
+        return self.classes.reason
+
+    @property
     def variable(self) -> str:
         """Name of the fitted parameter (``n``, ``batch`` ...)."""
         return self.model.variable

@@ -141,6 +141,14 @@ class MultiVerdict:
         """Neither failed, and one parameter's verdict is undecided."""
         return self.status == INCONCLUSIVE
 
+    @property
+    def reason(self) -> str:
+        """The undecided parameters' reasons (empty unless inconclusive)."""
+        if self.status != INCONCLUSIVE:
+            return ""
+        return "; ".join(f"{v}: {c.reason}" for v, c in zip(self.variables, self.per_parameter, strict=True)
+                         if c.status == INCONCLUSIVE)
+
     def _parameter_text(self, p: int) -> str:
         v, c = self.variables[p], self.per_parameter[p]
         text = c.reason if c.status == INCONCLUSIVE else c.describe(v)

@@ -86,3 +86,13 @@ def test_bad_two_parameter_input_is_one_clear_error():
         check_scaling((d, b), y[:, 0])
     with pytest.raises(CropScaleError, match="unknown arguments"):
         check_scaling((d, b), y[:, 0], "O(batch)", variables=NAMES, min_term_contribution=0.1)
+
+
+def test_an_undecided_parameter_is_named_in_the_reason():
+    d, b = np.meshgrid((1.0, 2.0, 4.0), BATCH, indexing="ij")
+    d, b = d.ravel(), b.ravel()
+    y = (3 + 0.5 * b)[:, None] * (1 + 0.02 * np.random.default_rng(3).standard_normal((d.size, 5)))
+    v = check_scaling((d, b), y, "O(batch)", variables=NAMES)
+    assert v.inconclusive and v.per_parameter[1].status == "pass"
+    assert v.reason.startswith("devices: too few points (3 distinct devices values")
+    assert "to decide: measure at least 5 distinct devices values (now 3" in v.reason
