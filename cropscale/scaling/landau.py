@@ -36,11 +36,6 @@ LADDER: tuple[Term, ...] = tuple(
 """The 24 classes from ``O(1)`` to ``O(n^3)``, in increasing order: every polynomial exponent the
 PMNF fitter can choose (:data:`cropscale.scaling.pmnf.POLY_EXPONENTS`) and the log classes
 ``log n, log^2 n, n log n, n log^2 n``."""
-COARSE_LADDER: tuple[Term, ...] = (
-    CONSTANT, Term(Fraction(0), 1), Term(Fraction(0), 2), Term(Fraction(1, 2)), Term(Fraction(1)),
-    Term(Fraction(1), 1), Term(Fraction(1), 2), Term(Fraction(3, 2)), Term(Fraction(2)), Term(Fraction(3)),
-)
-"""The ten classes of the verdict before the ladder was refined (kept for reference in tests and docs)."""
 
 _NAME = r"[A-Za-z_]\w*"
 _NUMBER = r"-?\d+(?:\.\d+)?(?:/\d+)?"
