@@ -41,8 +41,15 @@ completion), ``comm_exposed`` the part after the last bucket was launched (gradi
 finished), i.e. communication not overlapped with backward.
 
 On CUDA every boundary is a ``torch.cuda.Event`` on the current stream, resolved lazily
-(``Event.query()`` at log steps, one ``Event.synchronize()`` at each epoch end); no per-step host
-sync unless ``sync_cuda=True``. On CPU the boundaries are ``time.perf_counter`` readings.
+(``Event.query()`` at the end of each step for the steps not resolved yet, one ``Event.synchronize()`` at
+each epoch end); no per-step host sync unless ``sync_cuda=True``. On CPU the boundaries are
+``time.perf_counter`` readings, resolved at the end of their step. Resolving as the steps come keeps the log
+step cheap: it only logs the interval's means.
+
+The trace (``trace_path``) is buffered as rows of host numbers and handed at each log step to a background
+thread that formats and writes them (:class:`~cropscale.callbacks._trace.TraceWriter`): no JSON formatting
+on the training thread. The file holds only whole lines; it is drained at each epoch end, at the end of
+training and on an exception (a SIGTERM that Lightning handles included).
 
 Statistics per epoch (median, p95) leave out warm-up steps, the first step of each epoch (its data
 wait includes worker start-up, reported apart as ``first_batch_wait_ms``) and the first step after a
@@ -55,7 +62,6 @@ The callback only records marks in its hooks; the window arithmetic and the stat
 
 from __future__ import annotations
 
-import json
 import os
 from typing import Any
 
@@ -69,6 +75,7 @@ from cropscale.callbacks._batches import batch_size
 from cropscale.callbacks._clock import CudaEventClock, HostClock, clock_for
 from cropscale.callbacks._dist import gather_vectors, rank_stats
 from cropscale.callbacks._logging import log_metrics
+from cropscale.callbacks._trace import TraceRow, TraceWriter
 from cropscale.callbacks._windows import (
     COMM_FIGURES,
     FIGURES,
@@ -157,8 +164,9 @@ class StepTimingCallback(ScalingCallback):
         time_comm: time the DDP gradient all-reduce with a communication hook.
         trace_path: write one JSON line per window and step (Extra-P JSON-lines format: ``params``,
             ``callpath`` like ``train_step->forward``, ``metric`` ``time``, ``value`` in seconds, plus
-            ``rank``, ``step``, ``epoch``, ``warmup``). ``{rank}`` is replaced by the global rank; a
-            relative path is taken inside ``trainer.log_dir``. ``None``: no trace.
+            ``rank``, ``step``, ``epoch``, ``warmup``), from a background thread. ``{rank}`` is replaced by
+            the global rank; a relative path is taken inside ``trainer.log_dir``. ``None`` (default): no
+            trace (``configs/default.yaml`` and the presets turn it on).
         trace_params: Extra-P modelling parameters written in every line besides ``world_size``
             (e.g. ``{"local_batch": 8}``).
         max_pending: steps kept unresolved at most; beyond it the oldest is waited for.
@@ -214,7 +222,8 @@ class StepTimingCallback(ScalingCallback):
         self._stats = WindowStats()
         self._epoch = 0
         self._comm_status: dict[str, Any] = {"available": False, "reason": "not a multi-process DDP run"}
-        self._trace: Any = None
+        self._trace: TraceWriter | None = None
+        self._trace_rows: list[TraceRow] = []
         self._trace_file: str | None = None
         self._rank = 0
         self._world = 1
@@ -263,7 +272,9 @@ class StepTimingCallback(ScalingCallback):
                 path = os.path.join(log_dir, path)
             os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
             self._trace_file = path
-            self._trace = open(path, "a", encoding="utf-8")  # noqa: SIM115 - closed in teardown
+            self._trace_rows = []
+            self._trace = TraceWriter(path, ALL_FIGURES, {"world_size": self._world, **self.trace_params},
+                                      self._rank)
 
     def _register_comm_hook(self, trainer: Trainer) -> None:
         if not self.time_comm:
@@ -384,9 +395,12 @@ class StepTimingCallback(ScalingCallback):
             torch.cuda.synchronize()
         if len(self._pending) > self.max_pending:
             self._resolve(block=True, limit=len(self._pending) - self.max_pending)
+        self._resolve(block=False)  # host marks: this step; CUDA events: the steps the device has finished
         if log_now:
-            self._resolve(block=False)
             self._log_interval(trainer)
+            if self._trace is not None and self._trace_rows:
+                rows, self._trace_rows = self._trace_rows, []
+                self._trace.put(rows)
 
     # ------------------------------------------------------------------ resolution
     def _resolve(self, block: bool, limit: int | None = None) -> None:
@@ -407,7 +421,7 @@ class StepTimingCallback(ScalingCallback):
             if self._stats.update(marks, windows):
                 self.steps_measured += 1
             if self._trace is not None:
-                self._write_trace(windows, marks)
+                self._trace_rows.append((windows.figures(), marks.step, marks.epoch, marks.warmup, marks.samples))
             if self._clock.device_timeline:  # recycle every event except this step's end (the next prev_end)
                 self._clock.release(marks.spent_marks())
 
@@ -427,25 +441,21 @@ class StepTimingCallback(ScalingCallback):
             clock.wait_all()
             return marks.windows(clock.seconds)
 
-    def _write_trace(self, windows: StepWindows, marks: StepMarks) -> None:
-        params = {"world_size": self._world, **self.trace_params}
-        lines = []
-        for name, value in zip(ALL_FIGURES, windows.figures(), strict=True):
-            if value is None:
-                continue
-            callpath = "train_step" if name == "step" else f"train_step->{name}"
-            lines.append(json.dumps({
-                "params": params, "callpath": callpath, "metric": "time", "value": value,
-                "rank": self._rank, "step": marks.step, "epoch": marks.epoch, "warmup": marks.warmup,
-                "samples": marks.samples,
-            }))
-        if lines:
-            self._trace.write("\n".join(lines) + "\n")
+    def _hand_over_trace(self, wait: bool) -> None:
+        """Give the buffered trace rows to the writer thread; with ``wait``, until they are on disk."""
+        if self._trace is None:
+            return
+        rows, self._trace_rows = self._trace_rows, []
+        self._trace.put(rows)
+        if wait:
+            self._trace.drain()
 
     def _close_trace(self) -> None:
         if self._trace is not None:
-            self._trace.close()
-            self._trace = None
+            trace, self._trace = self._trace, None
+            rows, self._trace_rows = self._trace_rows, []
+            trace.put(rows)
+            trace.close()
 
     # ------------------------------------------------------------------ logging
     def _log_interval(self, trainer: Trainer) -> None:
@@ -459,6 +469,7 @@ class StepTimingCallback(ScalingCallback):
             self._clock.release(self._cur.marks())
             self._cur = None
         self._resolve(block=True)
+        self._hand_over_trace(wait=True)
         stats = self._stats.epoch_stats_ms()
         medians = [stats[name]["median"] for name in ALL_FIGURES]
         per_rank = gather_vectors(trainer, pl_module, [*medians, self._stats.first_batch_wait])
