@@ -28,8 +28,10 @@ prev=""
 for a in "$@"; do
     if [ "$prev" = "--output" ] || [ "$prev" = "--json" ]; then
         echo '{"evidence": "measured-microbenchmark", "results": [
-          {"precision": "bf16-mixed", "batch_size": 8, "status": "ok", "samples_per_s": 100.0, "precision_label": "AMP BF16"},
-          {"precision": "bf16-mixed", "batch_size": 16, "status": "ok", "samples_per_s": 150.0, "precision_label": "AMP BF16"}]}' > "$a"
+          {"precision": "bf16-mixed", "batch_size": 8, "status": "ok", "samples_per_s": 100.0,
+           "precision_label": "AMP BF16"},
+          {"precision": "bf16-mixed", "batch_size": 16, "status": "ok", "samples_per_s": 150.0,
+           "precision_label": "AMP BF16"}]}' > "$a"
     fi
     case "$a" in
         --trainer.logger.init_args.save_dir=*) save="${a#*=}";;
@@ -37,7 +39,8 @@ for a in "$@"; do
     esac
     prev="$a"
 done
-if [ -n "${save:-}" ]; then mkdir -p "$save/$name/version_0/checkpoints"; echo x > "$save/$name/version_0/checkpoints/last.ckpt"
+if [ -n "${save:-}" ]; then
+    mkdir -p "$save/$name/version_0/checkpoints"; echo x > "$save/$name/version_0/checkpoints/last.ckpt"
     echo '{"evidence": "measured-run", "status": "finished", "summary": {}}' > "$save/$name/version_0/run.json"; fi
 case "$*" in *"$FAIL_ON"*) echo "fake failure of: $*"; exit 3;; esac
 echo "fake output of: ${*:1:3}"
