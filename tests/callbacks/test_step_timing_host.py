@@ -47,3 +47,20 @@ def test_host_data_wait_is_the_loaders_sleep_and_equals_the_cpu_window(tmp_path)
     assert 0.0 <= transfer_host.median < 5.0 and abs(transfer_host.median - transfer.median) < 0.5
     as_json = epoch.to_json()
     assert "data_wait_host" in as_json["host_windows_ms"] and "data_wait_host" not in as_json["windows_ms"]
+
+
+def test_report_rule_takes_the_median_over_measured_epochs_and_is_empty_for_older_runs():
+    from cropscale.runs import rules
+    from cropscale.runs.schema import RunSummary
+
+    def epoch(i, wait, transfer):
+        return {"epoch": i, "windows_ms": {}, "host_windows_ms": {
+            "data_wait_host": {"median": wait, "p95": wait, "n": 3},
+            "transfer_host": {"median": transfer, "p95": transfer, "n": 3}}}
+
+    summary = RunSummary.from_json({"step_timing": {"epochs": [epoch(0, 100.0, 9.0), epoch(1, 2.0, 1.0),
+                                                                epoch(2, 4.0, 3.0)]}})
+    # epoch 0 is the warm-up epoch here: the medians of epochs 1 and 2, by hand (2 + 4) / 2 and (1 + 3) / 2
+    assert rules.host_windows(summary, warmup_epochs=1) == {"data_wait_host": 3.0, "transfer_host": 2.0}
+    older = RunSummary.from_json({"step_timing": {"epochs": [{"epoch": 1, "windows_ms": {}}]}})
+    assert rules.host_windows(older, warmup_epochs=0) == {}
