@@ -40,6 +40,11 @@ per-repeat medians and the median of the per-repeat differences, all labelled
 :class:`~cropscale.model.network.CropMappingNet`, multi-task loss, AdamW, gradient norm clipped to
 1.0, synthetic samples prepared before training; default crop 16 so that a CPU run takes about a
 minute): there the figure is the ratio to a real step, target at most 2 %.
+
+``--device cuda`` runs the fits on one GPU (default ``cpu``). The step period is still read on the host
+clock between ``on_train_batch_end`` hooks: with no per-step sync, the host's steps settle to the device's
+pace only once the launch queue is full, so for a small model it is the host-side (launch and callback)
+cost of a step, which is what the callbacks add to.
 """
 
 from __future__ import annotations
@@ -213,7 +218,8 @@ def _one_fit(configs: list[str], args: argparse.Namespace, root: str) -> dict[st
         module = ToyTask(features=args.features)
         loader = torch.utils.data.DataLoader(toy_batches(steps + 1, args.batch, args.features), batch_size=None)
     trainer = Trainer(
-        accelerator="cpu", devices=1, max_steps=steps, max_epochs=1, callbacks=[*cbs, switch],
+        accelerator="gpu" if args.device == "cuda" else "cpu", devices=1, max_steps=steps, max_epochs=1,
+        callbacks=[*cbs, switch],
         logger=TensorBoardLogger(root, name="-".join(configs)), log_every_n_steps=args.log_every,
         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
         num_sanity_val_steps=0, gradient_clip_val=1.0,  # clipped by norm, as configs/default.yaml
@@ -257,7 +263,7 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
                   "steps": args.steps, "warmup": args.warmup, "repeats": args.repeats, "block": args.block,
                   "design": (f"off and each configuration interleaved in blocks of {args.block} steps within one "
                              f"fit (first {SETTLE_STEPS} of each block left out)"),
-                  "log_every_n_steps": args.log_every, "precision": "32-true",
+                  "log_every_n_steps": args.log_every, "precision": "32-true", "device": args.device,
                   "clock": {"wall": "time.perf_counter (wall)", "cpu": "time.process_time (CPU time of the process)"}[
                       args.clock],
                   "optimizer": ("AdamW" if args.model == "network" else "SGD") + ", gradient norm clipped to 1.0"},
@@ -542,6 +548,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--clock", choices=tuple(CLOCKS), default="wall",
                    help="wall: time.perf_counter (default); cpu: CPU time of the process, steadier on a loaded machine")
     p.add_argument("--json", type=str, default=None, help="also write the figures to this JSON file")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                   help="where the fits run (default cpu); cuda: one GPU, step periods on the host clock")
     args = p.parse_args(argv)
     if args.count and args.model != "linear":
         raise CropScaleError("callback-bench: --count runs the linear model only (leave out --model network)")
@@ -557,6 +565,8 @@ def main(argv: list[str] | None = None) -> int:
             raise CropScaleError(f"callback-bench: --{name.replace('_', '-')} must be >= 1")
     if args.warmup < 0:
         raise CropScaleError("callback-bench: --warmup must be >= 0")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise CropScaleError("callback-bench: --device cuda, but torch sees no CUDA GPU")
     if args.block <= SETTLE_STEPS:
         raise CropScaleError(f"callback-bench: --block must be >= {SETTLE_STEPS + 1} (the first {SETTLE_STEPS} "
                              "steps of each block are left out)")

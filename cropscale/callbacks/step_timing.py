@@ -51,6 +51,15 @@ thread that formats and writes them (:class:`~cropscale.callbacks._trace.TraceWr
 on the training thread. The file holds only whole lines; it is drained at each epoch end, at the end of
 training and on an exception (a SIGTERM that Lightning handles included).
 
+Two clocks, two names. The windows above are on the run's clock (``summary.step_timing.clock``): on CUDA
+the **device timeline** (a window is the device time between the events recorded at its two ends, so
+``data_wait`` there is what the GPU did while the host fetched — queued work of the previous step, or
+idle — not the fetch's duration). The data wait and the transfer are also timed on the **host clock**
+(``time.perf_counter``): ``data_wait_host`` (the loader's ``__next__`` as the host lived it) and
+``transfer_host`` (the host time to enqueue the copies and hooks), per epoch in ``host_windows_ms`` (this
+rank's median and p95 over the same measured steps). A CPU run has the host clock only: its ``data_wait``
+and ``transfer`` are host times, and ``data_wait_host`` / ``transfer_host`` equal them.
+
 Statistics per epoch (median, p95) leave out warm-up steps, the first step of each epoch (its data
 wait includes worker start-up, reported apart as ``first_batch_wait_ms``) and the first step after a
 validation run. Per-rank medians are gathered at epoch end (max, median, slowest rank).
@@ -63,6 +72,7 @@ The callback only records marks in its hooks; the window arithmetic and the stat
 from __future__ import annotations
 
 import os
+from time import perf_counter
 from typing import Any
 
 import torch
@@ -89,6 +99,7 @@ from cropscale.callbacks._windows import (
 from cropscale.callbacks.base import ScalingCallback
 from cropscale.errors import CropScaleError
 from cropscale.evidence import MEASURED_RUN
+from cropscale.numbers import median_p95
 from cropscale.runs.schema import RankStats, StepTimingEpoch, StepTimingSummary
 from cropscale.runs.schema import WindowStats as WindowFigures
 
@@ -96,6 +107,8 @@ COMPONENTS: tuple[str, ...] = STEP_WINDOWS
 """The windows of one optimizer step, in order (:data:`cropscale.callbacks.STEP_WINDOWS`)."""
 COMM_COMPONENTS: tuple[str, ...] = COMM_FIGURES
 ALL_FIGURES: tuple[str, ...] = FIGURES
+HOST_FIGURES: tuple[str, ...] = ("data_wait_host", "transfer_host")
+"""The data wait and transfer on the host clock (``perf_counter``), beside the run clock's windows."""
 
 _FETCH_ACTION = "train_dataloader_next"
 
@@ -227,6 +240,9 @@ class StepTimingCallback(ScalingCallback):
         self._trace_file: str | None = None
         self._rank = 0
         self._world = 1
+        self._host_fetch: tuple[float | None, float | None] = (None, None)  # this micro-batch's fetch, host s
+        self._host_step = [0.0, 0.0]  # data_wait_host, transfer_host of the step so far (s)
+        self._host_epoch: list[tuple[float, float]] = []
 
     # ------------------------------------------------------------------ state
     @override
@@ -317,12 +333,14 @@ class StepTimingCallback(ScalingCallback):
         cur = self._cur
         if cur is not None:  # an orphan record (prefetch outside a step, or the epoch's last fetch)
             self._clock.release(cur.marks())
+        self._host_fetch = (perf_counter(), None)
         self._cur = MicroBatchMarks(fetch_start=self._mark())
 
     def _on_fetch_end(self) -> None:
         cur = self._cur
         if cur is not None:
             cur.fetch_end = self._mark()
+            self._host_fetch = (self._host_fetch[0], perf_counter())
 
     @override
     def on_train_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
@@ -330,6 +348,8 @@ class StepTimingCallback(ScalingCallback):
         self._first_in_epoch = True
         self._after_val = False
         self._stats.start_epoch()
+        self._host_epoch = []
+        self._host_step = [0.0, 0.0]
         self._micros = []
         self._micro_comm = []
         if self._prev_end is not None:
@@ -342,6 +362,12 @@ class StepTimingCallback(ScalingCallback):
         if cur is None:  # no fetch seen (dataloader_iter-style training_step)
             cur = self._cur = MicroBatchMarks()
         cur.batch_start = self._mark()
+        start, end = self._host_fetch
+        if start is not None and end is not None:
+            host = perf_counter()
+            self._host_step[0] += end - start
+            self._host_step[1] += host - end
+        self._host_fetch = (None, None)
         self._stepped = False
 
     @override
@@ -386,6 +412,9 @@ class StepTimingCallback(ScalingCallback):
             first_in_epoch=self._first_in_epoch, after_validation=self._after_val, step=self._gstep,
             epoch=self._epoch, samples=batch_size(batch) if self._trace is not None else None,
         ))
+        if not (self._pending[-1].excluded or self._pending[-1].prev_end is None):
+            self._host_epoch.append((self._host_step[0], self._host_step[1]))
+        self._host_step = [0.0, 0.0]
         self._prev_end = cur.batch_end
         self._micros = []
         self._micro_comm = []
@@ -483,6 +512,8 @@ class StepTimingCallback(ScalingCallback):
             step_ms_per_rank=RankStats(**step_ranks),
             window_median_ms_per_rank={name: [row[i] for row in per_rank] for i, name in enumerate(ALL_FIGURES)},
             first_batch_wait_ms_per_rank=first_wait,
+            host_windows_ms={name: WindowFigures(**median_p95([row[i] for row in self._host_epoch], scale=1e3))
+                             for i, name in enumerate(HOST_FIGURES)},
         ))
         metrics: dict[str, float | None] = {}
         for name in ALL_FIGURES:
