@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from cropscale.evidence import MEASURED_RUN
-from cropscale.numbers import mean_sd, median
+from cropscale.numbers import mean_sd, median, speedup
 from cropscale.runs.record import RunRecord
 from cropscale.scaling.amdahl import karp_flatt
 from cropscale.study import protocol as P
@@ -158,19 +158,21 @@ def measured_row(config: Configuration, runs: Sequence[RunRecord], train_samples
 
 
 def add_speedups(rows: list[StudyRow]) -> None:
-    """Set S_N = T_1 / T_N, E_N = S_N / N and the Karp-Flatt fraction of measured rows, in place.
+    """Set S_N, E_N = S_N / N and the Karp-Flatt fraction of measured rows, in place.
 
-    Against the measured 1-rank row of the same protocol and precision (T = median training epoch).
-    Batch-sweep rows are left alone (their runs differ in the global batch, not the world size).
+    ``S_N = Q_N / Q_1`` (:func:`cropscale.numbers.speedup`, the report's definition too): the median training
+    samples/s over seeds against the measured 1-rank row of the same protocol and precision (the same samples
+    per epoch for every N, so it is the protocol's samples/s at equal work). Batch-sweep rows are left alone
+    (their runs differ in the global batch, not the world size).
     """
     scaling = [r for r in rows if r.protocol in P.PROTOCOLS]
-    t1 = {(r.protocol, r.precision): r.train_epoch_s for r in scaling
+    q1 = {(r.protocol, r.precision): r.samples_per_s for r in scaling
           if r.evidence == MEASURED_RUN and r.world_size == 1}
     for r in scaling:
-        base = t1.get((r.protocol, r.precision))
-        if r.evidence != MEASURED_RUN or r.train_epoch_s is None or base is None:
+        base = q1.get((r.protocol, r.precision))
+        if r.evidence != MEASURED_RUN or not r.samples_per_s or not base:
             continue
-        r.speedup = P.speedup(base, r.train_epoch_s)
+        r.speedup = speedup(r.samples_per_s, base)
         r.efficiency = P.efficiency(r.speedup, r.world_size)
         if r.world_size > 1:
             r.serial_fraction = karp_flatt(r.speedup, r.world_size)

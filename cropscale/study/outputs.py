@@ -108,8 +108,9 @@ def _blocks(rows: Sequence[TableRow], spec: StudySpec) -> list[str]:
         (MEASURED_RUN, f"Measured runs ({MEASURED_RUN})",
          f"Each row: the median over {len(spec.seeds)} seed(s) of per-run figures over the"
          f" {spec.measured_epochs} measured epoch(s) after {spec.warmup_epochs} warm-up epoch(s); macro IoU as"
-         " mean and sample standard deviation over seeds. S_N = T_1 / T_N and E_N = S_N / N with T the median"
-         " training-epoch time (same samples per epoch for every N); Karp-Flatt e = (1/S_N - 1/N) / (1 - 1/N)."),
+         " mean and sample standard deviation over seeds. S_N = Q_N / Q_1 and E_N = S_N / N with Q the median"
+         " training samples/s (same samples per epoch for every N: the protocol's samples/s at equal work, the"
+         " report's definition); Karp-Flatt e = (1/S_N - 1/N) / (1 - 1/N)."),
         (ANALYTICAL_SCENARIO, f"Analytical scenarios ({ANALYTICAL_SCENARIO}): not run, more devices than available",
          "Predicted, not measured: T_N = T_1 (e + (1 - e)/N) + U_N (t_c(N) - t_c(N_ref)) with the Karp-Flatt"
          " e of the largest measured N_ref and the ring all-reduce model t_c (assumptions in the notes)."),
@@ -181,8 +182,8 @@ def plot_scaling(rows: Sequence[StudyRow], path: Path) -> Path:
     for i, (proto, prec) in enumerate(sorted({(r.protocol, r.precision) for r in rows})):
         mine = sorted((r for r in rows if (r.protocol, r.precision) == (proto, prec)), key=lambda r: r.world_size)
         _plot_group(axes, mine, f"{proto} {prec}", f"C{i}")
-    for ax, label in zip(axes, ("speed-up S_N = T_1 / T_N", "efficiency E_N = S_N / N", "final val macro IoU"),
-                         strict=True):
+    labels = ("speed-up S_N = Q_N / Q_1 (samples/s)", "efficiency E_N = S_N / N", "final val macro IoU")
+    for ax, label in zip(axes, labels, strict=True):
         ax.set_xscale("log", base=2)
         ax.set_xticks(ns, [str(n) for n in ns])
         ax.set_xlabel("devices N (ranks)")

@@ -18,7 +18,7 @@ from typing import Any
 
 from cropscale.errors import CropScaleError
 from cropscale.model.optim import OPTIMIZERS
-from cropscale.precision import STUDY_ALIASES, STUDY_CONFIGS
+from cropscale.precision import LABELS, STUDY_ALIASES, STUDY_CONFIGS
 from cropscale.study import protocol as P
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -26,8 +26,9 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 
 PRECISION_CONFIGS: dict[str, str] = {name: f"configs/precision/{name}.yaml" for name in STUDY_CONFIGS.values()}
 """Study precision name -> its ``fit --config`` file."""
-PRECISION_LABELS: dict[str, str] = {"fp32": "FP32", "amp_fp16": "AMP FP16", "bf16": "BF16"}
-"""Study precision name -> table label."""
+PRECISION_LABELS: dict[str, str] = {name: LABELS[lightning] for lightning, name in STUDY_CONFIGS.items()}
+"""Study precision name -> table label: the label of its Lightning precision (:data:`cropscale.precision.LABELS`,
+the one table; ``bf16`` is ``bf16-mixed`` = ``AMP BF16``)."""
 STRATEGY_CONFIGS = {"ddp": "configs/strategy/ddp.yaml", "fsdp": "configs/strategy/fsdp.yaml",
                     "single": "configs/strategy/single.yaml"}
 """Strategy name -> its ``fit --config`` file."""
