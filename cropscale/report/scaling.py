@@ -14,8 +14,9 @@ Per device count the series takes the median samples/s of its runs (seeds), then
 - Karp-Flatt serial fraction ``e_N`` (:func:`~cropscale.scaling.amdahl.karp_flatt`, N > 1),
 - the serial fraction fitted to all ``N > 1`` points (:func:`~cropscale.scaling.amdahl.fit_serial_fraction`).
 
-All of these are ``measured-run`` (ratios of measurements on the device counts they name); the Amdahl
-curve drawn from the fitted fraction at other device counts is an ``analytical-scenario``.
+Speed-up, efficiency and ``e_N`` are ``measured-run`` (identities of measurements on the device counts they
+name); the fitted fraction (a parameter of Amdahl's law) and the Amdahl curve drawn from it are
+``analytical-scenario`` (the rule of :mod:`cropscale.evidence`).
 """
 
 from __future__ import annotations
