@@ -75,6 +75,26 @@ def speedup(samples_per_s: float, base_samples_per_s: float) -> float:
     return float(samples_per_s) / float(base_samples_per_s)
 
 
+TARGET_FRACTION = 0.95
+"""Default target of time-to-quality: this fraction of the baseline's best macro IoU (the run's own best in
+TensorBoard's HPARAMS, where a single run knows no other baseline)."""
+
+
+def time_to_target(points: Iterable[tuple[float, float | None]], target: float) -> float | None:
+    """The first time whose best-so-far value reaches ``target``: ``points`` are ``(seconds, value)`` in order.
+
+    None when the best-so-far never reaches it ("not reached"); non-finite values are skipped.
+    """
+    best = -math.inf
+    for t, v in points:
+        v = finite_or_none(v)
+        if v is not None:
+            best = max(best, v)
+        if best >= target:
+            return float(t)
+    return None
+
+
 def mean_sd(values: Iterable[float | None]) -> tuple[float | None, float | None]:
     """Mean and sample standard deviation (n - 1) of the finite values; sd is ``None`` below 2 values."""
     vals = finite(values)

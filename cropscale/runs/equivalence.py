@@ -23,7 +23,8 @@ t-interval of the mean log rate difference (Welch) over the repeats, the measure
 and :func:`format_ratio` says so.
 
 **Time to quality** (:func:`time_to_target`): wall time, optimizer steps, samples and GPU joules since fit
-start until the best-so-far validation macro IoU first reaches a target (default :data:`TARGET_FRACTION` of
+start until the best-so-far validation macro IoU first reaches a target (default
+:data:`cropscale.numbers.TARGET_FRACTION` of
 the baseline configuration's mean best macro IoU), or "not reached".
 
 Every figure here is ``measured-run``: intervals and differences of measured runs
@@ -41,6 +42,7 @@ from scipy import stats
 
 from cropscale.errors import CropScaleError
 from cropscale.evidence import MEASURED_RUN
+from cropscale.numbers import TARGET_FRACTION
 from cropscale.runs.record import RunRecord
 from cropscale.runs.rules import Figure
 from cropscale.runs.tables import Column, TableRow
@@ -50,8 +52,6 @@ DEFAULT_MARGIN = 0.02
 """Equivalence margin of macro IoU (absolute, 0..1): 2 points, about the seed spread of a 2-seed CPU run."""
 CONFIDENCE = 0.95
 """Two-sided confidence level of every interval."""
-TARGET_FRACTION = 0.95
-"""Default target of time-to-quality: this fraction of the baseline configuration's mean best macro IoU."""
 MAX_SEEDS = 1000
 """Above this many seeds per side :func:`seeds_needed` gives up (``None``)."""
 
