@@ -394,6 +394,24 @@ class Comparison:
             return f"{what} ({self.target:.4f}): not reached by {' and '.join(missing)}"
         return f"{self.time_ratio:.2f}x {what} ({self.target:.4f})"
 
+    def target_detail(self) -> str:
+        """Median time, optimizer steps, samples and GPU joules to the target per side, or "not reached"."""
+        def side(name: str, runs: Sequence[ToTarget]) -> str:
+            hit = [t for t in runs if t.reached and t.seconds is not None]
+            if not hit:
+                return f"{name}: not reached ({len(runs)} run(s))"
+            parts = [f"{_median([t.seconds for t in hit]):.1f} s"]
+            steps = [t.steps for t in hit if t.steps is not None]
+            parts += [f"{_median(steps):g} steps"] if steps else []
+            parts.append(f"{_median([float(t.samples) for t in hit]):g} samples")
+            joules = [t.joules for t in hit if t.joules is not None]
+            parts.append(f"{_median(joules):.0f} J" if joules else "J n/a (no GPU energy)")
+            return f"{name}: " + ", ".join(parts) + f" (median of {len(hit)} of {len(runs)} run(s) reaching it)"
+        if self.target is None:
+            return "no target: the base has no best macro IoU"
+        return (f"target macro IoU {self.target:.4f}; " + side(self.base, self.to_target_base) + "; "
+                + side(self.other, self.to_target_other))
+
     def line(self) -> str:
         """The verdict line, e.g. ``AMP BF16 vs FP32: equivalent quality (+0.004, ...), 1.41x samples/s (...), ...``."""
         q = self.best.text()
@@ -495,8 +513,8 @@ def verdict_row(c: Comparison) -> TableRow:
         "speedup": Figure(c.speedup.estimate, MEASURED_RUN, c.speedup.why,
                           note="geometric-mean ratio of per-epoch training samples/s (epochs x seeds)"),
         "efficiency": eff,
-        "time_ratio": Figure(c.time_ratio, MEASURED_RUN, c.time_text() if c.time_ratio is None else None,
-                             note=None if c.time_ratio is None else c.time_text()),
+        "time_ratio": Figure(c.time_ratio, MEASURED_RUN, f"{c.time_text()}; {c.target_detail()}",
+                             note=f"{c.time_text()}; {c.target_detail()}"),
     }
     return TableRow(values=values, figures=figures, evidence=MEASURED_RUN)
 
