@@ -52,6 +52,8 @@ DEFAULT_MARGIN = 0.02
 """Equivalence margin of macro IoU (absolute, 0..1): 2 points, about the seed spread of a 2-seed CPU run."""
 CONFIDENCE = 0.95
 """Two-sided confidence level of every interval."""
+NO_SPREAD = 1e-12
+"""Values closer than this (IoU, log rate) count as equal: a degenerate interval instead of scipy's nan."""
 MAX_SEEDS = 1000
 """Above this many seeds per side :func:`seeds_needed` gives up (``None``)."""
 
@@ -122,7 +124,7 @@ def difference_interval(base: Mapping[object, float | None], other: Mapping[obje
         d = y - x
         method = f"paired t over {len(d)} seeds (df {len(d) - 1})"
         spread = float(d.std(ddof=1))
-        if spread == 0.0:
+        if np.ptp(d) < NO_SPREAD:
             return Interval(estimate, estimate, estimate, method + ", no spread", len(x), len(y), 0.0, True)
         ci = stats.ttest_rel(y, x).confidence_interval(level)
         return Interval(estimate, float(ci.low), float(ci.high), method, len(x), len(y), spread, True)
@@ -130,7 +132,7 @@ def difference_interval(base: Mapping[object, float | None], other: Mapping[obje
         return Interval(estimate, n_base=len(a), n_other=len(b), method="none",
                         why=f"{min(len(a), len(b))} seed on a side: no spread to form an interval")
     spread = float(math.sqrt((a.var(ddof=1) + b.var(ddof=1)) / 2.0))
-    if spread == 0.0:
+    if np.ptp(a) < NO_SPREAD and np.ptp(b) < NO_SPREAD:
         return Interval(estimate, estimate, estimate, "Welch t, no spread", len(a), len(b), 0.0)
     result = stats.ttest_ind(b, a, equal_var=False)
     ci = result.confidence_interval(level)
@@ -241,7 +243,7 @@ def ratio_interval(base_rates: Sequence[float | None], other_rates: Sequence[flo
     if len(a) < 2 or len(b) < 2:
         return Interval(estimate, n_base=len(a), n_other=len(b), method="none",
                         why="one measured epoch of one run on a side: no dispersion")
-    if a.var() == 0.0 and b.var() == 0.0:
+    if np.ptp(a) < NO_SPREAD and np.ptp(b) < NO_SPREAD:  # equal up to rounding: scipy would warn and say nan
         return Interval(estimate, estimate, estimate, "no spread", len(a), len(b), 0.0)
     result = stats.ttest_ind(b, a, equal_var=False)
     ci = result.confidence_interval(level)
