@@ -10,7 +10,7 @@ SHARED_DATA ?= ../shared/data
 SAMPLES := worldcereal-flanders pastis-r-mini vhr-samples
 ARGS ?=
 
-.PHONY: install data fit report ci test test-slow test-resilience test-perf test-all lint tensorboard gpu-check gpu-carry gpu-rehearsal bench study-cpu study-batch-cpu clean
+.PHONY: install data fit report ci test test-slow test-resilience test-perf test-all lint tensorboard gpu-check gpu-carry gpu-rehearsal bench study-cpu study-batch-cpu compare-cpu clean
 
 install: $(VENV)/.installed
 
@@ -107,6 +107,15 @@ study-cpu: install data
 # Batch sweep G = 4 ... 32 (AdamW and LAMB, square-root LR rule, 2 seeds): 16 short fits on 1 process.
 study-batch-cpu: install data
 	$(PY) -m cropscale study --config configs/study/batch_cpu.yaml $(ARGS)
+
+# FP32 vs AMP BF16 (bf16-mixed), 2 seeds each, 3 short epochs of the bundled sample on 1 process (about 2-3 min
+# on 2 cores): prints one verdict line per comparison (quality equivalence with its 95 % interval and margin,
+# speed-up with its interval, time to target); the study table and the report land in runs/study/compare_cpu/.
+compare-cpu: install data
+	@mkdir -p runs/study
+	OMP_NUM_THREADS=1 $(PY) -m cropscale study --config configs/study/compare_cpu.yaml $(ARGS) > runs/study/compare_cpu.log
+	@echo "make compare-cpu: study table runs/study/compare_cpu/study_table.md, its output runs/study/compare_cpu.log"
+	$(PY) -m cropscale report runs/study/compare_cpu/runs --out runs/study/compare_cpu/report --verdicts-only
 
 clean:
 	rm -rf runs reports lightning_logs .pytest_cache
