@@ -38,10 +38,11 @@ NO_RUN_JSON = "no run.json in the run folder (fit without the scaling callbacks)
 UNFINISHED: dict[str, str] = {"failed": "failed", "running": "incomplete"}
 """``run.json`` statuses of a fit that did not finish -> the word the report shows."""
 PAIR_IGNORED_PREFIXES = (
-    "trainer.precision", "model.allow_tf32", "trainer.logger", "trainer.default_root_dir",
+    "trainer.precision", "trainer.plugins", "model.allow_tf32", "trainer.logger", "trainer.default_root_dir",
     "trainer.enable_progress_bar", "trainer.enable_model_summary", "ckpt_path", "config",
 )
-"""Configuration keys that may differ between two runs of a precision pair (they change nothing computed)."""
+"""Configuration keys that may differ between two runs of a precision pair (they change nothing computed;
+``trainer.plugins`` is where a CPU ``16-mixed`` run puts its GradScaler, with ``trainer.precision: null``)."""
 
 
 @dataclass

@@ -37,7 +37,7 @@ RUN_JSON_FIELDS = {
     "float32_matmul_precision", "seeds", "trainer", "callbacks", "extra", "data_warnings", "summary", "global_step",
     "epochs_completed",
 }
-SUMMARY_KEYS = {"step_timing", "throughput", "loss_scale", "nonfinite", "grad_norm", "energy", "memory"}
+SUMMARY_KEYS = {"step_timing", "throughput", "loss_scale", "nonfinite", "grad_norm", "energy", "memory", "trained"}
 
 pytestmark = [
     pytest.mark.filterwarnings("ignore:.*LeafSpec"),  # Lightning 2.6 on torch 2.13
