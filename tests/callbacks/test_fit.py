@@ -193,7 +193,7 @@ def test_throughput_arithmetic(full_run):
     for ep in th["epochs"]:
         assert ep["samples"] == 16
         assert ep["samples_per_s"] == pytest.approx(16 / ep["train_s"])
-        assert ep["train_s"] == pytest.approx(ep["wall_s"] - ep["val_s"])
+        assert 0 < ep["train_s"] <= ep["wall_s"] - ep["val_s"]  # training stretches only (issue 23)
         assert ep["flops_per_sample"] == 36.0
         assert ep["tflops_per_s_per_gpu"] == pytest.approx(36.0 * 16 / ep["train_s"] / 1e12)
         assert ep["mfu"] is None
