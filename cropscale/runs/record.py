@@ -205,11 +205,13 @@ def _flatten(obj: Any, prefix: str = "") -> dict[str, Any]:
 def pair_key(config: dict[str, Any] | None, fallback: dict[str, Any]) -> str:
     """What two runs share when they differ only in precision.
 
-    The flattened configuration without :data:`PAIR_IGNORED_PREFIXES`, else ``fallback``'s fields.
+    The flattened configuration without :data:`PAIR_IGNORED_PREFIXES` together with ``fallback``'s fields (strategy,
+    devices, global batch: a configuration from hyper-parameters alone holds no trainer keys, and runs on 1 and 2
+    processes paired across world sizes), else ``fallback``'s fields.
     """
     if config:
         flat = {k: v for k, v in _flatten(config).items() if not k.startswith(PAIR_IGNORED_PREFIXES)}
-        return "config:" + json.dumps(flat, sort_keys=True, default=str)
+        return "config:" + json.dumps({"config": flat, **fallback}, sort_keys=True, default=str)
     return "fields:" + json.dumps(fallback, sort_keys=True, default=str)
 
 

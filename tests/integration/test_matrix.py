@@ -158,6 +158,22 @@ def test_every_run_of_the_matrix_agrees_with_the_tests_own_measurements(matrix):
     rows = []
     for (precision, world, acc), r in runs.items():
         probes, s = r["probes"], r["run"]["summary"]
+        (st,) = s["step_timing"]["epochs"]
+        rows.append((precision, world, acc, len(probes[0]["unchanged"]), s["loss_scale"].get("skipped_steps") or 0,
+                     s["throughput"]["samples_per_s"], _test_rate(probes),
+                     sum(st["windows_ms"][w]["median"] for w in
+                         ("data_wait", "transfer", "forward", "backward", "optimizer", "remainder")),
+                     1e3 * statistics.median(probes[0]["periods"]),
+                     [round(t, 3) for t in s["throughput"]["epochs"][0]["train_s_per_rank"]],
+                     [round(p["train_s"], 3) for p in probes]))
+    print(f"\nmatrix: {len(rows)} runs in {wall:.0f} s")
+    print("| precision | world | accumulation | steps | skipped | samples/s (run.json) | samples/s (test clock) |"
+          " windows sum ms | step period ms (test) | train_s per rank (run.json) | (test) |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    for row in rows:
+        print("| {} | {} | {} | {} | {} | {:.2f} | {:.2f} | {:.0f} | {:.0f} | {} | {} |".format(*row))
+    for (precision, world, acc), r in runs.items():
+        probes, s = r["probes"], r["run"]["summary"]
         case = f"{precision} x {world} process(es) x accumulation {acc}"
         assert r["run"]["status"] == "finished", case
         # weights changed, by the test's own comparison and by run.json
@@ -179,20 +195,13 @@ def test_every_run_of_the_matrix_agrees_with_the_tests_own_measurements(matrix):
         tflops = probes[0]["flops"] * drawn / max(p["train_s"] for p in probes) / world / 1e12
         assert ep["flops_per_sample"] == probes[0]["flops"], case
         assert ep["tflops_per_s_per_gpu"] == pytest.approx(tflops, rel=0.10), case
-        assert ep["mfu"] is None and "no dense peak for device 'cpu'" in th["mfu_reason"]   # no CPU peak
+        assert ep["mfu"] is None and th["mfu_reason"], case   # no dense peak for a CPU: n/a with the reason
         # step decomposition: windows' medians sum vs the test's median step period (rank 0)
         (st,) = s["step_timing"]["epochs"]
         windows = sum(st["windows_ms"][w]["median"] for w in
                       ("data_wait", "transfer", "forward", "backward", "optimizer", "remainder"))
         period_ms = 1e3 * statistics.median(probes[0]["periods"])
         assert windows == pytest.approx(period_ms, rel=0.10), (case, windows, period_ms)
-        rows.append((precision, world, acc, len(unchanged), skipped, th["samples_per_s"], rate, windows, period_ms))
-    print(f"\nmatrix: {len(rows)} runs in {wall:.0f} s")
-    print("| precision | world | accumulation | steps | skipped | samples/s (run.json) | samples/s (test clock) |"
-          " windows sum ms | step period ms (test) |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
-    for row in rows:
-        print("| {} | {} | {} | {} | {} | {:.2f} | {:.2f} | {:.0f} | {:.0f} |".format(*row))
 
 
 @pytest.mark.slow
@@ -203,7 +212,7 @@ def test_the_reports_speedups_equal_the_tests_clock_ratios(matrix):
     runs, _ = matrix
     records = {key: load_run(r["dir"], warmup_epochs=0) for key, r in runs.items()}
     pairs = {p.other: p for p in precision_pairs(list(records.values()))}
-    checked = 0
+    checked, results = 0, []
     for (precision, world, acc), rec in records.items():
         if precision == "32-true":
             continue
@@ -211,10 +220,12 @@ def test_the_reports_speedups_equal_the_tests_clock_ratios(matrix):
         assert pair is not None, (rec.name, sorted(pairs))
         base = runs[("32-true", world, acc)]["probes"]
         expected = _test_rate(runs[(precision, world, acc)]["probes"]) / _test_rate(base)
-        assert pair.figures["speedup"].value == pytest.approx(expected, rel=0.10), (rec.name, expected)
         print(f"pair {rec.name}: speed-up {pair.figures['speedup'].value:.3f}, test clocks {expected:.3f}")
+        results.append((rec.name, pair.figures["speedup"].value, expected))
         checked += 1
     assert checked == 8
+    for name, got, expected in results:
+        assert got == pytest.approx(expected, rel=0.10), (name, expected)
 
 
 if __name__ == "__main__":
