@@ -10,7 +10,7 @@ SHARED_DATA ?= ../shared/data
 SAMPLES := worldcereal-flanders pastis-r-mini vhr-samples
 ARGS ?=
 
-.PHONY: install data fit report test test-slow test-resilience test-perf test-all lint tensorboard gpu-check bench study-cpu study-batch-cpu clean
+.PHONY: install data fit report test test-slow test-resilience test-perf test-all lint tensorboard gpu-check gpu-carry gpu-rehearsal bench study-cpu study-batch-cpu clean
 
 install: $(VENV)/.installed
 
@@ -63,8 +63,18 @@ lint: install
 tensorboard: install
 	$(VENV)/bin/tensorboard --logdir runs
 
-gpu-check: install data
-	PYTHON=$(abspath $(PY)) bash scripts/gpu_check.sh
+# The GPU check (scripts/gpu_check.sh): needs no install; on the lent H200 it runs from the carry.
+GPU_CARRY ?= .gpu-carry
+gpu-check:
+	bash scripts/gpu_check.sh
+
+# The carry for the lent H200 (cp312 wheels the image lacks, the source, the sample): under $(GPU_CARRY).
+gpu-carry:
+	bash scripts/gpu_carry.sh $(GPU_CARRY)
+
+# The GPU check rehearsed on the CPU in a venv holding only the H200 image's packages (scripts/gpu_rehearsal.sh).
+gpu-rehearsal: gpu-carry
+	bash scripts/gpu_rehearsal.sh $(GPU_CARRY)
 
 # Figures for the closing notes (CPU; each prints its evidence label; progress on stderr).
 bench: install data

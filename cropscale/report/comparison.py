@@ -108,6 +108,10 @@ def step_rows(records: Sequence[RunRecord]) -> list[TableRow]:
         figures["share_sum"] = (Figure(100 * sum(r.step_shares.values()),
                                        note="a sum of medians, not the median of the sum: about 100 %")
                                 if r.step_shares else Figure(None, why=why))
+        for name in ("data_wait_host", "transfer_host"):  # the host clock's, named apart from the windows above
+            value = r.host_windows_ms.get(name)
+            figures[f"{name}_ms"] = Figure(value, why=None if value is not None else
+                                           "no host-clock windows in run.json (StepTimingCallback host_windows_ms)")
         rows.append(TableRow(values={"name": r.name}, figures=figures, evidence=MEASURED_RUN))
     return rows
 
