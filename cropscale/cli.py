@@ -11,7 +11,8 @@ lands here again with the same arguments.
 
 After ``fit``, global rank 0 prints the end-of-fit summary (:func:`cropscale.runs.summary.fit_summary`
 of the run folder, the same rules as the report). A run that diverged (:func:`cropscale.runs.rules.divergence`)
-ends with ``cropscale: error: training diverged ...`` and exit status 1.
+ends with ``cropscale: error: training diverged ...`` and exit status 1; so does a run that did not train
+(:func:`cropscale.runs.rules.trained`: ``cropscale: error: the run did not train: ...``).
 
 The other subcommands are plain functions ``main(argv) -> int`` listed in :data:`EXTRA_COMMANDS`.
 
@@ -81,7 +82,7 @@ from cropscale.files import check_writable_folder
 from cropscale.model.task import RESUME_FIXED_SETTINGS, CropMappingTask
 from cropscale.precision import cpu_precision_line
 from cropscale.runs.record import is_run_folder, load_run
-from cropscale.runs.summary import fit_summary
+from cropscale.runs.summary import fit_summary, not_trained_reason
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_CONFIG = REPO_ROOT / "configs" / "default.yaml"
@@ -298,13 +299,17 @@ def end_of_fit(trainer: Trainer, folder: str | None) -> tuple[str, str | None]:
     """
     watcher = next((cb for cb in trainer.callbacks if isinstance(cb, DivergenceCallback)), None)
     stopped = watcher.stopped_at_step if watcher is not None else None
+    untrained = None
     if folder and is_run_folder(Path(folder)):
         record = load_run(folder)
         text = fit_summary(record, report_command(trainer), stopped)
         verdict = record.divergence
+        untrained = not_trained_reason(record)
     else:
         text = f"cropscale fit summary: no run folder to read ({folder} holds no run.json and no TensorBoard events)"
         verdict = watcher.verdict if watcher is not None else None
+    if untrained and (verdict is None or not verdict.diverged):
+        return text, f"the run did not train: {untrained} (run folder {folder})"
     if verdict is None or not verdict.diverged:
         return text, None
     where = f"; stopped at step {stopped}" if stopped is not None else ""

@@ -14,6 +14,7 @@ class                          concern                           TensorBoard pre
 :class:`GradNormCallback`      gradient norm, clipping           ``numerics/``
 :class:`EnergyCallback`        NVML energy and power             ``energy/``
 :class:`MemoryCallback`        GPU peaks, host RSS               ``memory/``
+:class:`TrainedCallback`       whether the weights changed       —
 :class:`ProvenanceCallback`    ``run.json``                      —
 =============================  ================================  ===================
 
@@ -37,6 +38,7 @@ from cropscale.callbacks.nonfinite import NonFiniteCallback, NonFiniteError
 from cropscale.callbacks.provenance import ProvenanceCallback
 from cropscale.callbacks.step_timing import StepTimingCallback
 from cropscale.callbacks.throughput import ThroughputCallback
+from cropscale.callbacks.trained import TrainedCallback
 
 __all__ = [
     "STEP_WINDOWS",
@@ -52,6 +54,7 @@ __all__ = [
     "ScalingCallback",
     "StepTimingCallback",
     "ThroughputCallback",
+    "TrainedCallback",
     "all_scaling_callbacks",
 ]
 
@@ -60,5 +63,5 @@ def all_scaling_callbacks() -> list[ScalingCallback]:
     """One instance of every scaling callback with default arguments, provenance last."""
     return [
         StepTimingCallback(), ThroughputCallback(), LossScaleCallback(), NonFiniteCallback(), GradNormCallback(),
-        EnergyCallback(), MemoryCallback(), ProvenanceCallback(),
+        EnergyCallback(), MemoryCallback(), TrainedCallback(), ProvenanceCallback(),
     ]

@@ -9,11 +9,12 @@ power limit and persistence mode, ``nvidia-smi topo -m`` where available, world 
 precision and strategy, and what the data module's checks found (its ``data_warnings`` attribute, read,
 not imported). At ``on_fit_end`` it adds the ``summary`` section: one entry per scaling callback (their
 :meth:`~cropscale.callbacks.base.ScalingCallback.summary`, each labelled ``measured-run``) and sets
-``status: "finished"``; on an exception ``status: "failed"`` with the error's one-line message (a
-DataLoader worker's error unwrapped, :func:`cropscale.errors.user_error_text`). A fit that fails before
-``on_fit_start`` (a data check at setup) still gets a ``failed`` record in the logger's run folder, with the
-configuration, precision, world size and error but no provenance probes. The schema is documented in
-``docs/run_json.md``.
+``status: "finished"`` (``"not-trained"`` where :func:`cropscale.runs.rules.trained` says the run did
+not train: too many skipped steps or no weight changed); on an exception ``status: "failed"`` with the
+error's one-line message (a DataLoader worker's error unwrapped, :func:`cropscale.errors.user_error_text`).
+A fit that fails before ``on_fit_start`` (a data check at setup) still gets a ``failed`` record in the logger's
+run folder, with the configuration, precision, world size and error but no provenance probes. The schema is
+documented in ``docs/run_json.md``.
 
 The run folder is ``trainer.log_dir`` (the TensorBoardLogger version folder), else
 ``trainer.default_root_dir``.
@@ -50,6 +51,7 @@ from cropscale.env.host import (
 from cropscale.errors import CropScaleError, user_error_text
 from cropscale.evidence import MEASURED_RUN
 from cropscale.files import atomic_write_json
+from cropscale.runs.rules import NOT_TRAINED, trained
 from cropscale.runs.schema import RUN_SCHEMA, SUMMARY_TYPES, Record, RunJson, RunSummary
 
 SCHEMA = RUN_SCHEMA
@@ -307,6 +309,8 @@ class ProvenanceCallback(ScalingCallback):
         record.summary = summary
         record.data_warnings = _data_warnings(trainer)
         record.status = status
+        if status == "finished" and trained(summary, trainer.global_step).trained is False:
+            record.status = NOT_TRAINED  # ran to its end without training: no pair, exit status 1
         record.finished_utc = utc_now()
         record.global_step = trainer.global_step
         record.epochs_completed = trainer.current_epoch

@@ -81,23 +81,29 @@ def masked_group_norm(x: Tensor, valid: Tensor | None, norm: nn.GroupNorm) -> Te
         norm: the GroupNorm whose ``num_groups``, ``eps``, ``weight`` and ``bias`` are used.
 
     Returns:
-        ``[N, C, H, W]``: ``(x - mean) / sqrt(var + eps) * weight + bias`` per sample and group, the
-        moments (population variance) taken over the group's channels at the valid pixels. An image
-        without a valid pixel gets mean 0 and variance 0 (finite outputs, ignored downstream).
+        ``[N, C, H, W]`` in ``x``'s dtype: ``(x - mean) / sqrt(var + eps) * weight + bias`` per sample and
+        group, the moments (population variance) taken over the group's channels at the valid pixels. An
+        image without a valid pixel gets mean 0 and variance 0 (finite outputs, ignored downstream).
+
+    The statistics, the normalisation and their backward run in float32 whatever ``x``'s dtype (as
+    :func:`torch.nn.functional.group_norm` does under autocast): in fp16 the backward of
+    ``rsqrt(var + eps)`` at variance 0, ``-0.5 eps^-1.5`` (1.6e7 at eps 1e-5), is beyond fp16's largest
+    value 65,504, and ``inf x 0`` at the masked pixels gave NaN gradients in the convolution before it.
+    A float32 ``x`` is computed exactly as before.
     """
     if valid is None:
         return norm(x)
     n, c, h, w = x.shape
     g = norm.num_groups
-    xg = x.reshape(n, g, c // g, h, w)
-    m = valid.reshape(n, 1, 1, h, w).to(x.dtype)
+    xg = x.reshape(n, g, c // g, h, w).float()
+    m = valid.reshape(n, 1, 1, h, w).float()
     count = (m.sum(dim=(2, 3, 4)) * (c // g)).clamp_min(1.0)[:, :, None, None, None]     # [N, G, 1, 1, 1]
     mean = (xg * m).sum(dim=(2, 3, 4), keepdim=True) / count
     var = (((xg - mean) * m) ** 2).sum(dim=(2, 3, 4), keepdim=True) / count
     y = ((xg - mean) * torch.rsqrt(var + norm.eps)).reshape(n, c, h, w)
     if norm.affine:
-        y = y * norm.weight[None, :, None, None] + norm.bias[None, :, None, None]
-    return y
+        y = y * norm.weight.float()[None, :, None, None] + norm.bias.float()[None, :, None, None]
+    return y.to(x.dtype)
 
 
 class _MaskedStem(nn.Sequential):
@@ -218,7 +224,8 @@ class TemporalEncoder(nn.Module):
         f = f.reshape(b, t, d, h, w).permute(0, 3, 4, 1, 2)              # [B, H, W, T, D]
         pe = doy_encoding(doy, d, self.doy_base).to(f.dtype)             # [B, T, D]
         f = (f + pe[:, None, None]).reshape(b * h * w, t, d)
-        tokens = torch.cat([self.token.to(f.dtype).expand(b * h * w, 1, d), f], dim=1)
+        # expanded before the cast: the backward's sum over the B*H*W copies runs in float32 (fp16 overflowed)
+        tokens = torch.cat([self.token.expand(b * h * w, 1, d).to(f.dtype), f], dim=1)
         key_mask = None
         if valid is not None:
             if valid.dim() == 2:
@@ -375,13 +382,14 @@ class CropMappingNet(nn.Module):
                        mask: Tensor | None, ref: Tensor) -> Tensor:
         b, _, h, w = ref.shape
         if x is None:  # absent for the whole batch: the encoder does not run
-            return missing.to(ref.dtype)[None, :, None, None].expand(b, -1, h, w)
+            return missing[None, :, None, None].expand(b, -1, h, w).to(ref.dtype)
         f = encoder(x, doy, mask)
         if mask is None:
             return f
         present = mask.any(dim=1)                                         # [B] or [B, H, W]
         present = present[:, None, None, None] if present.dim() == 1 else present[:, None]
-        return torch.where(present, f, missing.to(f.dtype)[None, :, None, None])
+        # expanded before the cast, as the aggregation token: the backward's sum runs in float32
+        return torch.where(present, f, missing[None, :, None, None].expand_as(f).to(f.dtype))
 
     # ------------------------------------------------------------------ forward
     def forward(

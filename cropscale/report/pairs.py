@@ -15,7 +15,7 @@ from cropscale.precision import label as precision_label
 from cropscale.runs.record import RunRecord
 from cropscale.runs.rules import Figure
 
-FAILED = ("oom", "error", "unsupported", "skipped", "failed", "running")
+FAILED = ("oom", "error", "unsupported", "skipped", "failed", "running", "not-trained")
 """Statuses of records that take part in no pair (benchmark rows, then ``run.json`` statuses)."""
 
 

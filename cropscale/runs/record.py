@@ -38,10 +38,11 @@ NO_RUN_JSON = "no run.json in the run folder (fit without the scaling callbacks)
 UNFINISHED: dict[str, str] = {"failed": "failed", "running": "incomplete"}
 """``run.json`` statuses of a fit that did not finish -> the word the report shows."""
 PAIR_IGNORED_PREFIXES = (
-    "trainer.precision", "model.allow_tf32", "trainer.logger", "trainer.default_root_dir",
+    "trainer.precision", "trainer.plugins", "model.allow_tf32", "trainer.logger", "trainer.default_root_dir",
     "trainer.enable_progress_bar", "trainer.enable_model_summary", "ckpt_path", "config",
 )
-"""Configuration keys that may differ between two runs of a precision pair (they change nothing computed)."""
+"""Configuration keys that may differ between two runs of a precision pair (they change nothing computed;
+``trainer.plugins`` is where a CPU ``16-mixed`` run puts its GradScaler, with ``trainer.precision: null``)."""
 
 
 @dataclass
@@ -207,11 +208,13 @@ def _flatten(obj: Any, prefix: str = "") -> dict[str, Any]:
 def pair_key(config: dict[str, Any] | None, fallback: dict[str, Any]) -> str:
     """What two runs share when they differ only in precision.
 
-    The flattened configuration without :data:`PAIR_IGNORED_PREFIXES`, else ``fallback``'s fields.
+    The flattened configuration without :data:`PAIR_IGNORED_PREFIXES` together with ``fallback``'s fields (strategy,
+    devices, global batch: a configuration from hyper-parameters alone holds no trainer keys, and runs on 1 and 2
+    processes paired across world sizes), else ``fallback``'s fields.
     """
     if config:
         flat = {k: v for k, v in _flatten(config).items() if not k.startswith(PAIR_IGNORED_PREFIXES)}
-        return "config:" + json.dumps(flat, sort_keys=True, default=str)
+        return "config:" + json.dumps({"config": flat, **fallback}, sort_keys=True, default=str)
     return "fields:" + json.dumps(fallback, sort_keys=True, default=str)
 
 

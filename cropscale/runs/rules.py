@@ -33,6 +33,9 @@ best / final macro IoU     maximum / last value of TensorBoard ``val/mIoU``; the
 diverged                   the last :data:`DIVERGENCE_WINDOW` logged training losses (TensorBoard
                            ``train/loss_step``) are all non-finite (:func:`divergence`)
 optimizer updates/epoch    ``global_step / trainer.max_epochs``
+not trained                more than :data:`MAX_SKIPPED_SHARE` of the optimizer steps skipped (GradScaler
+                           plus policy skips), or no weight changed (``summary.trained``); run.json
+                           status :data:`NOT_TRAINED` (:func:`trained`)
 =========================  =========================================================================
 """
 
@@ -386,3 +389,69 @@ def divergence_of_tail(tail: LossTail, window: int = DIVERGENCE_WINDOW, tag: str
     since = (f"last finite at step {tail.last_finite_step}" if tail.last_finite_step is not None
              else "never finite")
     return Divergence(True, f"{tag} non-finite at the last {tail.trailing} logged step(s) ({where}; {since})", **facts)
+
+
+MAX_SKIPPED_SHARE = 0.5
+"""A run with more than this share of its optimizer steps skipped (GradScaler and policy skips) did not train.
+
+A healthy ``16-mixed`` run skips only the steps its GradScaler needs to find its scale (a handful from the
+default initial scale 65,536, then one per back-off); more than half skipped means the model learned from
+fewer steps than it was given."""
+NOT_TRAINED = "not-trained"
+"""``run.json`` status of a fit that ran to its end but did not train (:func:`trained`); it forms no pair."""
+
+
+@dataclass(frozen=True)
+class Trained:
+    """The verdict of :func:`trained` on a finished fit.
+
+    Attributes:
+        trained: True, False (the run did not train), None (nothing recorded to judge by).
+        why: one sentence with the counts the verdict rests on.
+        optimizer_steps, skipped_steps: the counts (None when not recorded).
+        weights_changed: from ``summary.trained`` (None when not recorded).
+    """
+
+    trained: bool | None
+    why: str
+    optimizer_steps: int | None = None
+    skipped_steps: int | None = None
+    weights_changed: bool | None = None
+
+
+def trained(summary: RunSummary, global_step: int | None = None,
+            max_skipped_share: float = MAX_SKIPPED_SHARE) -> Trained:
+    """Whether a fit trained: no more than ``max_skipped_share`` of its optimizer steps skipped and some weight changed.
+
+    Skipped steps are the GradScaler's (``summary.loss_scale.skipped_steps``) plus the non-finite policy's
+    (``summary.nonfinite``); optimizer steps are ``summary.trained.optimizer_steps``, else the loss-scale
+    callback's ``steps``, else ``global_step`` (Lightning counts skipped steps as steps).
+
+    Args:
+        summary: ``run.json["summary"]``.
+        global_step: ``run.json["global_step"]``.
+        max_skipped_share: the share of skipped steps above which the run did not train (0..1).
+    """
+    record = summary.trained
+    changed = record.weights_changed if record is not None else None
+    steps = record.optimizer_steps if record is not None and record.optimizer_steps is not None else None
+    scale = summary.loss_scale
+    if steps is None and scale is not None and scale.steps is not None:
+        steps = scale.steps
+    if steps is None:
+        steps = global_step
+    skipped = None
+    if scale is not None and scale.skipped_steps is not None:
+        skipped = scale.skipped_steps
+    if summary.nonfinite is not None:
+        skipped = (skipped or 0) + summary.nonfinite.skipped_steps
+    facts = {"optimizer_steps": steps, "skipped_steps": skipped, "weights_changed": changed}
+    counts = (f"{skipped} of {steps} optimizer steps skipped" if skipped is not None and steps is not None
+              else "skipped steps not recorded")
+    if changed is False:
+        return Trained(False, f"no weight changed over {steps} optimizer step(s) ({counts})", **facts)
+    if skipped is not None and steps and skipped > max_skipped_share * steps:
+        return Trained(False, f"{counts}, more than {max_skipped_share:.0%}", **facts)
+    if changed is None and (skipped is None or not steps):
+        return Trained(None, f"cannot tell whether the run trained ({counts}; weight change not recorded)", **facts)
+    return Trained(True, f"{counts}" + ("; the weights changed" if changed else ""), **facts)

@@ -432,6 +432,23 @@ class MemorySummary(Record):
     epochs: list[MemoryEpoch] = field(default_factory=list)
 
 
+# -------------------------------------------------------------------------------------- trained
+@dataclass
+class TrainedSummary(Record):
+    """``summary.trained``: whether the optimizer steps changed the weights (``TrainedCallback``).
+
+    ``parameters_changed`` of ``parameters`` tensors differ (``torch.equal``) between the start and the end of the
+    training loop on some rank; ``weights_changed`` is ``parameters_changed > 0``; ``optimizer_steps`` the
+    optimizer steps Lightning ran in between (``trainer.global_step``, skipped ones included).
+    """
+
+    evidence: str = MEASURED_RUN
+    weights_changed: bool | None = None
+    parameters_changed: int | None = None
+    parameters: int | None = None
+    optimizer_steps: int | None = None
+
+
 # -------------------------------------------------------------------------------------- the record
 @dataclass
 class RunSummary(Record):
@@ -444,6 +461,7 @@ class RunSummary(Record):
     grad_norm: GradNormSummary | None = optional()
     energy: EnergySummary | None = optional()
     memory: MemorySummary | None = optional()
+    trained: TrainedSummary | None = optional()
 
 
 SUMMARY_TYPES: dict[str, type[Record]] = {

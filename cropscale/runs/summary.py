@@ -5,7 +5,9 @@ record's, so it follows the same rule (:mod:`cropscale.runs.rules`) as the repor
 here and the same number in ``python -m cropscale report`` agree. Every figure is ``measured-run``
 (the header says so); a figure that is n/a says why.
 
-Lines: what ran; ``DIVERGED`` (only when :func:`~cropscale.runs.rules.divergence` says so); quality
+Lines: ``NOT TRAINED`` first (only when :func:`~cropscale.runs.rules.trained` says so: more than
+:data:`~cropscale.runs.rules.MAX_SKIPPED_SHARE` of the optimizer steps skipped, or no weight changed);
+the header; what ran; ``DIVERGED`` (only when :func:`~cropscale.runs.rules.divergence` says so); quality
 (best ``val/mIoU`` and its epoch); speed (training samples/s, median step); step (the decomposition in
 percent of the step); memory; energy (per training sample, or why there is none); numerics
 (non-finite batches, skipped steps); data (the data checks' warnings: count and first); the run folder;
@@ -16,7 +18,7 @@ from __future__ import annotations
 
 from cropscale.evidence import MEASURED_RUN
 from cropscale.runs.record import RunRecord
-from cropscale.runs.rules import Figure
+from cropscale.runs.rules import NOT_TRAINED, Figure, trained
 from cropscale.runs.schema import STEP_WINDOWS
 
 WINDOW_NAMES = {"data_wait": "data wait", "transfer": "transfer", "forward": "forward", "backward": "backward",
@@ -69,6 +71,23 @@ def divergence_line(record: RunRecord, stopped_at_step: int | None = None) -> st
             " or check the data")
 
 
+def not_trained_reason(record: RunRecord) -> str | None:
+    """Why the run did not train (:func:`~cropscale.runs.rules.trained`), or None when it trained or cannot tell."""
+    if record.run_json is None:
+        return None
+    verdict = trained(record.run_json.summary, record.run_json.global_step)
+    return verdict.why if verdict.trained is False else None
+
+
+def not_trained_line(record: RunRecord) -> str | None:
+    """``NOT TRAINED ...`` when :func:`~cropscale.runs.rules.trained` says the run did not train, else None."""
+    why = not_trained_reason(record)
+    if why is None:
+        return None
+    return (f"NOT TRAINED  {why}: the figures below describe a model that did not learn (run.json status"
+            f" {NOT_TRAINED!r}; it forms no pair in the report)")
+
+
 def fit_summary(record: RunRecord, report_command: str, stopped_at_step: int | None = None) -> str:
     """The end-of-fit summary of ``record`` as text (a dozen lines, no trailing newline).
 
@@ -80,6 +99,9 @@ def fit_summary(record: RunRecord, report_command: str, stopped_at_step: int | N
     f = record.figures
     head = f"cropscale fit summary [{MEASURED_RUN}: every figure recorded by this run; {_warmup(record)}]"
     lines = [head, "-" * len(head), f"ran         {_what_ran(record)}"]
+    untrained = not_trained_line(record)
+    if untrained:
+        lines.insert(0, untrained)
     diverged = divergence_line(record, stopped_at_step)
     if diverged:
         lines.append(diverged)

@@ -21,6 +21,7 @@ from cropscale.callbacks import (
     ProvenanceCallback,
     StepTimingCallback,
     ThroughputCallback,
+    TrainedCallback,
 )
 from cropscale.testing.toy import ToyTask
 
@@ -98,7 +99,7 @@ def test_scaling_preset_appends_one_group_of_all(tmp_path):
     assert len(groups) == 1
     assert [type(c) for c in groups[0].callbacks] == [
         StepTimingCallback, ThroughputCallback, LossScaleCallback, NonFiniteCallback, GradNormCallback,
-        EnergyCallback, MemoryCallback, ProvenanceCallback,
+        EnergyCallback, MemoryCallback, TrainedCallback, ProvenanceCallback,
     ]
     assert groups[0].callbacks[0].trace_path == "step_trace.rank{rank}.jsonl"
 

@@ -21,6 +21,7 @@ from cropscale.callbacks import (
     ProvenanceCallback,
     StepTimingCallback,
     ThroughputCallback,
+    TrainedCallback,
 )
 from cropscale.cli import DEFAULT_CONFIG, CropScaleCLI, merge_callbacks, report_command
 from cropscale.data.datamodule import PastisHDDataModule
@@ -28,7 +29,7 @@ from cropscale.model.task import CropMappingTask
 
 REPO = Path(__file__).resolve().parents[2]
 GROUP = [StepTimingCallback, ThroughputCallback, LossScaleCallback, NonFiniteCallback, GradNormCallback,
-         EnergyCallback, MemoryCallback, ProvenanceCallback]
+         EnergyCallback, MemoryCallback, TrainedCallback, ProvenanceCallback]
 
 pytestmark = [pytest.mark.filterwarnings("ignore:(?s).*was deprecated in v4.49.0"),
               pytest.mark.filterwarnings("ignore:.*LeafSpec")]
