@@ -252,3 +252,47 @@ def test_the_resume_command_replaces_any_ckpt_path_by_auto():
     assert resume_command(["fit", "--ckpt_path", "last", "--data.root=a b"]) == (
         "python -m cropscale fit '--data.root=a b' --ckpt_path auto")
     assert resume_command(["fit", "--ckpt_path=x.ckpt"]) == "python -m cropscale fit --ckpt_path auto"
+
+
+class SendSignal(Callback):
+    def __init__(self, signum: int, epoch: int, batch: int) -> None:
+        self.signum, self.at = signum, (epoch, batch)
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if (trainer.current_epoch, batch_idx) == self.at:
+            os.kill(os.getpid(), self.signum)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGUSR1, signal.SIGINT])
+def test_sigusr1_and_ctrl_c_stop_with_a_resumable_checkpoint_like_sigterm(tmp_path, signum):
+    stop = StopOnSigterm()
+    trainer, ckpt = _trainer(tmp_path / "run", 3, callbacks=[SendSignal(signum, 1, 1), stop])
+    previous = signal.getsignal(signum)
+    with pytest.raises(SIGTERMException):
+        trainer.fit(Tiny())
+    assert signal.getsignal(signum) == previous
+    state = torch.load(ckpt.last_model_path, map_location="cpu", weights_only=False)
+    assert stop.stopped_at_step == state["global_step"] == 6 and stop.stopped_by == signal.Signals(signum).name
+
+
+class Validations(Callback):
+    def __init__(self) -> None:
+        self.epochs: list[int] = []
+
+    def on_validation_end(self, trainer, pl_module):
+        if not trainer.sanity_checking:
+            self.epochs.append(trainer.current_epoch)
+
+
+def test_a_signal_at_the_last_step_of_an_epoch_stops_after_its_validation(tmp_path):
+    stop, seen = StopOnSigterm(), Validations()
+    trainer, ckpt = _trainer(tmp_path / "run", 3, callbacks=[SendSignal(signal.SIGTERM, 1, 3), stop, seen])
+    with pytest.raises(SIGTERMException):
+        trainer.fit(Tiny())
+    state = torch.load(ckpt.last_model_path, map_location="cpu", weights_only=False)
+    assert stop.stopped_at_step == state["global_step"] == 8  # epoch 1's 4 steps done
+    assert seen.epochs == [0, 1]  # epoch 1 validated before the stop
+    resumed, again = _trainer(tmp_path / "run", 3)[0], Validations()
+    resumed.callbacks.append(again)
+    resumed.fit(Tiny(), ckpt_path=ckpt.last_model_path)
+    assert again.epochs == [2] and resumed.global_step == 12

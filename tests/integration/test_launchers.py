@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.integration.test_resilience import SMALL, _assert_same_run, _ckpt, _counters, _fail_at
+from tests.integration.test_resilience import SMALL, _assert_same_run, _ckpt, _counters, _fail_at, _val_miou
 
 pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore:.*LeafSpec")]
 
@@ -96,6 +96,16 @@ def _slurm_job(cwd: Path, ntasks: int, args: list[str]) -> list[subprocess.Compl
     return _run_all([(cmd, _slurm(ntasks, r, port, bin_dir, log)) for r in range(ntasks)], cwd)
 
 
+def _max_weight_diff(a: Path, b: Path) -> float:
+    wa, wb = _ckpt(a)["state_dict"], _ckpt(b)["state_dict"]
+    return max(float((wa[k].float() - wb[k].float()).abs().max()) for k in wa)
+
+
+def _signal_time(res: subprocess.CompletedProcess) -> float:
+    """The unix time at which :class:`~cropscale.testing.faults.FailAt` sent its signal (its own line)."""
+    return float(_line(res, "FailAt: ").rsplit(" ", 1)[1])
+
+
 def _line(res: subprocess.CompletedProcess, start: str) -> str:
     lines = [ln for ln in res.stderr.splitlines() if ln.startswith(start)]
     assert lines, res.stderr[-3000:]
@@ -109,10 +119,11 @@ def test_sigusr1_under_slurm_saves_requeues_and_resumes_to_the_uninterrupted_run
     ref = _slurm_job(tmp_path / "u", ntasks, args)
     assert all(r.returncode == 0 for r in ref), ref[0].stderr[-3000:]
     signalled = args + _fail_at(epoch=1, batch=1 if ntasks == 1 else 0, how="sigusr1")
-    started = time.monotonic()
     stopped = _slurm_job(tmp_path / "r", ntasks, signalled)
-    print(f"signalled run ({ntasks} task(s)) ended after {time.monotonic() - started:.1f} s")
+    ended = time.time()
     assert [r.returncode for r in stopped] == [0] * ntasks, stopped[0].stderr[-3000:]
+    print(f"\n{ntasks} task(s): every task exited {ended - _signal_time(stopped[0]):.1f} s after SIGUSR1 to rank 0,"
+          f" status {[r.returncode for r in stopped]}")
     run = tmp_path / "r" / "runs" / "default" / "version_0"
     # the stop step: one process stops at the signalled step, two one optimiser step later (epoch 0: 6 or 3 steps)
     step = 6 + 2 if ntasks == 1 else 3 + 2
@@ -131,6 +142,9 @@ def test_sigusr1_under_slurm_saves_requeues_and_resumes_to_the_uninterrupted_run
     assert all(r.returncode == 0 for r in resumed), resumed[0].stderr[-3000:]
     assert (f"--ckpt_path auto -> runs/default/version_0/checkpoints/last.ckpt (epoch 1, global step {step})"
             in resumed[0].stderr)
+    print(f"{ntasks} task(s): {line}")
+    print(f"{ntasks} task(s): resumed run vs uninterrupted: max |dw| = "
+          f"{_max_weight_diff(tmp_path / 'u' / 'runs' / 'default' / 'version_0', run):.3g}")
     _assert_same_run(tmp_path / "u" / "runs" / "default" / "version_0", run)
     assert _counters(run) == _counters(tmp_path / "u" / "runs" / "default" / "version_0")
 
@@ -193,12 +207,17 @@ def test_torchrun_elastic_restart_resumes_to_the_uninterrupted_run(tmp_path, fla
              "--local-addr=127.0.0.1", "--monitor-interval=1"]
     started = time.monotonic()
     agents = _run_all([(agent + fit, _env()), (agent + fit, _env())], tmp_path / "r")
-    print(f"torchrun job with one restart ended after {time.monotonic() - started:.1f} s")
+    print(f"\ntorchrun job with one restart: both agents ended after {time.monotonic() - started:.1f} s,"
+          f" status {[a.returncode for a in agents]}")
     assert [a.returncode for a in agents] == [0, 0], agents[0].stderr[-3000:] + agents[1].stderr[-3000:]
     run = tmp_path / "r" / "runs" / "default" / "version_0"
     assert sorted(p.name for p in run.parent.iterdir()) == ["version_0"]  # the restart continued in the same folder
     text = agents[0].stderr + agents[1].stderr
     assert "--ckpt_path auto -> " in text and "(epoch 0, global step 3)" in text  # epoch 0's end-of-epoch state
+    print("torchrun: " + next(ln for ln in text.splitlines() if "--ckpt_path auto -> " in ln))
+    print(f"torchrun: restarted job vs uninterrupted: max |dw| = "
+          f"{_max_weight_diff(tmp_path / 'u' / 'runs' / 'default' / 'version_0', run):.3g}, val/mIoU per epoch"
+          f" {_val_miou(run)}")
     _assert_same_run(tmp_path / "u" / "runs" / "default" / "version_0", run)
     assert _counters(run) == _counters(tmp_path / "u" / "runs" / "default" / "version_0")
     final = _ckpt(run)["state_dict"]

@@ -252,6 +252,18 @@ def _evaluate(cwd: Path, ckpt: Path, *args: str) -> subprocess.CompletedProcess:
                    env_extra={"OMP_NUM_THREADS": "1"})
 
 
+def test_an_attempt_that_fails_before_restoring_keeps_the_run_json(checkpoint, flanders_root):
+    """A resume attempt that fails at setup (as a torchrun restart that fails at gloo's connect) in the run's folder."""
+    record = checkpoint.parent.parent / "run.json"
+    before = json.loads(record.read_text())
+    assert (before["status"], before["global_step"]) == ("finished", 3)  # 1 epoch of 3 batches
+    res = _fit(checkpoint.parents[4], f"--data.root={flanders_root}", *SMALL, "--trainer.max_epochs=2",
+               f"--ckpt_path={checkpoint}", "--trainer.callbacks+=cropscale.testing.faults.FailAt",
+               "--trainer.callbacks.at_setup=true")
+    assert res.returncode != 0 and "injected failure on rank 0 at setup" in _last_line(res), res.stderr[-2000:]
+    assert json.loads(record.read_text()) == before
+
+
 def test_evaluation_settings_on_the_command_line_apply_to_a_checkpoint(tmp_path, checkpoint, flanders_root):
     import yaml
 
