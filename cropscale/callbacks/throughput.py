@@ -134,7 +134,9 @@ class ThroughputCallback(ScalingCallback):
         self.total_samples = int(state_dict.get("total_samples", 0))
         self.total_train_s = float(state_dict.get("total_train_s", 0.0))
         self.epochs = [ThroughputEpoch.from_json(e) for e in state_dict.get("epochs", [])]
-        self._resumed_in_epoch = state_dict.get("in_epoch")
+        self._resumed_in_epoch = resumed = state_dict.get("in_epoch")
+        if resumed:  # Lightning does not call on_train_epoch_start again for an epoch resumed in its middle
+            self._epoch_now, self._samples = int(resumed["epoch"]), int(resumed.get("samples", 0))
 
     # ------------------------------------------------------------------ hooks
     def _sync(self) -> None:
