@@ -4,9 +4,15 @@
 - :mod:`~cropscale.scaling.allreduce`: ring all-reduce volume and time, DDP buckets, FSDP
   reduce-scatter / all-gather, inputs from a real ``nn.Module``.
 - :mod:`~cropscale.scaling.pmnf`: single-parameter PMNF fitting (Extra-P's search).
-- :mod:`~cropscale.scaling.landau`: Landau notation (``parse_order``) and the class ladder O(1) .. O(n^3).
+- :mod:`~cropscale.scaling.multi`: two-parameter PMNF models (Extra-P's multi-parameter selection).
+- :mod:`~cropscale.scaling.landau`: Landau notation (``parse_order``) and the class ladder O(1) .. O(n^3)
+  (24 classes: every polynomial exponent of the fitter and the log classes).
+- :mod:`~cropscale.scaling.noise`: outlying repetitions screened by a stated rule, the pooled relative noise.
 - :mod:`~cropscale.scaling.verdict`: does a series grow faster than a class? (bootstrap over repetitions).
-- :mod:`~cropscale.scaling.assertions`: ``assert_scaling(x, y, expected="O(n)")``, ``check_scaling``.
+- :mod:`~cropscale.scaling.hints`: what would decide an inconclusive verdict (repetitions, points, range).
+- :mod:`~cropscale.scaling.multi_verdict`: does a metric of two parameters grow faster than a product class?
+- :mod:`~cropscale.scaling.assertions`: ``assert_scaling(x, y, expected="O(n)")``, ``check_scaling``; with
+  ``x = (devices, batch)`` a two-parameter assertion.
 - :mod:`~cropscale.scaling.assert_bench`: error rates of the verdict on seeded synthetic series.
 - :mod:`~cropscale.scaling.pytest_plugin`: ``@pytest.mark.scaling("O(n)")`` (a ``pytest11`` entry point).
 - :mod:`~cropscale.scaling.series`: :class:`ScalingSeries`, ``(x, repeated y)`` of one metric.
@@ -56,14 +62,18 @@ from cropscale.scaling.extrap import (
     write_extrap_jsonl_by_points,
 )
 from cropscale.scaling.landau import LADDER, excess_factor, parse_order
+from cropscale.scaling.multi import MultiModel, fit_pmnf_multi
+from cropscale.scaling.multi_verdict import MultiVerdict, check_scaling_multi
 from cropscale.scaling.pmnf import PMNFModel, PMNFWarning, Term, fit_pmnf, hypotheses
 from cropscale.scaling.series import ScalingSeries
 from cropscale.scaling.verdict import ClassVerdict, judge
 
 __all__ = [
-    "Bucket", "ClassVerdict", "GradientPayload", "LADDER", "PMNFModel", "PMNFWarning", "ScalingAssertionError",
+    "Bucket", "ClassVerdict", "GradientPayload", "LADDER", "MultiModel", "MultiVerdict", "PMNFModel", "PMNFWarning",
+    "ScalingAssertionError",
     "ScalingInconclusiveError", "ScalingSeries", "ScalingVerdict", "Term", "all_gather_send_bytes",
     "allreduce_table", "amdahl_efficiency", "amdahl_speedup", "amdahl_table", "assert_scaling", "check_scaling",
+    "check_scaling_multi", "fit_pmnf_multi",
     "ddp_allreduce_time", "ddp_buckets", "efficiency", "estimated_bucket_count", "excess_factor", "fit_pmnf",
     "format_allreduce_table", "format_amdahl_table", "fsdp_send_bytes", "gradient_payload", "gustafson_speedup",
     "hypotheses", "judge", "karp_flatt", "parse_order", "read_extrap_jsonl", "read_extrap_jsonl_series",

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 from cropscale.errors import CropScaleError
 from cropscale.scaling.landau import order_variable, parse_order
+from cropscale.scaling.multi_verdict import MultiVerdict, check_scaling_multi, is_multi
 from cropscale.scaling.pmnf import PMNFModel, Term, fit_pmnf
 from cropscale.scaling.verdict import (
     DEFAULT_RESAMPLES,
@@ -90,6 +91,11 @@ class ScalingVerdict:
         return self.model.lead_order <= self.expected
 
     @property
+    def reason(self) -> str:
+        """Why the verdict is inconclusive, and what would decide it (empty otherwise)."""
+        return self.classes.reason
+
+    @property
     def variable(self) -> str:
         """Name of the fitted parameter (``n``, ``batch`` ...)."""
         return self.model.variable
@@ -124,6 +130,8 @@ class ScalingVerdict:
             f"  noise    : {100 * c.noise:.2g} % per repetition (from the {c.noise_source}); "
             f"{len(c.x)} distinct {var} values in [{c.x.min():g}, {c.x.max():g}], "
             f"repetitions {sorted(set(map(int, c.repetitions)))}",
+            "  screened : " + ("; ".join(r.text(var) for r in c.screened) if c.screened else "none")
+            + " (repetitions beyond 7 robust sd of their point's median, at most r // 4 per point)",
             f"  PMNF fit : f({var}) = {m.formula}  [lead order {m.big_o}, LOO SMAPE {m.smape:.2f} %, "
             f"adjusted R^2 {m.adjusted_r2:.4f}] (Extra-P's selection on the medians)",
             "  data     : " + ", ".join(f"{xv:g}: {yv:.4g}" for xv, yv in zip(c.x, c.centres, strict=True))
@@ -135,7 +143,7 @@ class ScalingVerdict:
 class ScalingAssertionError(AssertionError):
     """A performance assertion failed; the message prints the verdict, both models and the data."""
 
-    def __init__(self, message: str, verdict: ScalingVerdict | None = None) -> None:
+    def __init__(self, message: str, verdict: ScalingVerdict | MultiVerdict | None = None) -> None:
         super().__init__(message)
         self.verdict = verdict
 
@@ -175,12 +183,16 @@ def check_scaling(
     resamples: int = DEFAULT_RESAMPLES,
     seed: int = 0,
     **fit_kwargs,
-) -> ScalingVerdict:
+) -> ScalingVerdict | MultiVerdict:
     """Judge measurements against ``expected``; never raises on a failed or undecided expectation.
 
     Args:
         x: parameter values (> 0), or a :class:`cropscale.scaling.series.ScalingSeries` (then ``y``
-            is omitted and its parameter name, label and evidence are used).
+            is omitted and its parameter name, label and evidence are used), or a tuple of two
+            sequences ``(x1, x2)`` (two parameters: ``expected`` is a product class such as
+            ``"O(batch)"`` over ``variables=("devices", "batch")``; returns a
+            :class:`cropscale.scaling.multi_verdict.MultiVerdict`, see
+            :func:`cropscale.scaling.multi_verdict.check_scaling_multi`).
         y: measurements: one value per ``x`` entry, or one sequence of repetitions per ``x``
             (repetitions give the verdict its noise estimate; without them it is the scatter of
             the best model's residuals).
@@ -201,6 +213,14 @@ def check_scaling(
     Raises:
         CropScaleError: a missing or malformed expectation, bad measurements, an unknown argument.
     """
+    if is_multi(x):
+        if model is not None:
+            raise CropScaleError("model= is for one parameter; a two-parameter assertion fits its own model")
+        if expected is None:
+            raise CropScaleError("state the expectation: expected='O(batch)', 'O(log devices * batch)' ...")
+        variables = fit_kwargs.pop("variables", None)
+        return check_scaling_multi(x, y, expected, resolution, variables=variables, label=label, evidence=evidence,
+                                   resamples=resamples, seed=seed, **fit_kwargs)
     if model is not None and not isinstance(model, PMNFModel):
         raise CropScaleError(f"model must be a PMNFModel, got {type(model).__name__}")
     if y is None and model is not None:
@@ -236,7 +256,7 @@ def assert_scaling(
     *,
     inconclusive: str = "fail",
     **kwargs,
-) -> ScalingVerdict:
+) -> ScalingVerdict | MultiVerdict:
     """Assert that measurements scale no worse than ``expected`` (see :func:`check_scaling`).
 
     Args:

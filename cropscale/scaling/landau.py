@@ -8,11 +8,14 @@ of ``n`` is bounded and has order ``O(1)``).
 :func:`parse_order` reads Landau notation with a table of factor patterns (:data:`FACTORS`): each
 factor of the product inside ``O(...)`` adds to ``(i, j)``.
 
-:data:`LADDER` holds the ten classes that verdicts compare by default (after Shudler et al.,
-ICS 2015 / TPDS 2019, who focus the model search on the expectation and the classes around it)::
+:data:`LADDER` holds the 24 classes that verdicts compare by default (after Shudler et al.,
+ICS 2015 / TPDS 2019, who focus the model search on the expectation and the classes around it):
+every polynomial exponent the PMNF fitter can choose and the log classes at ``n^0`` and ``n^1``::
 
-    O(1) < O(log n) < O(log^2 n) < O(n^(1/2)) < O(n) < O(n log n) < O(n log^2 n)
-         < O(n^(3/2)) < O(n^2) < O(n^3)
+    O(1) < O(log n) < O(log^2 n) < O(n^(1/4)) < O(n^(1/3)) < O(n^(1/2)) < O(n^(2/3)) < O(n^(3/4))
+         < O(n^(4/5)) < O(n) < O(n log n) < O(n log^2 n) < O(n^(5/4)) < O(n^(4/3)) < O(n^(3/2))
+         < O(n^(5/3)) < O(n^(7/4)) < O(n^2) < O(n^(9/4)) < O(n^(7/3)) < O(n^(5/2)) < O(n^(8/3))
+         < O(n^(11/4)) < O(n^3)
 
 :func:`excess_factor` states the distance between two orders as a factor (``"log n"``,
 ``"n^(1/2) / log^2 n"``).
@@ -25,21 +28,14 @@ from collections.abc import Callable
 from fractions import Fraction
 
 from cropscale.errors import CropScaleError
-from cropscale.scaling.pmnf import CONSTANT, Term
+from cropscale.scaling.pmnf import CONSTANT, POLY_EXPONENTS, Term
 
-LADDER: tuple[Term, ...] = (
-    CONSTANT,
-    Term(Fraction(0), 1),
-    Term(Fraction(0), 2),
-    Term(Fraction(1, 2), 0),
-    Term(Fraction(1), 0),
-    Term(Fraction(1), 1),
-    Term(Fraction(1), 2),
-    Term(Fraction(3, 2), 0),
-    Term(Fraction(2), 0),
-    Term(Fraction(3), 0),
+LADDER: tuple[Term, ...] = tuple(
+    sorted({Term(i, 0) for i in POLY_EXPONENTS} | {Term(Fraction(i), j) for i in (0, 1) for j in (1, 2)})
 )
-"""The ten classes from ``O(1)`` to ``O(n^3)``, in increasing order."""
+"""The 24 classes from ``O(1)`` to ``O(n^3)``, in increasing order: every polynomial exponent the
+PMNF fitter can choose (:data:`cropscale.scaling.pmnf.POLY_EXPONENTS`) and the log classes
+``log n, log^2 n, n log n, n log^2 n``."""
 
 _NAME = r"[A-Za-z_]\w*"
 _NUMBER = r"-?\d+(?:\.\d+)?(?:/\d+)?"
@@ -231,7 +227,7 @@ def excess_factor(fitted: Term, expected: Term, var: str = "n") -> str:
 
 
 def ladder_index(term: Term) -> int | None:
-    """Position of ``term``'s order in :data:`LADDER`, or ``None`` when it is not one of the ten."""
+    """Position of ``term``'s order in :data:`LADDER`, or ``None`` when it is not one of them."""
     try:
         return LADDER.index(term.order)
     except ValueError:

@@ -107,7 +107,7 @@ class ScalingStatement:
         if verdict.failed:
             pytest.fail(verdict.message(), pytrace=False)
         if verdict.inconclusive:
-            reason = f"scaling verdict inconclusive: {verdict.classes.reason}"
+            reason = f"scaling verdict inconclusive: {verdict.reason}"
             if policy == "fail":
                 pytest.fail(verdict.message(), pytrace=False)
             if policy == "skip":

@@ -11,15 +11,16 @@ over the classes of :func:`cropscale.scaling.landau.search_space` (the ladder ``
 - *above*: lead order ``>`` the expectation with a growing fit (``c1 > 0``).
 
 Statistic
-    At each ``x`` the repetitions are summarised by their interquartile mean (the mean without the
-    lowest and the highest quarter, ``r // 4`` values each side; the plain mean for ``r <= 3``):
-    robust to an outlier like a median, closer to a mean in efficiency. Each model is fitted by
-    weighted least squares with weights ``1 / se^2``, ``se = c(r) sigma |centre| / sqrt(r)``:
-    ``sigma`` is the relative noise of one repetition pooled over every point (noise proportional
-    to the value, as for times; the root mean square of the pooled deviations below, each clipped
-    at :data:`CLIP` robust standard deviations so that an outlier does not inflate it), ``c(r)`` the
-    standard error of the interquartile mean over that of a plain mean for Gaussian noise (1.065 for
-    ``r = 5``; :func:`iqm_se_factor`). Without
+    Repetitions far from their point's median are first screened out by the rule of
+    :mod:`cropscale.scaling.noise` (more than 7 robust standard deviations, at most ``r // 4`` per
+    point; each one is reported). At each ``x`` the kept repetitions are summarised by their
+    interquartile mean (the mean without the lowest and the highest quarter, ``r // 4`` values each
+    side; the plain mean for ``r <= 3``). Each model is fitted by weighted least squares with weights
+    ``1 / se^2``, ``se = c(r) sigma |centre| / sqrt(r)``: ``sigma`` is the relative noise of one
+    repetition pooled over every point (noise proportional to the value, as for times; the root mean
+    square of the kept repetitions' deviations, each clipped at 4 robust standard deviations),
+    ``c(r)`` the standard error of the interquartile mean over that of a plain mean for Gaussian noise
+    (1.065 for ``r = 5``; :func:`cropscale.scaling.noise.iqm_se_factor`). Without
     repetitions ``sigma`` is the relative residual scatter of the best model of the search space.
     ``sigma`` has a floor of :data:`NOISE_FLOOR`, so exact counts give decisive verdicts. With
     ``chi2`` a fit's weighted residual sum of squares, the statistic is
@@ -51,7 +52,9 @@ Decision
     at least :data:`MIN_POINTS` points, ``p_above < alpha_pass`` (0.005) and the best within model
     fits within the noise (its chi2 is reached by at least :data:`ALPHA_FIT` of the series drawn
     from it). Otherwise ``inconclusive``, with the reason: too few points, too narrow a range
-    (``max x / min x <`` :data:`NARROW_RANGE`) or too much noise, and the numbers behind it.
+    (``max x / min x <`` :data:`NARROW_RANGE`) or too much noise, the numbers behind it, and what
+    would decide it (:mod:`cropscale.scaling.hints`: more repetitions, more points or a wider range,
+    estimated from the observed noise and the two models that the data cannot separate).
 
 The error rates of this rule on seeded synthetic series of known class are measured by
 :mod:`cropscale.scaling.assert_bench` (``python -m cropscale scaling assert-bench``).
@@ -66,7 +69,17 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from cropscale.errors import CropScaleError
+from cropscale.scaling.hints import decide
 from cropscale.scaling.landau import excess_factor, search_space
+from cropscale.scaling.noise import (
+    Screened,
+    deviations,
+    interquartile_mean,
+    iqm_se_factor,
+    noise_of,
+    pooled_noise,
+    screen,
+)
 from cropscale.scaling.pmnf import Term
 
 PASS, FAIL, INCONCLUSIVE = "pass", "fail", "inconclusive"
@@ -95,24 +108,6 @@ ALPHA_FIT = 0.01
 
 _TIE = 1e-6
 """chi2 and ``D`` values closer than this (noise units squared) count as equal: round-off of exact data."""
-
-_IQM_SE = (1.0, 1.0, 1.0, 1.092, 1.065, 1.050, 1.042, 1.086, 1.074, 1.066, 1.056, 1.088, 1.079, 1.072, 1.065, 1.088)
-"""``c(r)`` for ``r = 1 .. 16``: standard deviation of the interquartile mean of ``r`` standard
-normal values times ``sqrt(r)`` (simulated, 10^6 draws each; 1.08 beyond)."""
-
-
-def interquartile_mean(a: np.ndarray) -> np.ndarray:
-    """Mean over the last axis without its ``r // 4`` lowest and ``r // 4`` highest values."""
-    a = np.asarray(a, dtype=np.float64)
-    r = a.shape[-1]
-    k = r // 4
-    return np.sort(a, axis=-1)[..., k : r - k].mean(axis=-1)
-
-
-def iqm_se_factor(r: int) -> float:
-    """``c(r)``: the interquartile mean's standard error over a plain mean's, ``r`` Gaussian values."""
-    return _IQM_SE[r - 1] if r <= len(_IQM_SE) else 1.08
-
 
 @dataclass(frozen=True)
 class ClassFit:
@@ -167,8 +162,11 @@ class ClassVerdict:
         noise: relative noise of one repetition (0.03 = 3 %); noise_source: ``"repetitions"`` or
             ``"residuals"``.
         resamples: synthetic series per bootstrap; resolution: as passed.
-        reason: why the verdict is inconclusive (empty otherwise).
-        x, centres, repetitions: the data judged (distinct ``x`` ascending, interquartile means).
+        reason: why the verdict is inconclusive, ending with ``hint`` (empty otherwise).
+        x, centres, repetitions: the data judged (distinct ``x`` ascending, interquartile means of
+            the kept repetitions, kept repetitions per ``x``).
+        screened: the repetitions screened out as outliers (:func:`cropscale.scaling.noise.screen`).
+        hint: for an inconclusive verdict, what would decide it (:func:`cropscale.scaling.hints.decide`).
     """
 
     status: str
@@ -189,6 +187,8 @@ class ClassVerdict:
     x: np.ndarray = field(default_factory=lambda: np.zeros(0), repr=False)
     centres: np.ndarray = field(default_factory=lambda: np.zeros(0), repr=False)
     repetitions: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=int), repr=False)
+    screened: tuple[Screened, ...] = ()
+    hint: str = ""
 
     def excess(self, var: str = "n") -> str:
         """The factor by which the best above model exceeds the expectation (``"log n"`` ...)."""
@@ -251,45 +251,6 @@ def _rows(x, y) -> tuple[np.ndarray, list[np.ndarray]]:
     return ux, grouped
 
 
-MAD_TO_SD = 1.4826
-"""Median absolute deviation to standard deviation for Gaussian noise."""
-CLIP = 4.0
-"""Deviations beyond ``CLIP`` robust standard deviations count as that many in the noise estimate."""
-
-
-def _deviations(reps: np.ndarray, scale) -> np.ndarray:
-    """Relative deviations of repetitions ``[..., r]`` from their mean, times ``sqrt(r / (r - 1))``.
-
-    The factor makes their mean square the noise variance.
-    """
-    r = reps.shape[-1]
-    return (reps - reps.mean(axis=-1, keepdims=True)) / scale * math.sqrt(r / (r - 1))
-
-
-def _noise_of(pool: np.ndarray) -> np.ndarray:
-    """Relative noise of one repetition from pooled deviations ``[..., m]``.
-
-    Their root mean square after clipping at ``CLIP`` robust standard deviations (``MAD_TO_SD`` times
-    the median absolute deviation), so that one outlier does not inflate it; Gaussian noise is almost
-    never clipped.
-    """
-    a = np.abs(pool)
-    limit = CLIP * MAD_TO_SD * np.median(a, axis=-1, keepdims=True)
-    return np.sqrt(np.mean(np.minimum(a, limit) ** 2, axis=-1))
-
-
-def _pooled_noise(rows: list[np.ndarray], scale: np.ndarray) -> tuple[float, np.ndarray]:
-    """Relative noise of one repetition (:func:`_noise_of`) and the pool of relative deviations.
-
-    The pool is empty without repetitions.
-    """
-    devs = [_deviations(r, s) for r, s in zip(rows, scale, strict=True) if r.size > 1]
-    if not devs:
-        return 0.0, np.zeros(0)
-    pool = np.concatenate(devs)
-    return float(_noise_of(pool)), pool
-
-
 # ----------------------------------------------------------------------------- fits
 
 
@@ -299,26 +260,26 @@ class _Design:
 
     terms: tuple[Term, ...]
     within: np.ndarray  # [T] bool: order <= expectation
-    resid: np.ndarray  # [T, n, n] residual projectors on the weighted scale
+    q: np.ndarray  # [T, n, 2] orthonormal bases of the weighted columns (the constant's second column is 0)
     slope: np.ndarray  # [T, n]: c1 = slope @ centres (zeros for the constant)
     sw: np.ndarray  # [n] square roots of the relative weights
 
     @classmethod
     def build(cls, xs: np.ndarray, sw: np.ndarray, terms: tuple[Term, ...], expected: Term) -> _Design:
         n = xs.size
-        resid = np.empty((len(terms), n, n))
+        qs = np.zeros((len(terms), n, 2))
         slope = np.zeros((len(terms), n))
         w = sw * sw
         for k, t in enumerate(terms):
             g = t(xs)
             cols = [np.ones(n)] if t.is_constant else [np.ones(n), g / np.max(np.abs(g))]
             q, _ = np.linalg.qr(np.stack(cols, axis=1) * sw[:, None])
-            resid[k] = np.eye(n) - q @ q.T
+            qs[k, :, : q.shape[1]] = q
             if not t.is_constant:
                 gc = g - np.sum(w * g) / np.sum(w)
                 slope[k] = w * gc / np.sum(w * gc * gc)
         within = np.array([t.order <= expected for t in terms])
-        return cls(terms, within, resid, slope, sw)
+        return cls(terms, within, qs, slope, sw)
 
     def chi2(self, centres: np.ndarray, sigma: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """``[B, T]`` chi2 of every term for centres ``[B, n]`` and noise ``[B]``, and within-membership.
@@ -327,7 +288,8 @@ class _Design:
         within.
         """
         z = centres * self.sw[None, :]
-        res = np.einsum("tij,bj->bti", self.resid, z)
+        proj = np.einsum("tjk,bj->btk", self.q, z)  # [B, T, 2]
+        res = z[:, None, :] - np.einsum("tjk,btk->btj", self.q, proj)  # residuals on the weighted scale
         c = np.sum(res * res, axis=2) / np.maximum(sigma, NOISE_FLOOR)[:, None] ** 2
         falling = (centres @ self.slope.T) <= 0
         return c, self.within[None, :] | falling
@@ -466,17 +428,20 @@ class _State:
     rng: np.random.Generator
     variable: str = "n"
 
+    screened: tuple[Screened, ...] = ()
+
     @classmethod
     def build(cls, xs, rows, terms, expected, resolution, resamples, seed) -> _State:
+        rows, screened = screen(xs, rows)
         counts = np.array([r.size for r in rows])
         centres = np.array([float(interquartile_mean(r)) for r in rows])
         top = float(np.max(np.abs(centres)))
         scale = np.maximum(np.abs(centres), max(top, 1e-300) * 1e-12)
         sw = np.sqrt(counts) / (np.array([iqm_se_factor(int(r)) for r in counts]) * scale)
         design = _Design.build(xs, sw, terms, expected)
-        sigma, pool = _pooled_noise(rows, scale)
+        sigma, pool = pooled_noise(rows, scale)
         state = cls(xs, rows, centres, counts, scale, design, expected, sigma, pool, resolution, resamples,
-                    np.random.default_rng(seed))
+                    np.random.default_rng(seed), screened=screened)
         if pool.size == 0:  # no repetitions: the best model's relative residuals are the noise
             c, _ = design.chi2(centres[None, :], np.array([1.0]))
             k = int(np.argmin(c[0]))
@@ -517,8 +482,8 @@ class _State:
             reps = m[k] * (1.0 + self.pool[self.rng.integers(0, self.pool.size, (b, r))])
             centres[:, k] = interquartile_mean(reps)
             if r > 1:
-                devs.append(_deviations(reps, self.scale[k]))
-        sigma = _noise_of(np.concatenate(devs, axis=1)) if devs else np.zeros(b)
+                devs.append(deviations(reps, self.scale[k]))
+        sigma = noise_of(np.concatenate(devs, axis=1)) if devs else np.zeros(b)
         return self.chi2(centres, sigma)
 
     def support(self) -> float:
@@ -562,11 +527,17 @@ class _State:
             status = FAIL
         elif self.xs.size >= MIN_POINTS and p_above < alpha_pass and adequacy >= ALPHA_FIT:
             status = PASS
-        reason = self.reason(within, excluded[0][0], adequacy, p_within, p_above) if status == INCONCLUSIVE else ""
+        reason, hint = "", ""
+        if status == INCONCLUSIVE:
+            alt = excluded[0][0]
+            hint = decide(self.xs, self.counts, max(self.sigma, NOISE_FLOOR), alt,
+                          [t for t, w in zip(self.design.terms, self.design.within, strict=True) if w], self.variable,
+                          MIN_POINTS)
+            reason = self.reason(within, alt, adequacy, p_within, p_above) + "; " + hint
         return ClassVerdict(
             status, self.expected, within, above, d_obs, p_within, p_above, tuple(excluded), support,
             adequacy, max(self.sigma, NOISE_FLOOR), "repetitions" if self.replicated else "residuals",
-            self.resamples, self.resolution, reason, self.xs, self.centres, self.counts,
+            self.resamples, self.resolution, reason, self.xs, self.centres, self.counts, self.screened, hint,
         )
 
     def reason(self, within: ClassFit, above: ClassFit, adequacy: float, p_within: float, p_above: float) -> str:

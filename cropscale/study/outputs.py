@@ -20,6 +20,7 @@ from cropscale.runs.rules import Figure
 from cropscale.runs.tables import Column, TableRow, render_table
 from cropscale.study import protocol as P
 from cropscale.study.aggregate import StudyRow, SweepSummary
+from cropscale.study.assertions import write_scaling_assertions
 from cropscale.study.spec import BatchSweepSpec, StudySpec
 
 COLUMNS: tuple[Column, ...] = (
@@ -145,6 +146,7 @@ def write_outputs(rows: Sequence[StudyRow], out: Path, spec: StudySpec, runs: Se
     if runs:
         paths["iou_by_epoch"] = plot_iou_by_epoch(runs, figures_dir / "iou_by_epoch.png")
         paths["step_decomposition"] = plot_step_decomposition(runs, figures_dir / "step_decomposition.png")
+    paths.update(write_scaling_assertions(scaling, out))  # scaling_assertions.md: step time O(local batch)
     figs = "\n".join(f"![{p.stem}](figures/{p.name})" for p in paths.values() if p.suffix == ".png")
     text = _header(spec) + "\n" + "\n".join(blocks) + "\n## Figures\n\n" + figs + "\n"
     return {"markdown": atomic_write_text(out / "study_table.md", text), **paths}

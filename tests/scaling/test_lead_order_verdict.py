@@ -1,5 +1,6 @@
 """The verdict on the lead order: the three cases the excess-growth rule let through now fail and
-name the excess term; the true classes of the same data pass."""
+name the excess term; the true classes of the same data pass or, where a class of the fine ladder right
+above stays unseparated, are inconclusive with what would decide it."""
 
 import numpy as np
 import pytest
@@ -33,4 +34,7 @@ def test_a_lead_order_above_the_expectation_fails_and_names_the_excess(name, see
     assert not verdict.passed
     msg = verdict.message()
     assert f"exceeds {asserted} by a factor {excess}" in msg, msg
-    assert check_scaling(x, y, true_class, variable="n").passed
+    true = check_scaling(x, y, true_class, variable="n")
+    # the true class is never failed; on the fine ladder O(n^(5/4)) can stay unseparated from O(n log n)
+    # (seed 2): then the verdict is inconclusive and says what would decide it
+    assert true.passed or (true.inconclusive and "to decide (estimates from the observed noise" in true.classes.reason)
