@@ -230,9 +230,10 @@ class PastisHDDataModule(LightningDataModule):
         """Refuse a global batch larger than an epoch; note an epoch padded with repeated samples to equal shards.
 
         Raises:
-            CropScaleError: ``data.batch_size`` x world size exceeds the training samples of one epoch.
+            CropScaleError: with several ranks, ``data.batch_size`` x world size exceeds the training samples
+                of one epoch (one process simply trains one short batch).
         """
-        if self.batch_size * world > samples:
+        if world > 1 and self.batch_size * world > samples:
             raise CropScaleError(
                 f"global batch {self.batch_size * world} (data.batch_size {self.batch_size} x world size {world}) is"
                 f" larger than the {samples} training samples of one epoch: lower data.batch_size or the world size"

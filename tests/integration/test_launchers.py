@@ -52,24 +52,36 @@ def _env(**extra: str) -> dict[str, str]:
 
 def _run_all(cmds: list[tuple[list[str], dict[str, str]]], cwd: Path, timeout: float = TIMEOUT_S,
              ) -> list[subprocess.CompletedProcess]:
-    """Start every command at once (own session each), wait for all; at the timeout kill every group and fail."""
+    """Start every command at once (own session each), wait for all; at the timeout kill every group and fail.
+
+    Output goes to files (pipes read one after the other would block a verbose process on a full pipe).
+    """
     cwd.mkdir(parents=True, exist_ok=True)
-    procs = [subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                              start_new_session=True) for cmd, env in cmds]
+    logs, n = [], len(list(cwd.glob("proc*.out")))
+    for i in range(len(cmds)):
+        logs.append((open(cwd / f"proc{n + i}.out", "w+"), open(cwd / f"proc{n + i}.err", "w+")))  # noqa: SIM115
+    procs = [subprocess.Popen(cmd, cwd=cwd, env=env, stdout=out, stderr=err, text=True, start_new_session=True)
+             for (cmd, env), (out, err) in zip(cmds, logs, strict=True)]
     deadline = time.monotonic() + timeout
-    results = []
     try:
-        for proc, (cmd, _) in zip(procs, cmds, strict=True):
-            out, err = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
-            results.append(subprocess.CompletedProcess(cmd, proc.returncode, out, err))
+        for proc in procs:
+            proc.wait(timeout=max(1.0, deadline - time.monotonic()))
     except subprocess.TimeoutExpired:
         for proc in procs:
             try:
                 os.killpg(proc.pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
-        tails = [(p.communicate()[1] or "")[-1500:] for p in procs]
-        pytest.fail(f"still running after {timeout:g} s (hung); killed. stderr tails: {tails}")
+        for proc in procs:
+            proc.wait()
+    results = []
+    for (cmd, _), proc, (out, err) in zip(cmds, procs, logs, strict=True):
+        out.seek(0), err.seek(0)
+        results.append(subprocess.CompletedProcess(cmd, proc.returncode, out.read(), err.read()))
+        out.close(), err.close()
+    if any(p.returncode == -signal.SIGKILL for p in procs) and time.monotonic() >= deadline:
+        pytest.fail(f"still running after {timeout:g} s (hung); killed. stderr tails: "
+                    f"{[r.stderr[-1500:] for r in results]}")
     return results
 
 
