@@ -60,9 +60,10 @@ from typing import Any
 from lightning.fabric.plugins import CheckpointIO
 from lightning.fabric.plugins.environments import ClusterEnvironment, SLURMEnvironment
 from lightning.pytorch import Trainer
+from lightning.pytorch.accelerators import CPUAccelerator
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
-from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from typing_extensions import override
 
@@ -77,6 +78,7 @@ from cropscale.checkpointing import (
     run_version,
     stop_line,
 )
+from cropscale.config_errors import describe_config_error
 from cropscale.data.datamodule import PastisHDDataModule
 from cropscale.distributed import (
     ChildRankWatch,
@@ -91,6 +93,7 @@ from cropscale.distributed import (
 from cropscale.errors import CropScaleError, user_error_text
 from cropscale.files import check_writable_folder
 from cropscale.model.task import RESUME_FIXED_SETTINGS, CropMappingTask
+from cropscale.precision import cpu_precision_line
 from cropscale.runs.record import is_run_folder, load_run
 from cropscale.runs.summary import fit_summary
 
@@ -439,6 +442,11 @@ class CropScaleCLI(LightningCLI):
             kwargs["plugins"] = [*plugins, SLURMEnvironment(auto_requeue=False)]
         trainer = super().instantiate_trainer(**kwargs)
         _ACTIVE["trainer"] = trainer
+        line = cpu_precision_line(trainer.precision) if isinstance(trainer.accelerator, CPUAccelerator) else None
+        if line and line[0] == "error":
+            raise CropScaleError(line[1])
+        if line:
+            rank_zero_warn(line[1])
         return trainer
 
     def _check_outputs(self) -> None:
@@ -585,7 +593,8 @@ def main(argv: list[str] | None = None) -> None:
     except (CropScaleError, MisconfigurationException, ArgumentError) as err:
         if isinstance(err, ArgumentError):
             sub = args[0] if args and args[0] in LIGHTNING_COMMANDS else ""
-            _fail(f"{err} (see: python -m cropscale {sub} --help)".replace("  ", " "))
+            text = describe_config_error(str(err), args, str(DEFAULT_CONFIG) if DEFAULT_CONFIG.is_file() else None)
+            _fail(f"{text} (see: python -m cropscale {sub} --help)".replace("  ", " "))
         _fail(_name_trainer_argument(str(err)) if isinstance(err, MisconfigurationException) else user_error_text(err))
     except Exception as err:
         message = _user_error(err)

@@ -16,6 +16,14 @@ label                      meaning
 =========================  ===================================================================
 
 A multi-device figure is ``measured-*`` only when it ran on that many devices.
+
+**The rule for a figure computed from other figures** (:func:`derived_label`, applied by the report, the
+study and ``python -m cropscale scaling``): it keeps the measured label of its inputs when the computation
+is an identity of the measurements at the configurations measured: a ratio or difference (speed-up, mIoU
+change), an interval over seeds or epochs, the Karp-Flatt fraction ``e_N`` at the ``N`` whose ``S_N`` was
+measured. It is ``analytical-scenario`` when it needs a model's assumption to exist: a parameter fitted to
+points under a law (Amdahl's serial fraction by least squares, even from one point, once it stands for the
+law), and every value at a configuration that was not measured (a prediction, with its interval).
 """
 
 from __future__ import annotations
@@ -42,6 +50,24 @@ LEGEND = (
     "`analytical-scenario` = a model, not a measurement; `count` = an exact count (parameters, FLOPs)."
 )
 """One-paragraph explanation of the labels for the foot of a report."""
+
+
+def derived_label(*inputs: str, model: bool = False) -> str:
+    """The evidence label of a figure computed from figures labelled ``inputs`` (the rule of this module).
+
+    ``model=True``: the computation assumes a model (a fitted law's parameter, a prediction) ->
+    ``analytical-scenario``. Otherwise the inputs' common label, or ``"a + b"`` when they differ (a measured
+    run against a microbenchmark); ``analytical-scenario`` when any input is one.
+
+    Raises:
+        CropScaleError: an input that is not one of :data:`LABELS`.
+    """
+    for label in inputs:
+        check_label(label, "input evidence")
+    if model or ANALYTICAL_SCENARIO in inputs:
+        return ANALYTICAL_SCENARIO
+    unique = list(dict.fromkeys(inputs))
+    return " + ".join(unique) if unique else ANALYTICAL_SCENARIO
 
 
 def check_label(label: str, what: str = "evidence") -> str:

@@ -57,6 +57,44 @@ def median_p95(values: Sequence[float], scale: float = 1.0) -> dict[str, float |
     }
 
 
+def speedup(samples_per_s: float, base_samples_per_s: float) -> float:
+    """The one speed-up of cropscale, in the report and the study: ``S = Q / Q_base`` (dimensionless).
+
+    ``Q`` is the training samples/s of :func:`cropscale.runs.rules.samples_per_s` (training samples /
+    training seconds over the measured epochs; benchmarks: batch / median step): the protocol's samples/s at
+    equal work. When both sides train the same samples it equals ``T_base / T`` of the training-epoch times;
+    where they differ (padding of a ``DistributedSampler``, a training window that excludes validation) the
+    samples/s ratio is the figure. Efficiency is ``S / N`` (:func:`cropscale.scaling.amdahl.efficiency`).
+
+    Raises:
+        ValueError: a rate that is not a positive finite number.
+    """
+    for name, q in (("samples/s", samples_per_s), ("base samples/s", base_samples_per_s)):
+        if q is None or not math.isfinite(float(q)) or float(q) <= 0:
+            raise ValueError(f"{name} must be a positive finite rate, got {q!r}")
+    return float(samples_per_s) / float(base_samples_per_s)
+
+
+TARGET_FRACTION = 0.95
+"""Default target of time-to-quality: this fraction of the baseline's best macro IoU (the run's own best in
+TensorBoard's HPARAMS, where a single run knows no other baseline)."""
+
+
+def time_to_target(points: Iterable[tuple[float, float | None]], target: float) -> float | None:
+    """The first time whose best-so-far value reaches ``target``: ``points`` are ``(seconds, value)`` in order.
+
+    None when the best-so-far never reaches it ("not reached"); non-finite values are skipped.
+    """
+    best = -math.inf
+    for t, v in points:
+        v = finite_or_none(v)
+        if v is not None:
+            best = max(best, v)
+        if best >= target:
+            return float(t)
+    return None
+
+
 def mean_sd(values: Iterable[float | None]) -> tuple[float | None, float | None]:
     """Mean and sample standard deviation (n - 1) of the finite values; sd is ``None`` below 2 values."""
     vals = finite(values)

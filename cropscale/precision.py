@@ -55,3 +55,26 @@ def label(precision: Any) -> str:
     """Display label (``AMP FP16`` ...) of a precision string; unknown strings are shown as given."""
     unified = normalise(precision)
     return LABELS.get(unified, str(unified))
+
+
+CPU_REFUSED: tuple[str, ...] = ("16-true", "bf16-true")
+"""Precisions refused on a CPU: 16-bit weights and optimizer state with no loss scaling (small updates are lost)."""
+
+
+def cpu_precision_line(precision: Any) -> tuple[str, str] | None:
+    """``("error" | "warning", line)`` for a precision a CPU run should not take silently, or None.
+
+    ``16-true`` and ``bf16-true`` are refused: 16-bit weights and optimizer state without a master FP32 copy
+    or loss scaling. ``64-true`` runs, with a warning: its figures are not
+    comparable with the precisions the project's study compares on CPU.
+    """
+    unified = normalise(precision)
+    supported = "32-true, 16-mixed or bf16-mixed (configs/precision/{fp32,amp_fp16,bf16}.yaml)"
+    if unified in CPU_REFUSED:
+        return "error", (f"trainer.precision={unified} on CPU: {LABELS[unified]} weights, gradients and optimizer "
+                         "state with no FP32 master copy or loss scaling: updates below the 16-bit resolution are "
+                         f"lost; use {supported}, or a GPU")
+    if unified == "64-true":
+        return "warning", ("trainer.precision=64-true on CPU: FP64 weights and math; speed and memory figures of this "
+                           f"run are not comparable with {supported}")
+    return None

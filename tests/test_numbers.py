@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from cropscale.numbers import finite_or_none, mean_sd, median, median_p95, percentile
+from cropscale.numbers import finite_or_none, mean_sd, median, median_p95, percentile, time_to_target
 
 
 @pytest.mark.parametrize("q", [0, 10, 50, 95, 100])
@@ -29,3 +29,10 @@ def test_none_nan_and_inf_are_no_value():
     mean, sd = mean_sd([1.0, None, 3.0, math.inf])
     assert mean == 2.0 and sd == pytest.approx(math.sqrt(2.0))
     assert mean_sd([4.0]) == (4.0, None) and mean_sd([]) == (None, None)
+
+
+def test_time_to_target_hand_worked():
+    points = [(10.0, 0.30), (21.0, float("nan")), (33.0, 0.46), (40.0, 0.41), (52.0, 0.50)]
+    assert time_to_target(points, 0.45) == 33.0  # the first best-so-far >= 0.45
+    assert time_to_target(points, 0.30) == 10.0
+    assert time_to_target(points, 0.51) is None  # not reached

@@ -2,13 +2,21 @@
 
 The overhead of host-side callback code hides in the noise of a real CPU step (hundreds of ms) but
 not on a GPU, where a step takes a few ms. So it is measured where it shows: a tiny model (one
-``nn.Linear``, batch 1, one CPU thread, FP32), a few thousand optimizer steps, the median step period
-after warm-up. Configurations:
+``nn.Linear``, batch 1, one CPU thread, FP32, gradient norm clipped to 1.0 as in ``configs/default.yaml``),
+a few thousand optimizer steps, the median step period after warm-up. Configurations:
 
 - ``off``: Lightning with a TensorBoardLogger (``log_every_n_steps`` as given), no cropscale callback;
 - ``on``: the same plus every scaling callback in one :class:`~cropscale.callbacks.CallbackGroup`
   (what ``callbacks/scaling.yaml`` installs);
-- ``separate`` (``--separate``): the same callbacks as eight separate Lightning callbacks.
+- ``separate`` (``--separate``): the same callbacks as eight separate Lightning callbacks;
+- ``lightning`` (default with the linear model, ``--no-lightning`` leaves it out): Lightning's own
+  ``ThroughputMonitor`` + ``LearningRateMonitor`` + ``DeviceStatsMonitor``, interleaved in the same fits as
+  ``on``; printed: the ratio of the mean overheads over all steps (log steps included), group / Lightning;
+- ``trace`` (``--trace``): the group with the step trace on, in the same fits.
+
+``--count`` counts instead of timing (:func:`count_fit`): per callback, ordinary and log steps apart,
+Python calls, C calls, torch ops and device-to-host reads, for the default group and Lightning's monitors
+in one fit, under ``32-true`` and ``16-mixed`` with a GradScaler (``docs/measuring.md``).
 
 **Interleaved in one fit.** On a shared machine the speed of a core drifts by tens of percent within
 a second, so two configurations run one after the other differ by more than the 100 µs looked for.
@@ -32,11 +40,18 @@ per-repeat medians and the median of the per-repeat differences, all labelled
 :class:`~cropscale.model.network.CropMappingNet`, multi-task loss, AdamW, gradient norm clipped to
 1.0, synthetic samples prepared before training; default crop 16 so that a CPU run takes about a
 minute): there the figure is the ratio to a real step, target at most 2 %.
+
+``--device cuda`` runs the fits on one GPU (default ``cpu``). The step period is still read on the host
+clock between ``on_train_batch_end`` hooks: with no per-step sync, the host's steps settle to the device's
+pace only once the launch queue is full, so for a small model it is the host-side (launch and callback)
+cost of a step, which is what the callbacks add to.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
+import importlib.util
 import logging
 import math
 import os
@@ -45,16 +60,23 @@ import tempfile
 import time
 import warnings
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
+import lightning.pytorch.callbacks as lightning_callbacks
 import torch
+import yaml
 from lightning.pytorch import Callback, Trainer
+from lightning.pytorch.callbacks import DeviceStatsMonitor, LearningRateMonitor, ThroughputMonitor
 from lightning.pytorch.loggers import TensorBoardLogger
+from lightning.pytorch.plugins import MixedPrecision
 from typing_extensions import override
 
-from cropscale.callbacks import CallbackGroup, all_scaling_callbacks
+import cropscale.callbacks as cropscale_callbacks
+from cropscale.bench.counts import FIGURES, HookCostCounter
+from cropscale.callbacks import CallbackGroup, StepTimingCallback, all_scaling_callbacks
 from cropscale.errors import CropScaleError
-from cropscale.evidence import MEASURED_MICROBENCHMARK
+from cropscale.evidence import COUNT, MEASURED_MICROBENCHMARK
 from cropscale.files import atomic_write_json
 from cropscale.progress import Progress
 from cropscale.testing.probe import ProbeTask, SyntheticSamples
@@ -64,6 +86,11 @@ TARGET_US = 100.0
 TARGET_RATIO = 0.02  # --model network: at most 2 % of the study model's step
 _DEFAULTS = {"steps": (1000, 30), "warmup": (100, 5), "log_every": (50, 10), "block": (20, 5)}  # (linear, network)
 SETTLE_STEPS = 2
+DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "default.yaml"
+_PSUTIL = importlib.util.find_spec("psutil") is not None
+DEVICE_STATS = ("DeviceStatsMonitor with CPU stats (psutil)" if _PSUTIL
+                else "DeviceStatsMonitor(cpu_stats=False): no psutil")
+_CALLBACK_PACKAGES = (cropscale_callbacks, lightning_callbacks)  # frames of their modules can open a region
 """Steps at the start of each block left out: the first steps after a swap run on cold caches."""
 
 
@@ -75,15 +102,15 @@ class Interleaver(Callback):
     """Alternates two sets of callbacks in blocks of optimizer steps within one fit and times every step.
 
     Put it last in the trainer's callbacks, after every callback of ``arms``. Until ``warmup`` steps have
-    run, all of them are active; then the trainer's callback list alternates between ``arms[0]`` and
-    ``arms[1]`` (plus this callback), ``block`` steps each, starting with ``arms[0]``; after ``last_step``
+    run, all of them are active; then the trainer's callback list goes round the arms, ``arms[0]``,
+    ``arms[1]``, ... (plus this callback), ``block`` steps each, starting with ``arms[0]``; after ``last_step``
     every callback is active again, for the epoch-end and fit-end hooks. With the callback list it swaps
     the trainer's profiler: for an arm without callbacks the one the trainer had when :meth:`bind` was
     called (before a callback such as :class:`~cropscale.callbacks.StepTimingCallback` wrapped it), for the
     other the one found at ``on_train_start``.
 
     Args:
-        arms: two ``(name, callbacks)`` pairs; the callbacks must be in the trainer too.
+        arms: two or more ``(name, callbacks)`` pairs; the callbacks must be in the trainer too.
         block: optimizer steps per block (>= ``SETTLE_STEPS + 1``).
         warmup: optimizer steps before the first block.
         last_step: optimizer steps of the fit; later steps (none) are not timed.
@@ -96,8 +123,8 @@ class Interleaver(Callback):
 
     def __init__(self, arms: list[tuple[str, list[Callback]]], block: int, warmup: int, last_step: int,
                  clock: Callable[[], float] = time.perf_counter) -> None:
-        if len(arms) != 2 or block <= SETTLE_STEPS:
-            raise CropScaleError(f"Interleaver: two arms and block > {SETTLE_STEPS} steps")
+        if len(arms) < 2 or block <= SETTLE_STEPS:
+            raise CropScaleError(f"Interleaver: two arms or more and block > {SETTLE_STEPS} steps")
         self.arms = arms
         self.block, self.warmup, self.last_step = block, warmup, last_step
         self._now = clock
@@ -138,7 +165,7 @@ class Interleaver(Callback):
         if self._steps >= self.last_step:
             trainer.callbacks, trainer.profiler = self._all, self._profiler_on
         elif self._steps >= self.warmup and (self._arm is None or self._in_block >= self.block):
-            self._arm = 0 if self._arm is None else 1 - self._arm
+            self._arm = 0 if self._arm is None else (self._arm + 1) % len(self.arms)
             self._in_block = 0
             trainer.callbacks, trainer.profiler = self._lists[self._arm], self._profilers[self._arm]
         self._in_block += 1
@@ -156,9 +183,9 @@ def _network(args: argparse.Namespace, steps: int) -> tuple[Any, Any]:
     return ProbeTask(), torch.utils.data.DataLoader(data, batch_size=args.batch, shuffle=False)
 
 
-def _fit_steps(args: argparse.Namespace) -> int:
+def _fit_steps(args: argparse.Namespace, arms: int = 2) -> int:
     """Optimizer steps of one interleaved fit: warm-up, then ``steps`` per arm in whole blocks."""
-    return args.warmup + 2 * args.block * math.ceil(args.steps / args.block)
+    return args.warmup + arms * args.block * math.ceil(args.steps / args.block)
 
 
 def _arm_callbacks(config: str) -> list[Callback]:
@@ -166,25 +193,36 @@ def _arm_callbacks(config: str) -> list[Callback]:
         return [CallbackGroup(all_scaling_callbacks())]
     if config == "separate":
         return list(all_scaling_callbacks())
+    if config == "lightning":
+        return lightning_monitors()
+    if config == "trace":  # the group with the step trace on (callbacks/step_timing.yaml's trace_path)
+        cbs = all_scaling_callbacks()
+        cbs[0] = StepTimingCallback(trace_path="step_trace.rank{rank}.jsonl")
+        return [_TracedGroup(cbs)]
     return []
 
 
-def _one_fit(config: str, args: argparse.Namespace, root: str) -> dict[str, list[float]]:
-    """One fit alternating ``off`` and ``config``; returns the step periods of each (s)."""
-    cbs = _arm_callbacks(config)
-    steps = _fit_steps(args)
-    switch = Interleaver([("off", []), (config, cbs)], block=args.block, warmup=args.warmup, last_step=steps,
-                         clock=CLOCKS[args.clock])
+class _TracedGroup(CallbackGroup):
+    """A :class:`CallbackGroup` of its own class: a state key apart from the ``on`` arm's group in the same fit."""
+
+
+def _one_fit(configs: list[str], args: argparse.Namespace, root: str) -> dict[str, list[float]]:
+    """One fit going round ``off`` and ``configs``; returns the step periods of each (s)."""
+    arms = [("off", [])] + [(c, _arm_callbacks(c)) for c in configs]
+    cbs = [cb for _, arm in arms for cb in arm]
+    steps = _fit_steps(args, len(arms))
+    switch = Interleaver(arms, block=args.block, warmup=args.warmup, last_step=steps, clock=CLOCKS[args.clock])
     if args.model == "network":
         module, loader = _network(args, steps + 1)
     else:
         module = ToyTask(features=args.features)
         loader = torch.utils.data.DataLoader(toy_batches(steps + 1, args.batch, args.features), batch_size=None)
     trainer = Trainer(
-        accelerator="cpu", devices=1, max_steps=steps, max_epochs=1, callbacks=[*cbs, switch],
-        logger=TensorBoardLogger(root, name=config), log_every_n_steps=args.log_every,
+        accelerator="gpu" if args.device == "cuda" else "cpu", devices=1, max_steps=steps, max_epochs=1,
+        callbacks=[*cbs, switch],
+        logger=TensorBoardLogger(root, name="-".join(configs)), log_every_n_steps=args.log_every,
         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-        num_sanity_val_steps=0, gradient_clip_val=1.0 if args.model == "network" else None,
+        num_sanity_val_steps=0, gradient_clip_val=1.0,  # clipped by norm, as configs/default.yaml
     )
     switch.bind(trainer)
     trainer.fit(module, train_dataloaders=loader)
@@ -194,24 +232,29 @@ def _one_fit(config: str, args: argparse.Namespace, root: str) -> dict[str, list
 def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
     """Run the interleaved fits; returns the figures (seconds inside, µs in the report)."""
     torch.set_num_threads(args.threads)
-    configs = ["on"] + (["separate"] if args.separate else [])
+    first = ["on"] + (["lightning"] if args.lightning else []) + (["trace"] if args.trace else [])
+    configs = first + (["separate"] if args.separate else [])
+    fits = [first] + ([["separate"]] if args.separate else [])
     per_config: dict[str, list[float]] = {"off": [], **{c: [] for c in configs}}
     medians: dict[str, list[float]] = {"off": [], **{c: [] for c in configs}}
     off_of: dict[str, list[float]] = {c: [] for c in configs}  # the off periods of each configuration's fits
     diffs: dict[str, list[float]] = {c: [] for c in configs}
+    mean_diffs: dict[str, list[float]] = {c: [] for c in configs}  # per fit: mean step of c - mean off step
     load_before = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
-    progress = Progress(args.repeats * len(configs), "callback-bench")
+    progress = Progress(args.repeats * len(fits), "callback-bench")
     with tempfile.TemporaryDirectory(prefix="cropscale-callback-bench-") as root:
         for r in range(args.repeats):
-            for c in configs:
-                progress.start(f"repeat {r + 1}, off and {c} interleaved")
-                periods = _one_fit(c, args, root)
+            for fit in fits:
+                progress.start(f"repeat {r + 1}, off and {' and '.join(fit)} interleaved")
+                periods = _one_fit(fit, args, root)
                 progress.finish()
-                per_config[c].extend(periods[c])
-                off_of[c].extend(periods["off"])
-                medians[c].append(statistics.median(periods[c]))
-                diffs[c].append(statistics.median(periods[c]) - statistics.median(periods["off"]))
-                if c == "on":
+                for c in fit:
+                    per_config[c].extend(periods[c])
+                    off_of[c].extend(periods["off"])
+                    medians[c].append(statistics.median(periods[c]))
+                    diffs[c].append(statistics.median(periods[c]) - statistics.median(periods["off"]))
+                    mean_diffs[c].append(statistics.fmean(periods[c]) - statistics.fmean(periods["off"]))
+                if "on" in fit:
                     per_config["off"].extend(periods["off"])
                     medians["off"].append(statistics.median(periods["off"]))
     result: dict[str, Any] = {
@@ -220,10 +263,10 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
                   "steps": args.steps, "warmup": args.warmup, "repeats": args.repeats, "block": args.block,
                   "design": (f"off and each configuration interleaved in blocks of {args.block} steps within one "
                              f"fit (first {SETTLE_STEPS} of each block left out)"),
-                  "log_every_n_steps": args.log_every, "precision": "32-true",
+                  "log_every_n_steps": args.log_every, "precision": "32-true", "device": args.device,
                   "clock": {"wall": "time.perf_counter (wall)", "cpu": "time.process_time (CPU time of the process)"}[
                       args.clock],
-                  "optimizer": "AdamW, gradient norm clipped to 1.0" if args.model == "network" else "SGD"},
+                  "optimizer": ("AdamW" if args.model == "network" else "SGD") + ", gradient norm clipped to 1.0"},
         "median_step_us": {c: 1e6 * statistics.median(v) for c, v in per_config.items()},
         # the mean keeps the log steps (1 in log_every_n_steps), where the scalars are read and written
         "mean_step_us": {c: 1e6 * statistics.fmean(v) for c, v in per_config.items()},
@@ -239,6 +282,11 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
     result["overhead_ratio"] = {c: result["overhead_us"][c] / off_us[c] for c in configs}
     result["overhead_mean_us"] = {c: 1e6 * (statistics.fmean(per_config[c]) - statistics.fmean(off_of[c]))
                                   for c in configs}
+    result["overhead_mean_us_per_fit"] = {c: [1e6 * d for d in v] for c, v in mean_diffs.items()}
+    if args.lightning:  # the group's overhead against Lightning's monitors', mean over all steps, same fits
+        result["ratio_to_lightning"] = result["overhead_mean_us"]["on"] / result["overhead_mean_us"]["lightning"]
+        result["ratio_to_lightning_per_fit"] = [g / m for g, m in zip(mean_diffs["on"], mean_diffs["lightning"],
+                                                                       strict=True)]
     # each repeat's difference comes from one fit: the median over repeats is less exposed to a bad fit
     result["overhead_us_paired_median"] = {c: 1e6 * statistics.median(d) for c, d in diffs.items()}
     if args.model == "network":
@@ -267,7 +315,8 @@ def _print(result: dict[str, Any]) -> None:
     print(f"  {s['design']}; measured steps: {steps}")
     print(f"{'configuration':<34} {'median step (µs)':>17} {'overhead (µs)':>14} {'ratio':>8}")
     names = {"off": "Lightning + TensorBoard (off)", "on": "+ scaling callbacks, grouped (on)",
-             "separate": "+ scaling callbacks, 8 separate"}
+             "separate": "+ scaling callbacks, 8 separate", "lightning": "+ Lightning's 3 monitors",
+             "trace": "+ grouped, step trace on"}
     for c, us in result["median_step_us"].items():
         over = result["overhead_us"].get(c)
         ratio = result["overhead_ratio"].get(c)
@@ -289,6 +338,17 @@ def _print(result: dict[str, Any]) -> None:
     paired = result["overhead_us_paired_median"]
     print("  overhead, median of the per-fit differences (µs): "
           + ", ".join(f"{c} {v:+.1f}" for c, v in paired.items()))
+    if "ratio_to_lightning" in result:
+        per_fit = ", ".join(f"{r:.2f}" for r in result["ratio_to_lightning_per_fit"])
+        group, lightning = result["overhead_mean_us"]["on"], result["overhead_mean_us"]["lightning"]
+        noise = " (a negative overhead: below the noise of this machine)" if min(group, lightning) <= 0 else ""
+        print(f"  mean overhead over all steps (log steps included), group / Lightning's monitors, interleaved "
+              f"in the same fits: {group:+.1f} / {lightning:+.1f} µs = {result['ratio_to_lightning']:.2f} "
+              f"(per fit: {per_fit}){noise} [{result['evidence']}]")
+    if "trace" in result["overhead_mean_us"]:
+        over = result["overhead_mean_us"]
+        print(f"  step trace: {over['trace'] - over['on']:+.1f} µs per step (mean, trace arm - on arm) against "
+              f"{over['on']:+.1f} µs for the rest of the group [{result['evidence']}]")
     print(f"overhead of the grouped callbacks: {result['overhead_us']['on']:+.1f} µs/step "
           f"({100 * result['overhead_ratio']['on']:+.1f} %), {verdict(result)} [{result['evidence']}]")
 
@@ -305,6 +365,151 @@ def verdict(result: dict[str, Any]) -> str:
         return (f"below the noise of this machine (the steps with the callbacks were the faster ones; "
                 f"target {target}: repeat the command, or use --clock cpu)")
     return f"{'within' if result['within_target'] else 'ABOVE'} the {target} target"
+
+
+# ----------------------------------------------------------------------------- --count
+
+
+LIGHTNING_ARM = "Lightning monitors"
+"""The reference arm: Lightning's ``ThroughputMonitor`` + ``LearningRateMonitor`` + ``DeviceStatsMonitor``."""
+
+
+def lightning_monitors() -> list[Callback]:
+    """Lightning's own monitors, the reference for the group's cost.
+
+    On a CPU run ``DeviceStatsMonitor`` logs CPU stats through ``psutil``; without ``psutil`` it is built with
+    ``cpu_stats=False`` and logs nothing there (a cheaper reference: :data:`DEVICE_STATS` says which).
+    """
+    return [ThroughputMonitor(batch_size_fn=lambda b: int(b["s2"].shape[0])),
+            LearningRateMonitor(logging_interval="step"), DeviceStatsMonitor(cpu_stats=None if _PSUTIL else False)]
+
+
+def default_group() -> CallbackGroup:
+    """The scaling callbacks as ``configs/default.yaml`` installs them (its ``CallbackGroup`` entry)."""
+    config = yaml.safe_load(DEFAULT_CONFIG.read_text(encoding="utf-8"))
+    for entry in config["trainer"]["callbacks"]:
+        if entry["class_path"] == "cropscale.callbacks.CallbackGroup":
+            members = [_instantiate(m) for m in entry["init_args"]["callbacks"]]
+            return CallbackGroup(members)
+    raise CropScaleError(f"callback-bench --count: no CallbackGroup in {DEFAULT_CONFIG}")
+
+
+def _instantiate(entry: dict[str, Any]) -> Any:
+    module, _, name = entry["class_path"].rpartition(".")
+    return getattr(importlib.import_module(module), name)(**(entry.get("init_args") or {}))
+
+
+class StepCounts(Callback):
+    """Last callback of the counting fit: cuts the counter's totals into optimizer steps.
+
+    At each ``on_train_batch_end`` after an optimizer step, the totals since the previous one become one
+    step's counts, filed as a *log step* when ``global_step % log_every_n_steps == 0`` (Lightning's own rule,
+    ``should_update_logs``), else an *ordinary step*. The first ``skip`` steps (one-off set-up) are left out.
+    """
+
+    def __init__(self, counter: HookCostCounter, skip: int) -> None:
+        self.counter, self.skip = counter, skip
+        self.steps: dict[str, list[dict[str, tuple[int, ...]]]] = {"ordinary": [], "log": []}
+        self._last = counter.snapshot()
+        self._seen = 0
+
+    @override
+    def on_train_start(self, trainer: Trainer, pl_module: Any) -> None:
+        owner = getattr(trainer.profiler, "_owner", None)  # StepTimingCallback's profiler wrapper
+        if owner is not None and id(owner) in self.counter.owners:
+            self.counter.owners[id(trainer.profiler)] = self.counter.owners[id(owner)]
+        self._last = self.counter.snapshot()
+
+    @override
+    def on_train_batch_end(self, trainer: Trainer, *args: Any) -> None:
+        if trainer.global_step == self._seen:  # accumulating: no optimizer step yet
+            return
+        self._seen = trainer.global_step
+        now = self.counter.snapshot()
+        delta = {k: tuple(a - b for a, b in zip(now[k], self._last[k], strict=True)) for k in now}
+        self._last = now
+        if self._seen > self.skip:
+            every = trainer.log_every_n_steps
+            self.steps["log" if every and self._seen % every == 0 else "ordinary"].append(delta)
+
+
+def count_fit(precision: str, steps: int, log_every: int, root: str, features: int = 16) -> dict[str, Any]:
+    """One fit of the tiny model with the group and Lightning's monitors side by side, counted per step.
+
+    ``precision``: ``"32-true"``, or ``"16-mixed"`` (CPU autocast to FP16 with a real
+    ``torch.amp.GradScaler("cpu")``, ``trainer.plugins``). Gradient norm clipped to 1.0 (as
+    ``configs/default.yaml``). Returns ``{"arms": {arm: {kind: {figure: mean}, "max_...": ...}},
+    "members": {...}}``: per arm (the group, with its members, and Lightning's monitors) and per kind of
+    step, the mean of each :data:`~cropscale.bench.counts.FIGURES` per step and the largest torch ops and
+    reads seen on one step.
+    """
+    group, monitors = default_group(), lightning_monitors()
+    owners = {id(group): "CallbackGroup"}
+    owners.update({id(cb): type(cb).__name__ for cb in group.callbacks})
+    owners.update({id(cb): type(cb).__name__ for cb in monitors})
+    files = {str(f) for pkg in _CALLBACK_PACKAGES for f in Path(pkg.__file__).parent.glob("*.py")}
+    counter = HookCostCounter(owners, files, transparent={id(group)})
+    cut = StepCounts(counter, skip=log_every if steps >= 3 * log_every else 0)  # the first interval: set-up
+    plugins, prec = [], precision
+    if precision == "16-mixed":
+        plugins, prec = [MixedPrecision("16-mixed", "cpu", scaler=torch.amp.GradScaler("cpu"))], None
+    trainer = Trainer(
+        accelerator="cpu", devices=1, max_steps=steps, max_epochs=1, precision=prec, plugins=plugins,
+        callbacks=[group, *monitors, cut], logger=TensorBoardLogger(root, name=f"count-{precision}"),
+        log_every_n_steps=log_every, gradient_clip_val=1.0, gradient_clip_algorithm="norm",
+        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
+        default_root_dir=root,
+    )
+    loader = torch.utils.data.DataLoader(toy_batches(steps + 1, 1, features), batch_size=None)
+    with counter:
+        trainer.fit(ToyTask(features=features), train_dataloaders=loader)
+    arms = {"CallbackGroup": ["CallbackGroup", *(type(cb).__name__ for cb in group.callbacks)],
+            LIGHTNING_ARM: [type(cb).__name__ for cb in monitors]}
+    return {"precision": precision, "steps": {k: len(v) for k, v in cut.steps.items()},
+            "arms": {arm: _kinds(cut.steps, names) for arm, names in arms.items()},
+            "members": {arm: {n: _kinds(cut.steps, [n]) for n in names} for arm, names in arms.items()}}
+
+
+def _kinds(steps: dict[str, list[dict[str, tuple[int, ...]]]], names: list[str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for kind, rows in steps.items():
+        per_step = [[sum(r[n][i] for n in names) for i in range(len(FIGURES))] for r in rows]
+        out[kind] = {f: (statistics.fmean(s[i] for s in per_step) if per_step else None)
+                     for i, f in enumerate(FIGURES)}
+        out[kind]["max_torch_ops"] = max((s[2] for s in per_step), default=None)
+        out[kind]["max_reads"] = max((s[3] for s in per_step), default=None)
+    return out
+
+
+def run_counts(args: argparse.Namespace) -> dict[str, Any]:
+    """``--count``: :func:`count_fit` under 32-true and 16-mixed with a GradScaler."""
+    torch.set_num_threads(args.threads)
+    with tempfile.TemporaryDirectory(prefix="cropscale-callback-count-") as root:
+        fits = [count_fit(p, args.steps, args.log_every, root, features=args.features)
+                for p in ("32-true", "16-mixed")]
+    return {"evidence": COUNT, "model": f"nn.Linear({args.features}, 1), batch 1, gradient norm clipped to 1.0",
+            "log_every_n_steps": args.log_every, "device_stats": DEVICE_STATS, "fits": fits}
+
+
+def _print_counts(result: dict[str, Any]) -> None:
+    print(f"callback-bench --count ({result['evidence']}): {result['model']}, "
+          f"log_every_n_steps={result['log_every_n_steps']}, {result['device_stats']}; per step, mean "
+          "(max torch ops / reads on one step)")
+    head = f"{'precision':<9} {'callback':<28} {'step':<8} {'Python calls':>12} {'C calls':>8} {'torch ops':>9} " \
+           f"{'reads':>6} {'max ops':>7} {'max reads':>9}"
+    print(head)
+    for fit in result["fits"]:
+        for arm, members in fit["members"].items():
+            rows = [*members.items(), (f"= {arm}", fit["arms"][arm])]
+            for name, kinds in rows:
+                for kind in ("ordinary", "log"):
+                    k = kinds[kind]
+                    if k["python_calls"] is None:
+                        continue
+                    print(f"{fit['precision']:<9} {name:<28} {kind:<8} {k['python_calls']:>12.1f} "
+                          f"{k['c_calls']:>8.1f} {k['torch_ops']:>9.2f} {k['reads']:>6.2f} "
+                          f"{k['max_torch_ops']:>7d} {k['max_reads']:>9d}")
+        print(f"  {fit['precision']}: {fit['steps']['ordinary']} ordinary and {fit['steps']['log']} log steps counted")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -329,18 +534,39 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--block", type=int, default=None, help=f"optimizer steps per block of one configuration "
                    f"(default 20; 5 with --model network; at least {SETTLE_STEPS + 1})")
     p.add_argument("--separate", action="store_true", help="also run the callbacks as 8 separate callbacks")
+    p.add_argument("--lightning", action=argparse.BooleanOptionalAction, default=None,
+                   help="also interleave Lightning's ThroughputMonitor + LearningRateMonitor + DeviceStatsMonitor in "
+                        "the same fits and print the ratio of the mean overheads, group / Lightning (default: on "
+                        "with --model linear, off with --model network)")
+    p.add_argument("--trace", action="store_true",
+                   help="also interleave the group with the step trace on (StepTimingCallback trace_path), to "
+                        "weigh the trace against the rest of the group")
+    p.add_argument("--count", action="store_true",
+                   help="count instead of timing: per callback, ordinary and log steps apart, Python calls, C calls, "
+                        "torch ops and device-to-host reads, for the group and Lightning's monitors, under 32-true "
+                        "and 16-mixed with a GradScaler (--steps default 300)")
     p.add_argument("--clock", choices=tuple(CLOCKS), default="wall",
                    help="wall: time.perf_counter (default); cpu: CPU time of the process, steadier on a loaded machine")
     p.add_argument("--json", type=str, default=None, help="also write the figures to this JSON file")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                   help="where the fits run (default cpu); cuda: one GPU, step periods on the host clock")
     args = p.parse_args(argv)
+    if args.count and args.model != "linear":
+        raise CropScaleError("callback-bench: --count runs the linear model only (leave out --model network)")
+    if args.count and args.steps is None:
+        args.steps = 300
     for name, (linear, network) in _DEFAULTS.items():
         if getattr(args, name) is None:
             setattr(args, name, network if args.model == "network" else linear)
+    if args.lightning is None:
+        args.lightning = args.model == "linear"
     for name in ("steps", "repeats", "threads", "features", "batch", "log_every", "crop_size", "t2", "t1"):
         if getattr(args, name) < 1:
             raise CropScaleError(f"callback-bench: --{name.replace('_', '-')} must be >= 1")
     if args.warmup < 0:
         raise CropScaleError("callback-bench: --warmup must be >= 0")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise CropScaleError("callback-bench: --device cuda, but torch sees no CUDA GPU")
     if args.block <= SETTLE_STEPS:
         raise CropScaleError(f"callback-bench: --block must be >= {SETTLE_STEPS + 1} (the first {SETTLE_STEPS} "
                              "steps of each block are left out)")
@@ -348,8 +574,12 @@ def main(argv: list[str] | None = None) -> int:
     warnings.filterwarnings("ignore")
     for name in ("lightning", "lightning.pytorch", "lightning.fabric"):
         logging.getLogger(name).setLevel(logging.ERROR)
-    result = run_benchmark(args)
-    _print(result)
+    if args.count:
+        result = run_counts(args)
+        _print_counts(result)
+    else:
+        result = run_benchmark(args)
+        _print(result)
     if args.json:
         atomic_write_json(args.json, result)
     return 0

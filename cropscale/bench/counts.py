@@ -23,12 +23,15 @@ sends, not traffic observed on a network).
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
 from cropscale.batch import model_inputs
@@ -44,7 +47,8 @@ from cropscale.scaling.series import ScalingSeries
 from cropscale.tiling import TilingStats, sliding_window_inference
 
 __all__ = [
-    "activation_bytes_vs_batch", "allreduce_bytes_vs_world_size", "flops_vs_batch", "loader_bytes_vs_dates",
+    "FIGURES", "READ_METHODS", "HookCostCounter", "activation_bytes_vs_batch", "allreduce_bytes_vs_world_size",
+    "flops_vs_batch", "loader_bytes_vs_dates",
     "step_counts", "tile_count_vs_area",
 ]
 
@@ -367,3 +371,106 @@ def loader_bytes_vs_dates(
     return ScalingSeries("t2", "loader_bytes_per_batch", "B", [float(t) for t in ts], ys, COUNT, "train_dataloader",
                          {"root": str(data_root), "batch_size": batch_size, "crop_size": crop_size,
                           "batches": batches})
+
+
+# ----------------------------------------------------------------------------- callback hook costs
+
+
+READ_METHODS: tuple[str, ...] = ("item", "tolist", "cpu", "numpy", "__bool__", "__float__", "__int__")
+"""``torch.Tensor`` methods counted as device-to-host reads (each blocks on a GPU until the value is there)."""
+
+FIGURES: tuple[str, ...] = ("python_calls", "c_calls", "torch_ops", "reads")
+
+
+_DISPATCH_RULES = str(Path(torch._library.__file__).parent)
+"""``torch._library``: with a Python dispatch mode active, each op first looks up dispatch rules there (Python
+calls that exist only because the counter is on; left out)."""
+
+
+class HookCostCounter(TorchDispatchMode):
+    """Per owner: Python calls, C calls, torch ops dispatched and device-to-host reads, on this thread.
+
+    Python and C calls are the ``call`` and ``c_call`` events of :func:`sys.setprofile`; torch ops are the
+    ATen ops reaching ``__torch_dispatch__`` (this mode); reads are calls of the :data:`READ_METHODS` of
+    ``torch.Tensor`` (wrapped while counting; each counts as one C call too, as unwrapped it would be).
+
+    Attribution: an event belongs to the owner whose frame is *outermost*: a call from a frame whose
+    ``self`` is one of ``owners`` (keyed by ``id``) opens that owner's region, and everything until that
+    frame returns is the owner's. Owners listed in ``transparent`` (a
+    :class:`~cropscale.callbacks.CallbackGroup`) keep only their own frames: a member called from them opens
+    the member's region. Frames are looked at only when their code comes from one of ``files``. The
+    counter's own frames (dispatch, read wrappers) and the dispatch-rule lookups a Python mode adds to every op
+    are not counted. ``totals`` maps owner -> the four
+    :data:`FIGURES` so far.
+    """
+
+    def __init__(self, owners: dict[int, str], files: set[str], transparent: set[int] | None = None) -> None:
+        super().__init__()
+        self.owners, self.files, self.transparent = owners, files, set(transparent or ())
+        self.totals: dict[str, list[int]] = {name: [0, 0, 0, 0] for name in owners.values()}
+        self._stack: list[tuple[Any, str, bool]] = []  # (frame, owner, transparent) of the open regions
+        self._skip: Any = None  # the counter's own frame being run
+        self._own_codes: set[Any] = {HookCostCounter.__torch_dispatch__.__code__}
+        self._saved: dict[str, Any] = {}
+
+    def _profile(self, frame: Any, event: str, arg: Any) -> None:
+        if self._skip is not None:
+            if event == "return" and frame is self._skip:
+                self._skip = None
+            return
+        if event == "call":
+            code = frame.f_code
+            if code in self._own_codes or code.co_filename.startswith(_DISPATCH_RULES):
+                self._skip = frame  # the counter's code, or torch's rule lookup that a Python mode brings
+                return
+            stack = self._stack
+            if (not stack or stack[-1][2]) and code.co_filename in self.files:
+                obj = frame.f_locals.get("self")
+                name = self.owners.get(id(obj)) if obj is not None else None
+                if name is not None and not (stack and stack[-1][1] == name):
+                    stack.append((frame, name, id(obj) in self.transparent))
+            if stack:
+                self.totals[stack[-1][1]][0] += 1
+        elif event == "return":
+            if self._stack and frame is self._stack[-1][0]:
+                self._stack.pop()
+        elif event == "c_call" and self._stack:
+            self.totals[self._stack[-1][1]][1] += 1
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        if self._stack:
+            self.totals[self._stack[-1][1]][2] += 1
+        return func(*args, **(kwargs or {}))
+
+    def _wrap_read(self, name: str) -> Any:
+        original = getattr(torch.Tensor, name)
+        counter = self
+
+        def read(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+            stack = counter._stack
+            if stack:
+                counter.totals[stack[-1][1]][1] += 1
+                counter.totals[stack[-1][1]][3] += 1
+            return original(tensor, *args, **kwargs)
+
+        self._own_codes.add(read.__code__)
+        return original, read
+
+    def __enter__(self) -> HookCostCounter:
+        for name in READ_METHODS:
+            self._saved[name], wrapper = self._wrap_read(name)
+            setattr(torch.Tensor, name, wrapper)
+        super().__enter__()
+        sys.setprofile(self._profile)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        sys.setprofile(None)
+        super().__exit__(*exc)
+        for name, original in self._saved.items():
+            setattr(torch.Tensor, name, original)
+        self._saved = {}
+
+    def snapshot(self) -> dict[str, tuple[int, ...]]:
+        """The totals so far, owner -> (python_calls, c_calls, torch_ops, reads)."""
+        return {name: tuple(v) for name, v in self.totals.items()}

@@ -41,7 +41,7 @@ from cropscale.evidence import ANALYTICAL_SCENARIO, MEASURED_MICROBENCHMARK
 from cropscale.model.losses import MultiTaskLoss
 from cropscale.model.network import CropMappingNet
 from cropscale.model.synthetic import synthetic_batch
-from cropscale.scaling.allreduce import MIB, gradient_payload
+from cropscale.scaling.allreduce import MIB, gradient_payload, ring_allreduce_volume
 from cropscale.scaling.amdahl import karp_flatt
 from cropscale.scaling.series import ScalingSeries
 from cropscale.tiling import sliding_window_inference
@@ -447,7 +447,7 @@ def allreduce_volume_vs_world_size(
         module = CropMappingNet()
     payload = gradient_payload(module, grad_dtype=grad_dtype)
     m = payload.payload_bytes
-    ys = [[2.0 * (n - 1) * m / n / MIB] for n in ns]
+    ys = [[ring_allreduce_volume(m, n) / MIB] for n in ns]
     return ScalingSeries(
         parameter="world_size",
         metric="allreduce_send_mib",

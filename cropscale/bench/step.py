@@ -58,6 +58,12 @@ Out of memory (``torch.OutOfMemoryError``) in a configuration gives ``status = "
 the remaining configurations still run. Any other error gives ``status = "error"`` with its message,
 the rest still run, and the command exits with status 1.
 
+Energy (CUDA): the NVML total-energy counter of the GPU (matched by UUID, :mod:`cropscale.env.nvml`) read
+just before the first measured step and just after the last one (both synchronised): ``energy_j`` over
+``energy_window_s``, ``energy_per_sample_j`` = J / (iterations x batch), ``avg_power_w``. The counter
+moves in steps of its own update interval, so a window under a second is coarse (``energy_reason`` says
+so). On CPU, or without the counter, the energy fields are ``None`` with ``energy_reason``.
+
 Every figure here is evidence ``measured-microbenchmark``.
 """
 
@@ -79,7 +85,7 @@ from typing import Any
 import torch
 
 from cropscale.batch import model_inputs
-from cropscale.env import peaks
+from cropscale.env import nvml, peaks
 from cropscale.env.host import cpu_bf16_units, current_rss_bytes, environment_record, load_average
 from cropscale.errors import CropScaleError
 from cropscale.evidence import COUNT, MEASURED_MICROBENCHMARK
@@ -341,6 +347,12 @@ def _empty_row(config: BenchmarkConfig, precision: str, batch_size: int, device:
         "nonfinite_steps": None,
         "nonfinite_warmup_steps": None,
         "final_loss": None,
+        "energy_j": None,
+        "energy_per_sample_j": None,
+        "energy_window_s": None,
+        "avg_power_w": None,
+        "energy_method": None,
+        "energy_reason": None,
     }
 
 
@@ -406,10 +418,12 @@ def _run_steps(setup: _Setup, config: BenchmarkConfig, precision: str, device: t
     nonfinite = torch.zeros((), dtype=torch.int64, device=device)
     times: list[float] = []
     loss = None
+    energy = None
     for i in range(config.warmup + config.iterations):
         if i == config.warmup:
             row["nonfinite_warmup_steps"] = int(nonfinite.item())
             nonfinite.zero_()
+            energy = _energy_start(device, row)
         start = time.perf_counter()
         loss, grad_norm = step_fn(setup.step_model, setup.loss_fn, setup.optimizer, scaler, setup.batch,
                                   device.type, AUTOCAST_DTYPE[precision])
@@ -423,10 +437,41 @@ def _run_steps(setup: _Setup, config: BenchmarkConfig, precision: str, device: t
                 peak_rss = rss
         if progress is not None:
             progress.step(i + 1)
+    _energy_end(energy, row, config.iterations * row["batch_size"])
     if config.warmup == 0:
         row["nonfinite_warmup_steps"] = 0
     row["nonfinite_steps"] = int(nonfinite.item())
     return times, loss, peak_rss
+
+
+def _energy_start(device: torch.device, row: dict[str, Any]) -> tuple[nvml.NvmlDevice, float, float] | None:
+    """``(NVML device, counter J, perf_counter s)`` now, or ``None`` with ``energy_reason`` set in ``row``."""
+    dev, why = nvml.open_device_for(device)
+    ok, why = dev.has_energy_counter() if dev is not None else (False, why)
+    if not ok:
+        row["energy_reason"] = why
+        return None
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return dev, dev.energy_j(), time.perf_counter()
+
+
+def _energy_end(start: tuple[nvml.NvmlDevice, float, float] | None, row: dict[str, Any], samples: int) -> None:
+    """Energy of the measured steps from the counter readings around them: J, J/sample, W, window (s)."""
+    if start is None:
+        return
+    dev, e0, t0 = start
+    joules = nvml.counter_delta_j(e0, dev.energy_j())
+    seconds = time.perf_counter() - t0
+    if joules is None:
+        row["energy_reason"] = "the NVML energy counter went backwards (driver reload)"
+        return
+    row.update(energy_j=joules, energy_window_s=seconds, energy_method="nvml-counter",
+               energy_per_sample_j=joules / samples if samples else None,
+               avg_power_w=joules / seconds if seconds > 0 else None)
+    if seconds < 1.0:
+        row["energy_reason"] = (f"window {seconds:.3f} s: under a second the counter's update interval makes "
+                                "the energy coarse")
 
 
 def _record_end_state(row: dict[str, Any], loss: torch.Tensor | None, scaler: torch.amp.GradScaler,

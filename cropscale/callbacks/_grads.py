@@ -1,8 +1,9 @@
 """Gradient helpers shared by the gradient-norm and non-finite callbacks.
 
-One total-norm computation per optimizer step (device tensors, cached), combined on the host at log
-steps; the AMP scaler and its scale without a host sync; the trainable parameters; how the strategy
-lays out gradients across ranks (:class:`ShardLayout`); the unscaled loss under a GradScaler.
+One total-norm computation per optimizer step (device tensors, cached), or the one gradient clipping made
+(:class:`ClipNormTap`), combined on the device at log steps (:func:`norms_tensor`); the AMP scaler and its
+scale without a host sync; the trainable parameters; how the strategy lays out gradients across ranks
+(:class:`ShardLayout`); the unscaled loss under a GradScaler.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Any
 
 import torch
 from lightning.pytorch import LightningModule, Trainer
+from lightning.pytorch.plugins.precision import MixedPrecision, Precision
 
 from cropscale.callbacks._dist import dist_ready
 
@@ -21,12 +23,7 @@ _GRAD_NORM_CACHE: dict[str, Any] = {"key": None, "value": None}
 
 
 class GradNormParts(list):
-    """Device tensors whose norm is one step's total gradient norm (see :func:`grad_norm_parts`).
-
-    ``total`` caches the host value once :func:`total_norms` has read it (shared by callbacks).
-    """
-
-    total: float | None = None
+    """Device tensors whose norm is one step's total gradient norm (:func:`grad_norm_parts`, :func:`norms_tensor`)."""
 
 
 def clear_grad_norm_cache() -> None:
@@ -107,7 +104,7 @@ def grad_norm_parts(
     """Device tensors whose ``norm_type`` norm is the total gradient norm of ``params`` (no host sync).
 
     Without sharding: the per-parameter norms (one ``torch._foreach_norm`` launch, about 20 µs on a
-    CPU); :func:`total_norms` combines them on the host at log steps. With a sharded layout
+    CPU); :func:`norms_tensor` combines them on the device at log steps. With a sharded layout
     (:class:`ShardLayout`; ``True`` means :data:`WORLD`) the local ``sum |g|^p`` (local max for ``inf``) of
     the sharded gradients is all-reduced over their shard group only, a device-side collective, and
     returned as one part per group beside the replicated gradients' norms. Computed once per optimizer
@@ -195,54 +192,6 @@ def _sharded_parts(params: list[torch.nn.Parameter], layout: ShardLayout, norm_t
     return parts
 
 
-def total_norms(steps: Sequence[Sequence[torch.Tensor]], norm_type: float = 2.0) -> list[float]:
-    """Total norm of each step from its :func:`grad_norm_parts` (one device-to-host copy for all steps).
-
-    ``total = (sum_i part_i^p)^(1/p)``, or ``max_i part_i`` for ``p = inf``; NaN / inf propagate.
-    """
-    if not steps:
-        return []
-    cached = [getattr(parts, "total", None) for parts in steps]
-    if all(c is not None for c in cached):  # another callback read these steps already
-        return cached  # type: ignore[return-value]
-    values = _total_norms(steps, norm_type)
-    for parts, v in zip(steps, values, strict=True):
-        if isinstance(parts, GradNormParts):
-            parts.total = v
-    return values
-
-
-def _total_norms(steps: Sequence[Sequence[torch.Tensor]], norm_type: float) -> list[float]:
-    tensors = [t for parts in steps for t in parts]
-    width = len(steps[0])
-    if width and all(len(parts) == width for parts in steps):
-        try:  # the common case, vectorised: [steps, parts] -> one norm per row
-            mat = torch.stack(tensors).reshape(len(steps), width).double()
-            return torch.linalg.vector_norm(mat, norm_type, dim=1).cpu().tolist()
-        except RuntimeError:  # mixed dtypes or devices: the host path below
-            pass
-    try:
-        flat = torch.stack(tensors).double().cpu().tolist()
-    except RuntimeError:
-        flat = [float(t) for t in tensors]
-    out: list[float] = []
-    i = 0
-    inf = math.isinf(norm_type)
-    for parts in steps:
-        vals = flat[i:i + len(parts)]
-        i += len(parts)
-        if any(math.isnan(v) for v in vals):
-            out.append(math.nan)
-        elif inf:
-            out.append(max(vals) if vals else 0.0)
-        else:
-            try:
-                out.append(math.fsum(v ** norm_type for v in vals) ** (1.0 / norm_type))
-            except OverflowError:
-                out.append(math.inf)
-    return out
-
-
 def trainable_params(pl_module: LightningModule) -> list[torch.nn.Parameter]:
     """The parameters of ``pl_module`` that require gradients (fixed for a ``fit``)."""
     return [p for p in pl_module.parameters() if p.requires_grad]
@@ -306,3 +255,95 @@ def unwatch_unscaled_loss(scaler: Any, fn: Callable[[torch.Tensor], None]) -> No
     if not tap.listeners:
         scaler.__dict__.pop("scale", None)
         scaler.__dict__.pop(_TAP_ATTR, None)
+
+
+def norms_tensor(steps: Sequence[Sequence[torch.Tensor]], norm_type: float = 2.0) -> torch.Tensor:
+    """Total norm of each step from its :func:`grad_norm_parts` (or one total each), as a device tensor ``[steps]``.
+
+    No host read: give the result to :func:`~cropscale.callbacks._readout.read_later`. A step of one part (the
+    total norm clipping computed, :class:`ClipNormTap`) is that part; otherwise
+    ``(sum_i part_i^p)^(1/p)`` (``max_i part_i`` for ``p = inf``) on the device; NaN / inf propagate.
+    """
+    if all(len(parts) == 1 for parts in steps):
+        return torch.stack([parts[0] for parts in steps])  # 0-d each
+    width = len(steps[0])
+    if width and all(len(parts) == width for parts in steps):
+        try:  # [steps, parts] -> one norm per row
+            mat = torch.stack([t for parts in steps for t in parts]).reshape(len(steps), width).double()
+            return torch.linalg.vector_norm(mat, norm_type, dim=1)
+        except RuntimeError:  # mixed dtypes or devices: one step at a time below
+            pass
+    device = steps[0][0].device
+    return torch.stack([
+        torch.linalg.vector_norm(torch.stack([t.reshape(()).double().to(device) for t in parts]), norm_type)
+        if len(parts) else torch.zeros((), dtype=torch.float64, device=device)
+        for parts in steps])
+
+
+class ClipNormTap:
+    """Keeps the total gradient norm that Lightning's clipping by norm computes (and otherwise throws away).
+
+    Installed on the trainer's precision plugin (``clip_grad_by_norm``, an instance attribute shadowing the
+    method) by :func:`clip_norm_tap`; does what ``Precision.clip_grad_by_norm`` does in Lightning 2.6,
+    ``torch.nn.utils.clip_grad_norm_(plugin.main_params(optimizer), clip_val)``, and keeps its return value:
+    the 2-norm of all gradients *before* clipping (after AMP unscaling: Lightning clips after
+    ``scaler.unscale_``), a 0-d device tensor, with no extra device work. ``calls`` counts the clippings (one
+    per optimizer step), ``last`` is the latest norm.
+    """
+
+    def __init__(self, plugin: Any) -> None:
+        self.plugin = plugin
+        self.calls = 0
+        self.last: torch.Tensor | None = None
+        plugin.clip_grad_by_norm = self.clip_grad_by_norm
+
+    def clip_grad_by_norm(self, optimizer: Any, clip_val: float) -> None:
+        """Clip the gradients of ``optimizer``'s parameters to total 2-norm ``clip_val``; keep the norm before."""
+        self.last = torch.nn.utils.clip_grad_norm_(self.plugin.main_params(optimizer), clip_val)
+        self.calls += 1
+
+
+_CLIP_TAP_ATTR = "_cropscale_clip_tap"
+
+
+def clip_norm_tap(trainer: Trainer, pl_module: LightningModule) -> tuple[ClipNormTap | None, str | None]:
+    """The shared :class:`ClipNormTap` of ``trainer`` when the clipping's norm can stand for the callbacks' own.
+
+    That is when Lightning clips by norm on every optimizer step through the precision plugin's
+    ``clip_grad_by_norm`` as written in ``Precision`` (32-true, 16-mixed, bf16-mixed, 64-true, half precision),
+    on whole gradients (single device, DDP): ``gradient_clip_val > 0`` with ``gradient_clip_algorithm="norm"``,
+    automatic optimisation and the default ``configure_gradient_clipping``. Not under FSDP (its precision
+    plugin refuses ``clip_grad_by_norm``: FSDP clips through the root module, on sharded gradients, and the
+    callbacks compute the norm themselves, :func:`grad_norm_parts`), DeepSpeed (it clips inside its own
+    engine) or a plugin that clips its own way.
+
+    Returns:
+        ``(tap, None)``, or ``(None, reason)`` saying why the callbacks compute the norm themselves.
+    """
+    plugin = trainer.precision_plugin
+    clip = trainer.gradient_clip_val
+    algorithm = str(getattr(trainer.gradient_clip_algorithm, "value", trainer.gradient_clip_algorithm) or "norm")
+    if not clip or float(clip) <= 0 or algorithm.lower() != "norm":
+        return None, "no gradient clipping by norm configured"
+    if not pl_module.automatic_optimization:
+        return None, "manual optimisation: Lightning does not clip"
+    if type(pl_module).configure_gradient_clipping is not LightningModule.configure_gradient_clipping:
+        return None, f"{type(pl_module).__name__} overrides configure_gradient_clipping"
+    if shard_layout(trainer).kind != "replicated":
+        return None, f"{type(trainer.strategy).__name__}: gradients are sharded, the clipping's norm is not global"
+    cls = type(plugin)
+    if cls.clip_grad_by_norm is not Precision.clip_grad_by_norm or cls.clip_gradients not in (
+            Precision.clip_gradients, MixedPrecision.clip_gradients):
+        return None, f"precision plugin {cls.__name__} clips its own way"
+    tap = plugin.__dict__.get(_CLIP_TAP_ATTR)
+    if tap is None:
+        tap = ClipNormTap(plugin)
+        setattr(plugin, _CLIP_TAP_ATTR, tap)
+    return tap, None
+
+
+def release_clip_tap(trainer: Trainer) -> None:
+    """Give the precision plugin its own ``clip_grad_by_norm`` back (idempotent; at the end of training)."""
+    plugin = trainer.precision_plugin
+    if plugin.__dict__.pop(_CLIP_TAP_ATTR, None) is not None:
+        plugin.__dict__.pop("clip_grad_by_norm", None)

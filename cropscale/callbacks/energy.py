@@ -14,7 +14,12 @@ estimate (price x GPU-hours of the epoch). Power limit, persistence mode, clocks
 (throttle) reasons are recorded once at the start; throttle reasons again at each epoch end.
 
 Without a GPU or NVML the callback logs once that power is unavailable and why, records the reason
-in ``run.json``, and does nothing else.
+in ``run.json``, and does nothing else. A measured 0 is never reported for a reading that failed: when the
+energy counter cannot be read at a window edge (or the sampler got no reading in a window), that window's
+joules are None and the summary says ``available: false`` with the reason (the epochs measured before stay
+in ``epochs``); failed power-sampler readings are counted and named. On a MIG instance NVML's energy and
+power are those of the whole physical GPU (every instance on it): they are withheld (``available: false``,
+the reason says so) rather than charged to each rank.
 """
 
 from __future__ import annotations
@@ -44,6 +49,8 @@ class _PowerSampler:
         self.device = device
         self.interval = interval
         self.samples: list[tuple[float, float]] = []
+        self.failures = 0
+        self.first_error: str | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="cropscale-power-sampler", daemon=True)
 
@@ -54,9 +61,18 @@ class _PowerSampler:
         while not self._stop.is_set():
             try:
                 self.samples.append((time.perf_counter(), self.device.power_w()))
-            except Exception:
-                pass
+            except Exception as err:  # NVMLError (GPU lost, driver reset): counted and named in the summary
+                self.failures += 1
+                if self.first_error is None:
+                    self.first_error = f"{type(err).__name__}: {err}"
             self._stop.wait(self.interval)
+
+    def problem(self) -> str | None:
+        """The failed readings as one line (``None`` when every reading succeeded)."""
+        if not self.failures:
+            return None
+        return (f"power sampler: {self.failures} of {self.failures + len(self.samples)} nvmlDeviceGetPowerUsage "
+                f"readings failed (first: {self.first_error})")
 
     def stop(self) -> None:
         self._stop.set()
@@ -111,6 +127,7 @@ class EnergyCallback(ScalingCallback):
         self._cuda_device: torch.device | None = None
         self._participate = False
         self._stepped = False
+        self._problems: list[str] = []
 
     # ------------------------------------------------------------------ state
     @override
@@ -135,17 +152,23 @@ class EnergyCallback(ScalingCallback):
         return self._dev is not None  # no GPU / NVML: nothing per step
 
     # ------------------------------------------------------------------ readings
-    def _now(self) -> tuple[float, float | None]:
+    def _now(self, where: str = "a window edge") -> tuple[float, float | None]:
         """``(perf_counter s, energy counter J or None)``; the sampler path returns ``None`` energy."""
         if self._cuda_device is not None:
             torch.cuda.synchronize(self._cuda_device)
         t = time.perf_counter()
         if self._method == "counter" and self._dev is not None:
-            try:
-                return t, self._dev.energy_j()
-            except Exception:
-                return t, None
+            return t, self._read_counter(where)
         return t, None
+
+    def _read_counter(self, where: str) -> float | None:
+        """The energy counter (J), or None with the failure recorded (first failure per place)."""
+        try:
+            return self._dev.energy_j()
+        except Exception as err:  # NVMLError mid-run: the window has no energy, never a measured 0
+            if not any(p.startswith(f"energy counter read failed at {where}") for p in self._problems):
+                self._problems.append(f"energy counter read failed at {where}: {type(err).__name__}: {err}")
+            return None
 
     def _window_j(self, t0: float | None, e0: float | None, t1: float, e1: float | None) -> float | None:
         if t0 is None or self._dev is None:
@@ -160,7 +183,13 @@ class EnergyCallback(ScalingCallback):
     @override
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._dev, self._reason = nvml.open_device_for(pl_module.device)
-        local_info: dict[str, Any] = {"rank": trainer.global_rank, "available": self._dev is not None}
+        mig_info: dict[str, Any] = {}
+        if self._dev is not None and self._dev.is_mig:
+            mig_info = self._dev.info()
+            self._dev, self._reason = None, (
+                f"MIG instance {mig_info.get('uuid')}: NVML's energy counter and power reading are those of the whole "
+                "physical GPU (every MIG instance on it), not of this rank's slice: withheld")
+        local_info: dict[str, Any] = {"rank": trainer.global_rank, "available": self._dev is not None, **mig_info}
         if self._dev is not None:
             self._cuda_device = pl_module.device if pl_module.device.type == "cuda" else None
             ok, why = self._dev.has_energy_counter()
@@ -183,14 +212,14 @@ class EnergyCallback(ScalingCallback):
         self._start_log_schedule(trainer)
         if not self._participate:
             return
-        self._fit_t0, self._fit_e0 = self._now()
+        self._fit_t0, self._fit_e0 = self._now("the start of training")
         self._log_t0, self._log_e0 = self._fit_t0, self._fit_e0
 
     @override
     def on_train_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if not self._participate:
             return
-        self._epoch_t0, self._epoch_e0 = self._now()
+        self._epoch_t0, self._epoch_e0 = self._now(f"the start of epoch {trainer.current_epoch}")
         self._samples = 0
 
     @override
@@ -206,12 +235,7 @@ class EnergyCallback(ScalingCallback):
         self._samples += batch_size(batch) or 0
         if self._stepped and self._count_step():
             t = time.perf_counter()
-            e = None
-            if self._method == "counter":
-                try:
-                    e = self._dev.energy_j()
-                except Exception:
-                    e = None
+            e = self._read_counter("a log step") if self._method == "counter" else None
             joules = self._window_j(self._log_t0, self._log_e0, t, e)
             if joules is not None and self._log_t0 is not None and t > self._log_t0:
                 log_metrics(trainer, {"energy/power_w": joules / (t - self._log_t0)})
@@ -221,7 +245,7 @@ class EnergyCallback(ScalingCallback):
     def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if not self._participate:
             return
-        t1, e1 = self._now()
+        t1, e1 = self._now(f"the end of epoch {trainer.current_epoch}")
         joules = self._window_j(self._epoch_t0, self._epoch_e0, t1, e1)
         seconds = t1 - self._epoch_t0 if (self._epoch_t0 is not None and self._dev is not None) else None
         rows = gather_vectors(trainer, pl_module, [joules, seconds, float(self._samples)])
@@ -229,6 +253,9 @@ class EnergyCallback(ScalingCallback):
         s_rank = [r[1] for r in rows]
         n_rank = [r[2] for r in rows]
         total_j = sum(j for j in j_rank if j is not None) if all(j is not None for j in j_rank) else None
+        if total_j is None:
+            missing = [r for r, j in enumerate(j_rank) if j is None]
+            self._problems.append(f"epoch {trainer.current_epoch}: no energy from rank(s) {missing}")
         gpu_s = sum(s for s in s_rank if s is not None)
         samples = int(sum(n for n in n_rank if n is not None))
         avg_w = (total_j / max(s for s in s_rank if s is not None)) if (total_j is not None and gpu_s > 0) else None
@@ -260,7 +287,7 @@ class EnergyCallback(ScalingCallback):
     def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if not self._participate:
             return
-        t1, e1 = self._now()
+        t1, e1 = self._now("the end of training")
         joules = self._window_j(self._fit_t0, self._fit_e0, t1, e1)
         seconds = t1 - self._fit_t0 if (self._fit_t0 is not None and self._dev is not None) else None
         rows = gather_vectors(trainer, pl_module, [joules, seconds])
@@ -283,6 +310,9 @@ class EnergyCallback(ScalingCallback):
     def _stop_sampler(self) -> None:
         if self._sampler is not None:
             self._sampler.stop()
+            problem = self._sampler.problem()
+            if problem and problem not in self._problems:
+                self._problems.append(problem)
             self._sampler = None
 
     # ------------------------------------------------------------------ summary
@@ -290,7 +320,15 @@ class EnergyCallback(ScalingCallback):
     def summary(self) -> EnergySummary:
         if self._dev is None:
             return EnergySummary(available=False, reason=self._reason, devices=list(self._device_info))
+        failed = [e.epoch for e in self.epochs if e.energy_j is None]
+        if failed or (self._fit is not None and self._fit.energy_j is None):
+            # a window without energy: no total (a sum over the measured epochs would read as the run's)
+            reason = "; ".join(self._problems) or f"no energy for epoch(s) {failed}"
+            return EnergySummary(available=False, reason=f"energy not measured over the whole run: {reason}",
+                                 method=self._method, devices=list(self._device_info), training=self._fit,
+                                 epochs=list(self.epochs))
         return EnergySummary(
+            reason="; ".join(self._problems) or None,
             available=True,
             method=self._method,
             devices=list(self._device_info),

@@ -12,7 +12,16 @@ FSDP process group (under ``HYBRID_SHARD`` the intra-node shard group, not the r
 parallel DTensors over the mesh dimensions they are ``Shard``-ed on; replicated parameters and DeepSpeed
 ZeRO-1 gradients are whole on every rank and are not added up again
 (:class:`~cropscale.callbacks._grads.ShardLayout`). The per-step norms stay on the device and are read
-at log steps.
+at log steps, in one device-to-host copy with the other callbacks' values
+(:mod:`~cropscale.callbacks._readout`).
+
+When Lightning clips by norm (``gradient_clip_val`` with ``gradient_clip_algorithm="norm"``, the default
+configuration) the 2-norm is the one the clipping computes anyway (``torch.nn.utils.clip_grad_norm_``
+returns the total norm before clipping, after unscaling; :class:`~cropscale.callbacks._grads.ClipNormTap`
+keeps it): no device work of the callback's own per step. Not under FSDP, DeepSpeed or a precision plugin
+that clips its own way, nor for another ``norm_type``: the callback then reduces the gradients itself (one
+``torch._foreach_norm`` per step, or the sharded reduction above); the attribute ``norm_source`` says
+which.
 """
 
 from __future__ import annotations
@@ -27,16 +36,21 @@ from typing_extensions import override
 from cropscale.callbacks._grads import (
     REPLICATED,
     WORLD,
+    ClipNormTap,
+    GradNormParts,
     ShardLayout,
     clear_grad_norm_cache,
+    clip_norm_tap,
     grad_norm_parts,
     grad_scaler,
+    norms_tensor,
+    release_clip_tap,
     scale_tensor,
     shard_layout,
-    total_norms,
     trainable_params,
 )
 from cropscale.callbacks._logging import log_metrics
+from cropscale.callbacks._readout import read_later
 from cropscale.callbacks.base import ScalingCallback
 from cropscale.errors import CropScaleError
 from cropscale.numbers import median_p95
@@ -81,6 +95,9 @@ class GradNormCallback(ScalingCallback):
         self._threshold: float | None = None
         self._threshold_reason: str | None = None
         self._scaler: Any = None
+        self._tap: ClipNormTap | None = None
+        self._tap_seen = 0
+        self.norm_source = "not measured yet"  # where the norms come from (the clipping's, or computed)
         self._norms: list[tuple[list[torch.Tensor], torch.Tensor | None]] = []
         self._epoch_norms: list[float] = []
         self._epoch_now: int | None = None
@@ -117,6 +134,12 @@ class GradNormCallback(ScalingCallback):
             self._layout = WORLD if self.sharded else REPLICATED
         self._scaler = grad_scaler(trainer)
         self._norms = []
+        self._tap, reason = None, "norm_type is not 2"
+        if self.norm_type == 2.0 and not self._layout.sharded and self._layout.kind != "unsupported":
+            self._tap, reason = clip_norm_tap(trainer, pl_module)
+        self._tap_seen = self._tap.calls if self._tap is not None else 0
+        self.norm_source = ("the gradient clipping's total norm (torch.nn.utils.clip_grad_norm_)" if self._tap
+                             else f"computed by the callback ({reason})")
         if self.clip_val is not None:
             self._threshold, self._threshold_reason = float(self.clip_val), None
         elif trainer.gradient_clip_val and _algorithm(trainer.gradient_clip_algorithm) == "norm":
@@ -135,10 +158,14 @@ class GradNormCallback(ScalingCallback):
 
     @override
     def wants_hook(self, hook: str) -> bool:
+        if hook == "on_before_optimizer_step" and self._tap is not None:
+            return False  # the clipping's norm, taken in on_train_batch_end
         return self._layout.kind != "unsupported"  # gradients outside p.grad: nothing to measure per step
 
     @override
     def on_before_optimizer_step(self, trainer: Trainer, pl_module: LightningModule, optimizer: Any) -> None:
+        if self._tap is not None:  # the clipping's norm comes after this hook: taken in on_train_batch_end
+            return
         self._stepped = True
         self._epoch_now = trainer.current_epoch
         parts = grad_norm_parts(trainer, self._params, optimizer, self._gstep, norm_type=self.norm_type,
@@ -155,19 +182,27 @@ class GradNormCallback(ScalingCallback):
     def on_train_batch_end(
         self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        if not self._stepped:
+        tap = self._tap
+        if tap is not None:  # clipping runs once per optimizer step: a new norm is a new step
+            if tap.calls == self._tap_seen:
+                return
+            self._tap_seen = tap.calls
+            self._norms.append((GradNormParts([tap.last]), None))
+        elif not self._stepped:
             return
         self._stepped = False
         if self._count_step():
-            interval = self._flush()
-            finite = [v for v in interval if math.isfinite(v)]
-            metrics: dict[str, float | None] = {}
-            if finite:
-                metrics["numerics/grad_norm"] = sum(finite) / len(finite)
-                metrics["numerics/grad_norm_max"] = max(finite)
-                if self._threshold is not None:
-                    metrics["numerics/grad_clip_fraction"] = sum(v > self._threshold for v in finite) / len(finite)
-            log_metrics(trainer, metrics)
+            self._flush(then=lambda interval: self._log_interval(trainer, interval))
+
+    def _log_interval(self, trainer: Trainer, interval: list[float]) -> None:
+        finite = list(filter(math.isfinite, interval))
+        metrics: dict[str, float | None] = {}
+        if finite:
+            metrics["numerics/grad_norm"] = sum(finite) / len(finite)
+            metrics["numerics/grad_norm_max"] = max(finite)
+            if self._threshold is not None:
+                metrics["numerics/grad_clip_fraction"] = sum(map(self._threshold.__lt__, finite)) / len(finite)
+        log_metrics(trainer, metrics)
 
     @override
     def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
@@ -190,27 +225,47 @@ class GradNormCallback(ScalingCallback):
     @override
     def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._flush()
+        release_clip_tap(trainer)
 
-    def _flush(self) -> list[float]:
-        """Read the pending norms (one device-to-host copy); returns them and updates the counts."""
+    @override
+    def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
+        release_clip_tap(trainer)
+
+    def _flush(self, then: Any = None) -> None:
+        """Read the pending norms and update the counts, then ``then(values)`` (one device-to-host copy).
+
+        Through :func:`~cropscale.callbacks._readout.read_later`: inside a group's ``on_train_batch_end`` the
+        copy is shared with the other members and happens at the end of the hook, else now.
+        """
         if not self._norms:
-            return []
+            if then is not None:
+                then([])
+            return
         pending, self._norms = self._norms, []
-        values = total_norms([parts for parts, _ in pending], self.norm_type)
         scales = [s for _, s in pending if s is not None]
-        if scales:
-            host_scales = iter(torch.stack(scales).double().cpu().tolist())
-            values = [v / next(host_scales) if s is not None else v for v, (_, s) in zip(values, pending, strict=False)]
-        for v in values:
-            self.steps += 1
-            if not math.isfinite(v):
-                self.nonfinite_steps += 1
-                self._epoch_nonfinite += 1
-                continue
-            self._epoch_norms.append(v)
-            if self._threshold is not None and v > self._threshold:
-                self.clipped_steps += 1
-                self._epoch_clipped += 1
+        norms = norms_tensor([parts for parts, _ in pending], self.norm_type)
+
+        def resolve(host: list[float]) -> None:
+            values = self._count(host[len(scales):], host[:len(scales)], pending)
+            if then is not None:
+                then(values)
+
+        read_later(scales, resolve, [norms])
+
+    def _count(self, values: list[float], scales: list[float], pending: list[tuple[Any, Any]]) -> list[float]:
+        if scales:  # fused optimizers: gradients were still scaled, divide by the scale
+            host_scales = iter(scales)
+            values = [v / next(host_scales) if s is not None else v for v, (_, s) in zip(values, pending, strict=True)]
+        finite = list(filter(math.isfinite, values))  # host work in C calls: a log step reads 50 steps or more
+        bad = len(values) - len(finite)
+        self.steps += len(values)
+        self.nonfinite_steps += bad
+        self._epoch_nonfinite += bad
+        self._epoch_norms += finite
+        if self._threshold is not None:
+            clipped = sum(map(self._threshold.__lt__, finite))
+            self.clipped_steps += clipped
+            self._epoch_clipped += clipped
         return values
 
     @override

@@ -17,6 +17,7 @@ from lightning.pytorch.callbacks import Callback, Checkpoint
 from typing_extensions import override
 
 from cropscale.callbacks._logging import close_deferred, open_deferred
+from cropscale.callbacks._readout import close_reads, open_reads
 from cropscale.callbacks.base import ScalingCallback
 from cropscale.errors import CropScaleError
 
@@ -64,7 +65,8 @@ class CallbackGroup(Callback):
 
     Scalars the members log in ``on_train_batch_end`` are written once all of them ran
     (:func:`~cropscale.callbacks._logging.deferred_logging`), so that their device reads do not wait
-    on TensorBoard's writer thread.
+    on TensorBoard's writer thread; the device values they read there are copied in one device-to-host
+    copy for all of them (:mod:`cropscale.callbacks._readout`).
 
     After ``on_train_start`` the per-step hooks are forwarded only to members whose
     ``wants_hook(name)`` (if they define it) is true, e.g. a loss-scale callback without a GradScaler
@@ -208,14 +210,20 @@ def _on_train_batch_end(self: CallbackGroup, trainer: Any, *args: Any, **kwargs:
     """Forward ``on_train_batch_end`` to the members that override it, writing their scalars at the end.
 
     The hook runs inside :func:`~cropscale.callbacks._logging.deferred_logging`, so that the members' device
-    reads all come before the first write.
+    reads all come before the first write, and inside a batch of reads
+    (:func:`~cropscale.callbacks._readout.open_reads`): the device values the members ask for are copied to
+    the host in one copy once all of them ran.
     """
     open_deferred()  # deferred_logging(trainer), without a context manager's calls on every step
+    open_reads()  # the members' device reads of this hook: one copy, after all of them ran
     try:
         for fn in self._dispatch["on_train_batch_end"]:
             fn(trainer, *args, **kwargs)
     finally:
-        close_deferred(trainer)
+        try:
+            close_reads()
+        finally:
+            close_deferred(trainer)
 
 
 CallbackGroup.on_train_batch_end = _on_train_batch_end  # type: ignore[method-assign]

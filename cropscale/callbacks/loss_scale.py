@@ -1,18 +1,26 @@
 """AMP loss scale: the ``torch.amp.GradScaler`` scale, its growth and back-off events, skipped steps.
 
-Detection without a host sync per step: after every optimizer step the scaler's scale tensor is
-copied on its device (``scale.clone()``, one device op); the copies and each step's loss-finiteness
-flag are read at log steps, once. ``GradScaler.update()`` multiplies the scale by
-``backoff_factor`` (< 1) exactly when ``scaler.step`` skipped the optimizer step because the
-unscaled gradients held inf/NaN, and by ``growth_factor`` after ``growth_interval`` clean steps
-(PyTorch ``torch/amp/grad_scaler.py``, ``_amp_update_scale_``). So a decrease of the scale between
-two steps is one back-off event and one skipped step, an increase is one growth event.
+No device work and no host read on an ordinary step. ``GradScaler.step`` runs ``optimizer.step()`` only when
+the unscaled gradients were finite, and ``GradScaler.update()`` then multiplies the scale by
+``backoff_factor`` (< 1) exactly when the step was skipped, and by ``growth_factor`` after
+``growth_interval`` clean steps in a row (PyTorch ``torch/amp/grad_scaler.py``, ``_amp_update_scale_``). So:
+
+- a skipped step is seen on the host from the optimizer's own step hook
+  (``Optimizer.register_step_post_hook``): it did not fire between ``on_before_optimizer_step`` and
+  ``on_train_batch_end``. An optimizer that unscales inside its ``step()`` (fused,
+  ``_step_supports_amp_scaling``) always runs it: then the scaler's own ``found_inf`` tensor for that step
+  (``optimizer.found_inf``, set by ``GradScaler.step``) is kept and read at the next log step;
+- back-off and growth events follow from the skipped steps by the rule above, replayed on the host from
+  the scale and growth tracker at the start of training; at each log step the scaler's scale and growth
+  tracker are read (in the one copy of the log step, :mod:`~cropscale.callbacks._readout`) and the replay
+  is set back to them if they differ (a scale set by hand, ``update(new_scale)``).
 
 Skipped steps split into *overflow* skips (every micro-batch loss was finite: the FP16 gradients, or the
 loss once multiplied by the scale, overflowed) and skips with a non-finite loss (a bad batch, which
-:class:`~cropscale.callbacks.NonFiniteCallback` counts as such). The losses are judged *before* scaling
-(:func:`~cropscale.callbacks._grads.watch_unscaled_loss`): ``on_before_backward`` receives the scaled
-loss under fp16, and a finite loss of 1e37 becomes inf there.
+:class:`~cropscale.callbacks.NonFiniteCallback` counts as such). The losses are the ones Lightning hands to
+``on_train_batch_end`` (detached, *before* scaling: ``on_before_backward`` receives the scaled loss under
+fp16, and a finite loss of 1e37 becomes inf there); references are kept, and only those of skipped steps
+are read, at the log step.
 
 Lightning steps LR schedulers with ``interval: step`` even when the scaler skipped the optimizer step
 (Lightning issues #5558, #16228), so the schedule drifts. What the schedulers really did is counted:
@@ -28,15 +36,19 @@ scaler is in use and does nothing per step.
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.utilities import rank_zero_info
 from typing_extensions import override
 
-from cropscale.callbacks._grads import grad_scaler, scale_tensor, unwatch_unscaled_loss, watch_unscaled_loss
+from cropscale.callbacks._grads import grad_scaler
 from cropscale.callbacks._logging import log_metrics
+from cropscale.callbacks._readout import read_later, read_values
 from cropscale.callbacks.base import ScalingCallback
 from cropscale.runs.schema import LossScaleEpoch, LossScaleSummary
 
@@ -66,10 +78,13 @@ class LossScaleCallback(ScalingCallback):
         self._reason: str | None = None
         self._precision: str | None = None
         self._config: dict[str, Any] = {}
-        self._scales: list[torch.Tensor] = []  # scale before the first pending step, then after each step
-        self._loss_ok: list[torch.Tensor] = []  # per pending step: all micro-batch losses finite
-        self._micro_ok: list[torch.Tensor] = []
-        self._sched_steps: list[int] = []  # per pending step: scheduler steps taken after it (host ints)
+        self._pending: list[_Step] = []
+        self._losses: list[torch.Tensor] = []  # the current optimizer step's micro-batch losses (references)
+        self._hooks: list[Any] = []  # the optimizers' step post-hook handles
+        self._ran = False  # an optimizer's step() ran since on_before_optimizer_step
+        self._found_inf: torch.Tensor | None = None  # fused optimizers: the scaler's found_inf of the step
+        self._fused = False
+        self._replay: tuple[float, int] | None = None  # (scale, growth tracker) after the last resolved step
         self._schedulers: list[Any] = []
         self._sched_before = 0
         self._stepped = False
@@ -93,6 +108,8 @@ class LossScaleCallback(ScalingCallback):
 
     @override
     def wants_hook(self, hook: str) -> bool:
+        if hook in ("on_before_backward", "on_after_backward", "on_before_zero_grad"):
+            return False
         return self._scaler is not None  # nothing to do per step without a GradScaler
 
     # ------------------------------------------------------------------ hooks
@@ -100,7 +117,7 @@ class LossScaleCallback(ScalingCallback):
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._precision = str(trainer.precision)
         self._scaler = grad_scaler(trainer)
-        self._scales, self._loss_ok, self._micro_ok, self._sched_steps = [], [], [], []
+        self._pending, self._losses = [], []
         self._schedulers = [cfg.scheduler for cfg in trainer.lr_scheduler_configs
                             if getattr(cfg, "interval", "epoch") == "step"]
         if self._scaler is None or not getattr(self._scaler, "is_enabled", lambda: True)():
@@ -117,27 +134,26 @@ class LossScaleCallback(ScalingCallback):
                 "backoff_factor": float(s.get_backoff_factor()),
                 "growth_interval": int(s.get_growth_interval()),
             }
-            watch_unscaled_loss(s, self._on_unscaled_loss)
+            self._replay = _scaler_state(s)  # one read at the start of training, none if the scale is not made yet
+            if self._initial_scale is None:
+                self._initial_scale = self._replay[0]
+            self._fused = any(getattr(o, "_step_supports_amp_scaling", False) for o in trainer.optimizers)
+            self._hooks = [o.register_step_post_hook(self._on_optimizer_step) for o in trainer.optimizers]
         log_metrics(trainer, {"amp/scaler_in_use": 0.0 if self._scaler is None else 1.0})
         self._start_log_schedule(trainer)
         self._epoch_start_counts = dict(self.counts)
 
-    def _on_unscaled_loss(self, loss: torch.Tensor) -> None:
-        """The micro-batch loss before scaling: its finiteness flag (a device op, no read)."""
-        self._micro_ok.append(torch.isfinite(loss.detach()).all())
-
-    @override
-    def on_before_backward(self, trainer: Trainer, pl_module: LightningModule, loss: torch.Tensor) -> None:
-        if self._scaler is None:
-            return
-        if not self._scales:  # the scale the pending steps start from (initialised by scaler.scale())
-            scale = scale_tensor(self._scaler)
-            if scale is not None:
-                self._scales.append(scale.detach().clone())
+    def _on_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        """The optimizer's step post hook: its ``step()`` ran (the scaler did not skip it, unless fused)."""
+        self._ran = True
+        if self._fused:
+            self._found_inf = getattr(optimizer, "found_inf", None)
 
     @override
     def on_before_optimizer_step(self, trainer: Trainer, pl_module: LightningModule, optimizer: Any) -> None:
         self._stepped = True
+        self._ran = False
+        self._found_inf = None
         self._sched_before = _scheduler_steps(self._schedulers)
 
     @override
@@ -148,18 +164,21 @@ class LossScaleCallback(ScalingCallback):
     def on_train_batch_end(
         self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        if self._scaler is None or not self._stepped or not self._scales:
+        if self._scaler is None:
+            return
+        loss = outputs.get("loss") if isinstance(outputs, dict) else None
+        if isinstance(loss, torch.Tensor):
+            self._losses.append(loss)
+        if not self._stepped:
             return
         log_now = self._count_step()
-        scale = scale_tensor(self._scaler)
-        self._scales.append(scale.detach().clone())
-        micro = self._micro_ok
-        self._loss_ok.append(micro[0] if len(micro) == 1 else torch.stack(micro).all())
-        self._micro_ok = []
-        self._sched_steps.append(_scheduler_steps(self._schedulers) - self._sched_before)
+        losses, self._losses = self._losses, []
+        if losses:  # no loss: training_step returned None, Lightning neither steps nor updates the scaler
+            skipped = None if self._fused else not self._ran
+            self._pending.append(_Step(skipped, self._found_inf, losses,
+                                       _scheduler_steps(self._schedulers) - self._sched_before))
         if log_now:
-            self._flush()
-            log_metrics(trainer, self._metrics())
+            self._flush(then=lambda: log_metrics(trainer, self._metrics()))
 
     @override
     def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
@@ -177,36 +196,70 @@ class LossScaleCallback(ScalingCallback):
     @override
     def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._flush()
-        unwatch_unscaled_loss(self._scaler, self._on_unscaled_loss)
+        self._remove_hooks()
 
     @override
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
-        unwatch_unscaled_loss(self._scaler, self._on_unscaled_loss)
+        self._remove_hooks()
+
+    def _remove_hooks(self) -> None:
+        for handle in self._hooks:
+            handle.remove()
+        self._hooks = []
 
     # ------------------------------------------------------------------ resolution
-    def _flush(self) -> None:
-        """Read the pending scale copies (one device-to-host copy) and update the counts."""
-        if len(self._scales) < 2:
+    def _flush(self, then: Any = None) -> None:
+        """Resolve the pending steps, then call ``then()``: one device-to-host copy (shared in a group).
+
+        Read: the scaler's scale and growth tracker, the ``found_inf`` of fused steps, and the losses of the
+        steps that were skipped (or, fused, may have been).
+        """
+        scaler = self._scaler
+        if not self._pending or scaler is None or getattr(scaler, "_scale", None) is None:
+            if then is not None:
+                then()
             return
-        scales = torch.stack(self._scales).double().cpu().tolist()
-        loss_ok = torch.stack(self._loss_ok).cpu().tolist() if self._loss_ok else []
-        if self._initial_scale is None:
-            self._initial_scale = scales[0]
-        for i, (before, after) in enumerate(zip(scales[:-1], scales[1:], strict=False)):
-            ok = bool(loss_ok[i]) if i < len(loss_ok) else True
+        pending, self._pending = self._pending, []
+        tensors = [scaler._scale, scaler._growth_tracker]  # 0-d
+        tensors += [st.found_inf for st in pending if st.skipped is None and st.found_inf is not None]
+        tensors += [loss for st in pending if st.skipped is not False for loss in st.losses]
+
+        def resolve(host: list[float]) -> None:
+            self._count(pending, host)
+            if then is not None:
+                then()
+
+        read_later(tensors, resolve)
+
+    def _count(self, pending: list[_Step], host: list[float]) -> None:
+        scale_now, tracker_now = host[0], int(host[1])
+        values = iter(host[2:])
+        found = [next(values) > 0 if st.skipped is None and st.found_inf is not None else st.skipped
+                 for st in pending]
+        scale, tracker = self._replay if self._replay is not None else (scale_now, tracker_now)
+        growth, backoff = self._config["growth_factor"], self._config["backoff_factor"]
+        interval = self._config["growth_interval"]
+        for st, skipped in zip(pending, found, strict=True):
+            losses_ok = all(math.isfinite(next(values)) for _ in st.losses) if st.skipped is not False else True
             self.counts["steps"] += 1
-            if after < before:
+            if skipped:  # found_inf: the step was skipped and update() backed off
                 self.counts["backoff_events"] += 1
                 self.counts["skipped_steps"] += 1
-                self.counts["overflow_skips" if ok else "nonfinite_loss_skips"] += 1
-                drift = self._sched_steps[i] if i < len(self._sched_steps) else 0
-                self.counts["lr_scheduler_steps_on_skipped"] += drift
-            elif after > before:
-                self.counts["growth_events"] += 1
-        self._last_scale = scales[-1]
-        self._scales = [self._scales[-1]]
-        self._loss_ok = []
-        self._sched_steps = []
+                self.counts["overflow_skips" if losses_ok else "nonfinite_loss_skips"] += 1
+                self.counts["lr_scheduler_steps_on_skipped"] += st.scheduler_steps
+                scale, tracker = _f32(scale * backoff), 0
+            elif tracker + 1 == interval:
+                grown = _f32(scale * growth)
+                if math.isfinite(grown):
+                    scale = grown
+                    self.counts["growth_events"] += 1
+                tracker = 0
+            else:
+                tracker += 1
+        if (scale, tracker) != (scale_now, tracker_now):  # the scale was set from outside: follow the scaler
+            scale, tracker = scale_now, tracker_now
+        self._replay = (scale, tracker)
+        self._last_scale = scale_now
 
     def _metrics(self) -> dict[str, float | None]:
         return {
@@ -227,6 +280,29 @@ class LossScaleCallback(ScalingCallback):
             precision=self._precision, scaler_in_use=True, **self._config, initial_scale=self._initial_scale,
             final_scale=self._last_scale, **self.counts, epochs=list(self.epochs),
         )
+
+
+@dataclass(slots=True)
+class _Step:
+    """One pending optimizer step: skipped (host, ``None`` when only ``found_inf`` knows), its losses, drift."""
+
+    skipped: bool | None
+    found_inf: torch.Tensor | None
+    losses: list[torch.Tensor]
+    scheduler_steps: int
+
+
+def _scaler_state(scaler: Any) -> tuple[float, int]:
+    """The scaler's (scale, growth tracker): host values before its first ``scale()``, else one read."""
+    if getattr(scaler, "_scale", None) is None:
+        return float(scaler._init_scale), int(scaler._init_growth_tracker)
+    scale, tracker = read_values([scaler._scale, scaler._growth_tracker])
+    return scale, int(tracker)
+
+
+def _f32(x: float) -> float:
+    """``x`` rounded to float32, as the scaler's scale tensor holds it."""
+    return float(np.float32(x))
 
 
 def _scheduler_steps(schedulers: list[Any]) -> int:

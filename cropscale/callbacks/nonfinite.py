@@ -13,9 +13,11 @@ What is checked, per optimizer step (``docs/measuring.md``, "Gradient accumulati
   ``torch._foreach_norm(tensors, inf)`` launch (``max |x|`` of each tensor, finite exactly when every
   element is) — off by default because it is per-step work in the mode that is meant to cost nothing;
 - **the gradients**, once, when no GradScaler is in use (``on_before_optimizer_step``; one device reduction
-  shared with :class:`~cropscale.callbacks.GradNormCallback`). Under FP16 with a GradScaler, non-finite
-  gradients with finite losses are the scaler's business (an overflow: it skips the step and backs off,
-  counted by :class:`~cropscale.callbacks.LossScaleCallback`), so only losses and inputs are checked.
+  shared with :class:`~cropscale.callbacks.GradNormCallback`; under ``log`` with Lightning clipping by norm,
+  the total norm the clipping computed, :class:`~cropscale.callbacks._grads.ClipNormTap`: no device work).
+  Under FP16 with a GradScaler, non-finite gradients with finite losses are the scaler's business (an
+  overflow: it skips the step and backs off, counted by
+  :class:`~cropscale.callbacks.LossScaleCallback`), so only losses and inputs are checked.
 
 A *non-finite batch* is a micro-batch whose loss is NaN/inf; its record names the micro-batch (index in
 the optimizer step, ``batch_idx``), its sample ids (``patch_id``, ``crop_yx``) and which of input / loss /
@@ -24,9 +26,10 @@ the step (``micro_batch: null``, the sample ids of all its micro-batches). Count
 
 Policies:
 
-- ``log`` (default): no host read per step. The flags and references to the micro-batches'
+- ``log`` (default): no host read per step. The losses, norms and references to the micro-batches'
   ``patch_id`` / ``crop_yx`` tensors are kept and read at log steps (one device-to-host copy for the
-  losses and inputs, one for the gradient norms). Each rank judges alone: under DDP a rank whose losses
+  losses, inputs and gradient norms, shared with the other members of a group,
+  :mod:`~cropscale.callbacks._readout`). Each rank judges alone: under DDP a rank whose losses
   were finite but whose averaged gradients were not records its step too (``loss_finite: true``).
 - ``skip``: one host read of the flags per optimizer step (the user asks for it). Under DDP the flags
   are first all-reduced (MAX) so that every rank skips the same optimizer step (a rank skipping alone
@@ -59,16 +62,21 @@ from typing_extensions import override
 from cropscale.callbacks._batches import float_tensors, id_tensors, ids_to_lists
 from cropscale.callbacks._dist import dist_ready, gather_objects
 from cropscale.callbacks._grads import (
+    ClipNormTap,
+    GradNormParts,
     clear_grad_norm_cache,
+    clip_norm_tap,
     grad_norm_parts,
     grad_scaler,
+    norms_tensor,
+    release_clip_tap,
     shard_layout,
-    total_norms,
     trainable_params,
     unwatch_unscaled_loss,
     watch_unscaled_loss,
 )
 from cropscale.callbacks._logging import log_metrics
+from cropscale.callbacks._readout import read_later
 from cropscale.callbacks.base import ScalingCallback
 from cropscale.errors import CropScaleError
 from cropscale.runs.schema import NonFiniteRecord, NonFiniteSummary, RankCounts
@@ -141,6 +149,8 @@ class NonFiniteCallback(ScalingCallback):
         self._logged = 0
         self._early = True  # micro-batches recorded from on_train_batch_start (see on_train_start)
         self._step: tuple[Any, tuple[int, int]] = (None, (0, 0))  # (gradient norm parts, meta) of the step
+        self._tap: ClipNormTap | None = None  # log, FP32, Lightning clipping by norm: the clipping's norm
+        self._tap_seen = 0
 
     # ------------------------------------------------------------------ state
     @override
@@ -169,6 +179,10 @@ class NonFiniteCallback(ScalingCallback):
         if self._scaler is not None and self._early:
             watch_unscaled_loss(self._scaler, self._on_unscaled_loss)
         self._layout = shard_layout(trainer)
+        self._tap = None
+        if self.check_grads and self._scaler is None and not self._early:
+            self._tap, _ = clip_norm_tap(trainer, pl_module)
+        self._tap_seen = self._tap.calls if self._tap is not None else 0
         self._rank = trainer.global_rank
         self._micros, self._pending = [], []
         self.all_records = None
@@ -182,6 +196,8 @@ class NonFiniteCallback(ScalingCallback):
     def wants_hook(self, hook: str) -> bool:
         if hook in ("on_train_batch_start", "on_before_backward"):
             return self._early  # under log without the input check, the loss comes with on_train_batch_end
+        if hook == "on_before_optimizer_step":
+            return self._tap is None  # the clipping's norm is taken in on_train_batch_end
         return True
 
     @override
@@ -225,6 +241,8 @@ class NonFiniteCallback(ScalingCallback):
 
     @override
     def on_before_optimizer_step(self, trainer: Trainer, pl_module: LightningModule, optimizer: Any) -> None:
+        if self._tap is not None:  # log with the clipping's norm: the step is taken in on_train_batch_end
+            return
         parts = None
         if self.check_grads and self._scaler is None:
             parts = grad_norm_parts(trainer, self._params, optimizer, self._gstep, sharded=self._layout)
@@ -281,6 +299,11 @@ class NonFiniteCallback(ScalingCallback):
     ) -> None:
         if not self._early:  # log without the input check: the loss Lightning returns, already detached
             self._micros.append(_MicroBatch(len(self._micros), batch_idx, id_tensors(batch), [], loss=_loss(outputs)))
+            tap = self._tap
+            if tap is not None and tap.calls != self._tap_seen:  # clipped: an optimizer step ran, with its norm
+                self._tap_seen = tap.calls
+                self._stepped = True
+                self._step = (GradNormParts([tap.last]), (self._gstep + 1, self._epoch))
             if self._stepped:
                 micros, self._micros = self._micros, []
                 self._pending.append((micros, *self._step))
@@ -288,11 +311,13 @@ class NonFiniteCallback(ScalingCallback):
             return
         self._stepped = False
         if self._count_step():
-            self._flush()
-            if self.nonfinite_batches != self._logged:  # a scalar only when the count moved
-                self._logged = self.nonfinite_batches
-                log_metrics(trainer, {"numerics/nonfinite_batches": self.nonfinite_batches,
-                                      "numerics/nonfinite_skipped_steps": self.skipped_steps})
+            self._flush(then=lambda: self._log_counts(trainer))
+
+    def _log_counts(self, trainer: Trainer) -> None:
+        if self.nonfinite_batches != self._logged:  # a scalar only when the count moved
+            self._logged = self.nonfinite_batches
+            log_metrics(trainer, {"numerics/nonfinite_batches": self.nonfinite_batches,
+                                  "numerics/nonfinite_skipped_steps": self.skipped_steps})
 
     @override
     def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
@@ -305,6 +330,7 @@ class NonFiniteCallback(ScalingCallback):
         self._flush()
         self._micros = []
         unwatch_unscaled_loss(self._scaler, self._on_unscaled_loss)
+        release_clip_tap(trainer)
         gathered = gather_objects(trainer, (self.nonfinite_batches, self.skipped_steps,
                                             [r.to_json() for r in self.records]))
         self.all_records = [NonFiniteRecord.from_json(r) for _, _, recs in gathered for r in recs]
@@ -316,6 +342,7 @@ class NonFiniteCallback(ScalingCallback):
     @override
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
         unwatch_unscaled_loss(self._scaler, self._on_unscaled_loss)
+        release_clip_tap(trainer)
 
     # ------------------------------------------------------------------ records
     def _record(self, meta: tuple[int, int], micros: list[_MicroBatch], loss_ok: bool, grad_ok: bool | None,
@@ -352,17 +379,38 @@ class NonFiniteCallback(ScalingCallback):
             self.records.append(rec)
         return rec
 
-    def _flush(self) -> None:
-        """Read the pending ``log``-policy flags and record the bad micro-batches.
+    def _flush(self, then: Any = None) -> None:
+        """Read the pending ``log``-policy values, record the bad micro-batches, then call ``then()``.
 
-        Two device-to-host copies: the gradient norms (shared, read once) and the loss and input flags.
+        One device-to-host copy for the losses, the inputs' ``max |x|`` and the gradient norms, through
+        :func:`~cropscale.callbacks._readout.read_later` (shared with a group's other members, at the end of its
+        ``on_train_batch_end``); finiteness is judged on the host.
         """
         if not self._pending:
+            if then is not None:
+                then()
             return
         pending, self._pending = self._pending, []
-        grad_host = iter(total_norms([parts for _, parts, _ in pending if parts is not None]))  # shared, read once
-        values = [v for micros, _, _ in pending for m in micros for v in _micro_values(m)]
-        flags = iter(_finite_flags(values))
+        if self._early:  # the input check may have left max |x| values
+            values = [v for micros, _, _ in pending for m in micros for v in _micro_values(m)]
+        else:  # losses only (no per-micro-batch call): the order _judge reads them in
+            values = [m.loss for micros, _, _ in pending for m in micros if m.loss is not None]
+        parts = [p for _, p, _ in pending if p is not None]
+
+        def resolve(host: list[float]) -> None:
+            n = len(values)
+            if not all(map(math.isfinite, host)):  # the common case, all finite, judged in one C call
+                self._judge(pending, host[:n], host[n:])
+            if then is not None:
+                then()
+
+        read_later(values, resolve, [norms_tensor(parts)] if parts else [])
+
+    def _judge(self, pending: list[tuple[list[_MicroBatch], Any, tuple[int, int]]], values: list[float],
+               grads: list[float]) -> None:
+        """Record the non-finite micro-batches (and steps) of ``pending`` from their host values."""
+        grad_host = iter(grads)
+        flags = iter([math.isfinite(v) for v in values])
         for micros, parts, meta in pending:
             grad_ok = math.isfinite(next(grad_host)) if parts is not None else None
             loss_oks, input_oks = [], []
@@ -425,7 +473,9 @@ def _loss(outputs: Any) -> torch.Tensor | None:
 
 def _micro_values(micro: _MicroBatch) -> list[torch.Tensor]:
     """The 0-d device values of a micro-batch whose finiteness is read: its loss, then its inputs' ``max |x|``."""
-    return ([micro.loss] if micro.loss is not None else []) + list(micro.input_extremes or [])
+    if micro.input_extremes is None:
+        return [] if micro.loss is None else [micro.loss]
+    return ([micro.loss] if micro.loss is not None else []) + list(micro.input_extremes)
 
 
 def _input_ok(micro: _MicroBatch, input_bad: int) -> bool | None:

@@ -41,8 +41,24 @@ completion), ``comm_exposed`` the part after the last bucket was launched (gradi
 finished), i.e. communication not overlapped with backward.
 
 On CUDA every boundary is a ``torch.cuda.Event`` on the current stream, resolved lazily
-(``Event.query()`` at log steps, one ``Event.synchronize()`` at each epoch end); no per-step host
-sync unless ``sync_cuda=True``. On CPU the boundaries are ``time.perf_counter`` readings.
+(``Event.query()`` at the end of each step for the steps not resolved yet, one ``Event.synchronize()`` at
+each epoch end); no per-step host sync unless ``sync_cuda=True``. On CPU the boundaries are
+``time.perf_counter`` readings, resolved at the end of their step. Resolving as the steps come keeps the log
+step cheap: it only logs the interval's means.
+
+The trace (``trace_path``) is buffered as rows of host numbers and handed at each log step to a background
+thread that formats and writes them (:class:`~cropscale.callbacks._trace.TraceWriter`): no JSON formatting
+on the training thread. The file holds only whole lines; it is drained at each epoch end, at the end of
+training and on an exception (a SIGTERM that Lightning handles included).
+
+Two clocks, two names. The windows above are on the run's clock (``summary.step_timing.clock``): on CUDA
+the **device timeline** (a window is the device time between the events recorded at its two ends, so
+``data_wait`` there is what the GPU did while the host fetched — queued work of the previous step, or
+idle — not the fetch's duration). The data wait and the transfer are also timed on the **host clock**
+(``time.perf_counter``): ``data_wait_host`` (the loader's ``__next__`` as the host lived it) and
+``transfer_host`` (the host time to enqueue the copies and hooks), per epoch in ``host_windows_ms`` (this
+rank's median and p95 over the same measured steps). A CPU run has the host clock only: its ``data_wait``
+and ``transfer`` are host times, and ``data_wait_host`` / ``transfer_host`` equal them.
 
 Statistics per epoch (median, p95) leave out warm-up steps, the first step of each epoch (its data
 wait includes worker start-up, reported apart as ``first_batch_wait_ms``) and the first step after a
@@ -55,8 +71,8 @@ The callback only records marks in its hooks; the window arithmetic and the stat
 
 from __future__ import annotations
 
-import json
 import os
+from time import perf_counter
 from typing import Any
 
 import torch
@@ -69,6 +85,7 @@ from cropscale.callbacks._batches import batch_size
 from cropscale.callbacks._clock import CudaEventClock, HostClock, clock_for
 from cropscale.callbacks._dist import gather_vectors, rank_stats
 from cropscale.callbacks._logging import log_metrics
+from cropscale.callbacks._trace import TraceRow, TraceWriter
 from cropscale.callbacks._windows import (
     COMM_FIGURES,
     FIGURES,
@@ -82,6 +99,7 @@ from cropscale.callbacks._windows import (
 from cropscale.callbacks.base import ScalingCallback
 from cropscale.errors import CropScaleError
 from cropscale.evidence import MEASURED_RUN
+from cropscale.numbers import median_p95
 from cropscale.runs.schema import RankStats, StepTimingEpoch, StepTimingSummary
 from cropscale.runs.schema import WindowStats as WindowFigures
 
@@ -89,6 +107,8 @@ COMPONENTS: tuple[str, ...] = STEP_WINDOWS
 """The windows of one optimizer step, in order (:data:`cropscale.callbacks.STEP_WINDOWS`)."""
 COMM_COMPONENTS: tuple[str, ...] = COMM_FIGURES
 ALL_FIGURES: tuple[str, ...] = FIGURES
+HOST_FIGURES: tuple[str, ...] = ("data_wait_host", "transfer_host")
+"""The data wait and transfer on the host clock (``perf_counter``), beside the run clock's windows."""
 
 _FETCH_ACTION = "train_dataloader_next"
 
@@ -157,8 +177,9 @@ class StepTimingCallback(ScalingCallback):
         time_comm: time the DDP gradient all-reduce with a communication hook.
         trace_path: write one JSON line per window and step (Extra-P JSON-lines format: ``params``,
             ``callpath`` like ``train_step->forward``, ``metric`` ``time``, ``value`` in seconds, plus
-            ``rank``, ``step``, ``epoch``, ``warmup``). ``{rank}`` is replaced by the global rank; a
-            relative path is taken inside ``trainer.log_dir``. ``None``: no trace.
+            ``rank``, ``step``, ``epoch``, ``warmup``), from a background thread. ``{rank}`` is replaced by
+            the global rank; a relative path is taken inside ``trainer.log_dir``. ``None`` (default): no
+            trace (``configs/default.yaml`` and the presets turn it on).
         trace_params: Extra-P modelling parameters written in every line besides ``world_size``
             (e.g. ``{"local_batch": 8}``).
         max_pending: steps kept unresolved at most; beyond it the oldest is waited for.
@@ -214,10 +235,14 @@ class StepTimingCallback(ScalingCallback):
         self._stats = WindowStats()
         self._epoch = 0
         self._comm_status: dict[str, Any] = {"available": False, "reason": "not a multi-process DDP run"}
-        self._trace: Any = None
+        self._trace: TraceWriter | None = None
+        self._trace_rows: list[TraceRow] = []
         self._trace_file: str | None = None
         self._rank = 0
         self._world = 1
+        self._host_fetch: tuple[float | None, float | None] = (None, None)  # this micro-batch's fetch, host s
+        self._host_step = [0.0, 0.0]  # data_wait_host, transfer_host of the step so far (s)
+        self._host_epoch: list[tuple[float, float]] = []
 
     # ------------------------------------------------------------------ state
     @override
@@ -263,7 +288,9 @@ class StepTimingCallback(ScalingCallback):
                 path = os.path.join(log_dir, path)
             os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
             self._trace_file = path
-            self._trace = open(path, "a", encoding="utf-8")  # noqa: SIM115 - closed in teardown
+            self._trace_rows = []
+            self._trace = TraceWriter(path, ALL_FIGURES, {"world_size": self._world, **self.trace_params},
+                                      self._rank)
 
     def _register_comm_hook(self, trainer: Trainer) -> None:
         if not self.time_comm:
@@ -306,12 +333,14 @@ class StepTimingCallback(ScalingCallback):
         cur = self._cur
         if cur is not None:  # an orphan record (prefetch outside a step, or the epoch's last fetch)
             self._clock.release(cur.marks())
+        self._host_fetch = (perf_counter(), None)
         self._cur = MicroBatchMarks(fetch_start=self._mark())
 
     def _on_fetch_end(self) -> None:
         cur = self._cur
         if cur is not None:
             cur.fetch_end = self._mark()
+            self._host_fetch = (self._host_fetch[0], perf_counter())
 
     @override
     def on_train_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
@@ -319,6 +348,8 @@ class StepTimingCallback(ScalingCallback):
         self._first_in_epoch = True
         self._after_val = False
         self._stats.start_epoch()
+        self._host_epoch = []
+        self._host_step = [0.0, 0.0]
         self._micros = []
         self._micro_comm = []
         if self._prev_end is not None:
@@ -331,6 +362,12 @@ class StepTimingCallback(ScalingCallback):
         if cur is None:  # no fetch seen (dataloader_iter-style training_step)
             cur = self._cur = MicroBatchMarks()
         cur.batch_start = self._mark()
+        start, end = self._host_fetch
+        if start is not None and end is not None:
+            host = perf_counter()
+            self._host_step[0] += end - start
+            self._host_step[1] += host - end
+        self._host_fetch = (None, None)
         self._stepped = False
 
     @override
@@ -375,6 +412,9 @@ class StepTimingCallback(ScalingCallback):
             first_in_epoch=self._first_in_epoch, after_validation=self._after_val, step=self._gstep,
             epoch=self._epoch, samples=batch_size(batch) if self._trace is not None else None,
         ))
+        if not (self._pending[-1].excluded or self._pending[-1].prev_end is None):
+            self._host_epoch.append((self._host_step[0], self._host_step[1]))
+        self._host_step = [0.0, 0.0]
         self._prev_end = cur.batch_end
         self._micros = []
         self._micro_comm = []
@@ -384,9 +424,12 @@ class StepTimingCallback(ScalingCallback):
             torch.cuda.synchronize()
         if len(self._pending) > self.max_pending:
             self._resolve(block=True, limit=len(self._pending) - self.max_pending)
+        self._resolve(block=False)  # host marks: this step; CUDA events: the steps the device has finished
         if log_now:
-            self._resolve(block=False)
             self._log_interval(trainer)
+            if self._trace is not None and self._trace_rows:
+                rows, self._trace_rows = self._trace_rows, []
+                self._trace.put(rows)
 
     # ------------------------------------------------------------------ resolution
     def _resolve(self, block: bool, limit: int | None = None) -> None:
@@ -407,7 +450,7 @@ class StepTimingCallback(ScalingCallback):
             if self._stats.update(marks, windows):
                 self.steps_measured += 1
             if self._trace is not None:
-                self._write_trace(windows, marks)
+                self._trace_rows.append((windows.figures(), marks.step, marks.epoch, marks.warmup, marks.samples))
             if self._clock.device_timeline:  # recycle every event except this step's end (the next prev_end)
                 self._clock.release(marks.spent_marks())
 
@@ -427,25 +470,21 @@ class StepTimingCallback(ScalingCallback):
             clock.wait_all()
             return marks.windows(clock.seconds)
 
-    def _write_trace(self, windows: StepWindows, marks: StepMarks) -> None:
-        params = {"world_size": self._world, **self.trace_params}
-        lines = []
-        for name, value in zip(ALL_FIGURES, windows.figures(), strict=True):
-            if value is None:
-                continue
-            callpath = "train_step" if name == "step" else f"train_step->{name}"
-            lines.append(json.dumps({
-                "params": params, "callpath": callpath, "metric": "time", "value": value,
-                "rank": self._rank, "step": marks.step, "epoch": marks.epoch, "warmup": marks.warmup,
-                "samples": marks.samples,
-            }))
-        if lines:
-            self._trace.write("\n".join(lines) + "\n")
+    def _hand_over_trace(self, wait: bool) -> None:
+        """Give the buffered trace rows to the writer thread; with ``wait``, until they are on disk."""
+        if self._trace is None:
+            return
+        rows, self._trace_rows = self._trace_rows, []
+        self._trace.put(rows)
+        if wait:
+            self._trace.drain()
 
     def _close_trace(self) -> None:
         if self._trace is not None:
-            self._trace.close()
-            self._trace = None
+            trace, self._trace = self._trace, None
+            rows, self._trace_rows = self._trace_rows, []
+            trace.put(rows)
+            trace.close()
 
     # ------------------------------------------------------------------ logging
     def _log_interval(self, trainer: Trainer) -> None:
@@ -459,6 +498,7 @@ class StepTimingCallback(ScalingCallback):
             self._clock.release(self._cur.marks())
             self._cur = None
         self._resolve(block=True)
+        self._hand_over_trace(wait=True)
         stats = self._stats.epoch_stats_ms()
         medians = [stats[name]["median"] for name in ALL_FIGURES]
         per_rank = gather_vectors(trainer, pl_module, [*medians, self._stats.first_batch_wait])
@@ -472,6 +512,8 @@ class StepTimingCallback(ScalingCallback):
             step_ms_per_rank=RankStats(**step_ranks),
             window_median_ms_per_rank={name: [row[i] for row in per_rank] for i, name in enumerate(ALL_FIGURES)},
             first_batch_wait_ms_per_rank=first_wait,
+            host_windows_ms={name: WindowFigures(**median_p95([row[i] for row in self._host_epoch], scale=1e3))
+                             for i, name in enumerate(HOST_FIGURES)},
         ))
         metrics: dict[str, float | None] = {}
         for name in ALL_FIGURES:

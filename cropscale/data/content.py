@@ -12,9 +12,14 @@ stops the run at setup rather than after a training epoch:
                                reflectance in 0..1 or in percent stays far below); pixels the mask
                                marks clear whose ten bands are all 0 (no data, counted); a patch with
                                no clear observation on any date (decided over every date only when
-                               the sampled dates have none)
+                               the sampled dates have none); a mask value other than 0 / 1 (a
+                               class-coded mask such as Sen2Cor's 4 / 9 is no validity mask); a
+                               clear value below :data:`S2_MIN_VALUE` (a no-data value such as -9999
+                               where the mask says clear)
 ``DATA_S1A`` / ``DATA_S1D``    the same dates, VV and VH: ``|value|`` (dB) within :data:`S1_MAX_ABS_DB`
-                               for 99 % of the valid pixels
+                               for 99 % of the valid pixels, and below 0 dB for more than
+                               :data:`S1_MIN_NEGATIVE_SHARE` of them (linear power or amplitude is never
+                               negative; land backscatter in dB almost always is)
 high-grid image                two one-pixel windows at opposite corners of the patch through
                                :class:`~cropscale.data.hr.HighGridReader` (CRS, transform, bands,
                                coverage of the whole patch)
@@ -54,6 +59,14 @@ S2_MIN_P99 = 100.0
 """Smallest 99th percentile of ``|value|`` over clear Sentinel-2 pixels for reflectance x 1e4 (= 0.01)."""
 S1_MAX_ABS_DB = 100.0
 """Largest plausible ``|VV|``, ``|VH|`` in dB (land: about -50 .. +30 dB)."""
+S1_MIN_NEGATIVE_SHARE = 0.05
+"""Smallest share of valid VV, VH values below 0 dB (power below 1) for a series in dB: land backscatter is
+about -25 .. 0 dB (VV) and -30 .. -5 dB (VH); linear power or amplitude has none below 0."""
+S2_MIN_VALUE = -1000
+"""Smallest plausible clear Sentinel-2 value in reflectance x 1e4 (the L2A offset of processing baseline 04.00
+is -1000); a clear value below it is a no-data value (-9999, -32768) the mask does not mark."""
+S2_MASK_VALUES = (0, 1)
+"""Values of a ``DATA_S2_MASK`` validity mask: 0 cloud or no data, 1 clear."""
 SCALE_FACTOR = 5.0
 """Factor by which every band of a patch must differ from the training statistics to be flagged."""
 _CHUNK_DATES = 16
@@ -134,6 +147,41 @@ def nonfinite_s2_message(p: PatchFiles, data: np.ndarray, dates: np.ndarray, y0:
             f"{int(dates[bad[0]])}, band {S2_BANDS[bad[1]]}, pixel ({y0 + int(bad[2])}, {x0 + int(bad[3])})")
 
 
+def nodata_s2_message(p: PatchFiles, data: np.ndarray, dates: np.ndarray, y0: int = 0, x0: int = 0,
+                      clear: np.ndarray | None = None) -> str | None:
+    """The error for a clear Sentinel-2 value below :data:`S2_MIN_VALUE` (a no-data value), or None.
+
+    Arguments as in :func:`nonfinite_s2_message`; NaN is left to that function.
+    """
+    with np.errstate(invalid="ignore"):
+        low = np.asarray(data) < S2_MIN_VALUE
+    if clear is not None:
+        low &= np.asarray(clear, dtype=bool)[:, None]
+    if not low.any():
+        return None
+    n = int(low.sum())
+    at = np.argwhere(low)[0]
+    value = np.asarray(data)[tuple(at)]
+    return (f"patch {p.patch_id}: S2 file {p.s2}: reflectance {value:.6g} at a pixel the mask calls clear (date "
+            f"index {int(dates[at[0]])}, band {S2_BANDS[at[1]]}, pixel ({y0 + int(at[2])}, {x0 + int(at[3])}); "
+            f"{n} such value(s) read): a no-data value? Reflectance x 1e4 is >= {S2_MIN_VALUE}; mark those "
+            "pixels 0 in DATA_S2_MASK or store no data as 0 in all ten bands")
+
+
+def mask_value_message(p: PatchFiles, mask: np.ndarray) -> str | None:
+    """The error for a ``DATA_S2_MASK`` whose values are not 0 / 1 (:data:`S2_MASK_VALUES`), or None."""
+    if mask.dtype == bool:
+        return None
+    values = np.unique(mask)
+    bad = values[~np.isin(values, S2_MASK_VALUES)]
+    if bad.size == 0:
+        return None
+    shown = ", ".join(f"{v:g}" for v in values[:8]) + (" ..." if values.size > 8 else "")
+    return (f"patch {p.patch_id}: S2 mask file {p.mask}: values {shown} in the sampled dates; a validity mask holds "
+            "0 (cloud or no data) and 1 (clear) only (a scene-classification layer such as Sen2Cor's 4 = "
+            "vegetation, 9 = cloud is no validity mask: convert it to 0/1 first)")
+
+
 def no_clear_observation(p: PatchFiles, s2: np.ndarray, mask: np.ndarray | None) -> str | None:
     """The error for a patch with no clear Sentinel-2 pixel on any date, or None.
 
@@ -187,12 +235,16 @@ def _scan_s2(p: PatchFiles, scan: PatchScan) -> None:
     data = np.asarray(s2[dates])
     present = s2_pixel_validity(data)  # NaN is not 0: a NaN pixel is present unless the mask says cloud
     if mask is not None:
-        marked = np.asarray(mask[dates]) > 0
+        marked = np.asarray(mask[dates])
+        message = mask_value_message(p, marked)
+        if message:
+            raise CropScaleError(message)
+        marked = marked > 0
         valid = marked & present
         scan.zero_but_clear = int((marked & ~present).sum())
     else:
         valid = present
-    message = nonfinite_s2_message(p, data, dates, clear=valid)
+    message = nonfinite_s2_message(p, data, dates, clear=valid) or nodata_s2_message(p, data, dates, clear=valid)
     if message:
         raise CropScaleError(message)
     data = np.where(np.isfinite(data), data, 0) if data.dtype.kind == "f" else data  # NaN under the mask only
@@ -223,6 +275,15 @@ def _scan_s1(p: PatchFiles, orbit: str, path: Path, scan: PatchScan) -> None:
             f"of |VV|, |VH| over {dates.size} sampled dates is {_p99_abs(data, valid):.3g} (dB over land: about"
             " -50 .. +30)"
         )
+    if valid.any():
+        negative = np.count_nonzero((data < 0) & valid[:, None]) / (int(valid.sum()) * data.shape[1])
+        if negative < S1_MIN_NEGATIVE_SHARE:
+            raise CropScaleError(
+                f"patch {p.patch_id}: {orbit} file {path}: values look like linear power or amplitude, not "
+                f"backscatter in dB: {100 * negative:.3g} % of VV, VH over {dates.size} sampled dates are below 0 "
+                f"(median {np.median(data.transpose(1, 0, 2, 3)[:, valid]):.3g}; dB over land: about -25 .. 0); "
+                "convert with 10 * log10(power)"
+            )
 
 
 def _scan_high_grid(p: PatchFiles, reader: HighGridReader) -> None:
@@ -248,9 +309,9 @@ def scan_patch(p: PatchFiles, *, num_classes: int, ignore_index: int | None,
 
     Raises:
         CropScaleError: class ids out of range, NaN / Inf in the sampled Sentinel-2 dates, no clear
-            Sentinel-2 observation on any date, Sentinel-2 values not in reflectance x 1e4, Sentinel-1
-            values not in dB, a high-grid image that cannot be read over the whole patch; each names the
-            patch and the file.
+            Sentinel-2 observation on any date, Sentinel-2 values not in reflectance x 1e4 or a no-data
+            value at a clear pixel, a mask not coded 0 / 1, Sentinel-1 values not in dB, a high-grid image
+            that cannot be read over the whole patch; each names the patch and the file.
     """
     target = open_npy(p.target, patch_id=p.patch_id, what="TARGET")
     problem = label_problem(np.asarray(target[0] if target.ndim == 3 else target), num_classes, ignore_index)

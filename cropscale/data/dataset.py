@@ -26,10 +26,10 @@ unreadable ``.npy`` (truncated, bad header), wrong number of dimensions or bands
 disagree, metadata date counts that differ from the array's ``T``, a high-grid directory for patches
 the metadata cannot georeference, a dtype that cannot hold the unit. :meth:`PastisHDDataset.check_content`
 (called by the data module at setup) checks a bounded sample of the values (:mod:`.content`). Checks
-while reading a sample: NaN or Inf in Sentinel-2 reflectance at a pixel the mask calls clear (NaN or Inf
-under the mask is accepted: masked values are set to 0 after normalisation and never reach the network),
-class ids ``>= num_classes`` (other than ``ignore_index``), a patch whose Sentinel-2 series has no clear
-observation at all.
+while reading a sample: NaN, Inf or a no-data value below -1000 (-9999) in Sentinel-2 reflectance at a pixel
+the mask calls clear (NaN or Inf under the mask is accepted: masked values are set to 0 after normalisation
+and never reach the network), class ids ``>= num_classes`` (other than ``ignore_index``), a patch whose
+Sentinel-2 series has no clear observation at all.
 
 Documented fallbacks (a warning at construction lists the patches): when ``DATA_S1A``/``DATA_S1D``,
 ``INSTANCE_ANNOTATIONS`` or the high-grid directory exists but one patch's file is absent, that
@@ -52,7 +52,14 @@ import torch
 from torch.utils.data import Dataset
 
 from cropscale.batch import HR_SCALE, S2_BANDS
-from cropscale.data.content import PatchScan, label_problem, no_clear_observation, nonfinite_s2_message, scan_patch
+from cropscale.data.content import (
+    PatchScan,
+    label_problem,
+    no_clear_observation,
+    nodata_s2_message,
+    nonfinite_s2_message,
+    scan_patch,
+)
 from cropscale.data.hr import HighGridReader, crop_bounds, high_grid_shape
 from cropscale.data.index import S1_ORBITS, PatchFiles, index_patches, open_npy
 from cropscale.data.metadata import PatchRecord, read_classes
@@ -245,8 +252,8 @@ class PastisHDDataset(Dataset):
         clear = valid_all[idx]                                              # [n, h, w]
         if p.mask is not None:  # zero in every band is no data, whatever the mask says (NaN is not zero)
             clear = clear & s2_pixel_validity(data)
-        message = nonfinite_s2_message(p, data, idx, y, x, clear=clear)
-        if message:  # NaN or Inf where the mask (or no-data detection) says clear
+        message = nonfinite_s2_message(p, data, idx, y, x, clear=clear) or nodata_s2_message(p, data, idx, y, x, clear)
+        if message:  # NaN, Inf or a no-data value (-9999) where the mask (or no-data detection) says clear
             raise CropScaleError(message)
         data = data.astype(np.float32)
         if self.stats is not None:

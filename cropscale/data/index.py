@@ -15,11 +15,14 @@ them for one warning (the reverse, a listed patch without its files, is an error
 
 Documented fallbacks (one warning lists the patches): when ``DATA_S1A``/``DATA_S1D``,
 ``INSTANCE_ANNOTATIONS`` or the high-grid directory exists but one patch's file is absent, that
-sample has the orbit absent, no parcel target or no high-grid target.
+sample has the orbit absent, no parcel target or no high-grid target. A ``DATA_S1A``, ``DATA_S1D`` or
+high-grid folder absent while a folder of a similar name is there (``DATA_S1a``, ``DATA_SPOT6``) is one
+warning naming both (:func:`misspelt_folders`).
 """
 
 from __future__ import annotations
 
+import difflib
 import pickle
 import warnings
 from dataclasses import dataclass, field
@@ -287,6 +290,26 @@ def orphan_warning(root: str | Path, records: list[PatchRecord], shown: int = 5)
             f" {first}); their files are not read")
 
 
+def misspelt_folders(root: Path, wanted: list[str]) -> list[str]:
+    """One line per modality folder of ``wanted`` absent from ``root`` while a folder of a similar name is there.
+
+    A data set without ``DATA_S1D`` or ``DATA_SPOT`` is documented (that modality is absent from every
+    sample); a ``DATA_S1a`` or ``DATA_SPOT6`` beside it is a misspelling that would silently drop the
+    modality from the whole data set.
+    """
+    known = {"DATA_S2", "DATA_S2_MASK", "ANNOTATIONS", "INSTANCE_ANNOTATIONS", *(f"DATA_{o}" for o in S1_ORBITS)}
+    known.add("DATA_SPOT")
+    others = sorted(d.name for d in root.iterdir() if d.is_dir() and d.name not in known)
+    out = []
+    for other in others:  # each unknown folder is the misspelling of at most one wanted name: the closest
+        ratios = [difflib.SequenceMatcher(None, name.upper(), other.upper()).ratio() for name in wanted]
+        if ratios and max(ratios) >= 0.75:
+            name = wanted[ratios.index(max(ratios))]
+            out.append(f"{root}: no {name} folder, but there is {other}: a misspelling? {name} is absent from "
+                       f"every sample of this data set (rename the folder to {name})")
+    return out
+
+
 def index_patches(
     root: str | Path,
     folds: list[int] | tuple[int, ...] | None,
@@ -320,6 +343,15 @@ def index_patches(
         mask_dir=root / "DATA_S2_MASK", inst_dir=root / "INSTANCE_ANNOTATIONS",
         hr_root=(root / hr_dir) if hr_dir else None, hr_pattern=hr_pattern,
     )
+    missing = [f"DATA_{o}" for o in s1_orbits if o not in layout.orbits]
+    if not layout.mask_dir.is_dir():
+        missing.append(layout.mask_dir.name)
+    if hr_dir and not layout.hr_root.is_dir():
+        missing.append(hr_dir)
+    for message in misspelt_folders(root, missing):
+        warnings.warn(message, stacklevel=2)
+        if notes is not None:
+            notes.append(message)
     out = [_patch_files(layout, rec) for rec in records]
     for what, ids in layout.fallbacks.items():
         shown = ", ".join(map(str, ids[:10])) + (" ..." if len(ids) > 10 else "")

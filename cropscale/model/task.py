@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import inspect
 import math
+import time
 import warnings
 from typing import Any
 
@@ -45,6 +46,7 @@ from cropscale.model.optim import (
 )
 from cropscale.model.speed import COMPILE_MODES, choose_fused, compile_network
 from cropscale.model.synthetic import synthetic_batch
+from cropscale.numbers import TARGET_FRACTION, time_to_target
 from cropscale.tiling import sliding_window_inference
 
 #: Settings whose effect a resumed ``fit`` takes from the checkpoint's optimiser and LR-schedule state.
@@ -155,6 +157,7 @@ class CropMappingTask(LightningModule):
         self.test_seg = SegmentationMetrics(num_classes=num_classes, ignore_index=ignore_index)
         self.best_miou: float = float("nan")
         self.best_epoch: int = -1
+        self._fit_t0, self._miou_by_time = time.perf_counter(), []  # (s since training start, val/mIoU)
         self.lr_effective: float = lr
         self.global_batch: int | None = None
         self.flops_per_sample: float | None = None
@@ -278,6 +281,7 @@ class CropMappingTask(LightningModule):
         if not self.trainer.sanity_checking:
             if not (self.best_miou >= miou):  # also true while best is NaN
                 self.best_miou, self.best_epoch = miou, self.current_epoch
+            self._miou_by_time.append((time.perf_counter() - self._fit_t0, miou))
             logs["val/mIoU_best"] = self.best_miou
             if isinstance(self.logger, TensorBoardLogger) and self.trainer.is_global_zero:
                 fig = confusion_matrix_figure(seg["confusion_matrix"].cpu(), names)
@@ -434,6 +438,7 @@ class CropMappingTask(LightningModule):
 
     @override
     def on_train_start(self) -> None:
+        self._fit_t0, self._miou_by_time = time.perf_counter(), []
         if self.logger is not None:
             self.logger.log_metrics(
                 {"optim/global_batch": float(self.global_batch or 0), "optim/lr_scaled": self.lr_effective}, step=0
@@ -448,6 +453,10 @@ class CropMappingTask(LightningModule):
                 metrics["hp/val_mIoU_final"] = float(final["val/mIoU"])
             if self._last_train_loss is not None:
                 metrics["hp/train_loss_final"] = self._last_train_loss
+            # time from training start until the best-so-far val/mIoU reached TARGET_FRACTION of this run's best
+            reached = time_to_target(self._miou_by_time, TARGET_FRACTION * self.best_miou)
+            if reached is not None:
+                metrics["hp/time_to_target_s"] = reached
             self.logger.log_hyperparams(self.hparams, metrics=metrics)
 
     # ------------------------------------------------------------- checkpoint

@@ -52,15 +52,20 @@ from cropscale.report.comparison import amdahl_rows, comparison_rows, scaling_ro
 from cropscale.report.pairs import precision_pairs
 from cropscale.report.plots import plot_by_precision_and_batch, plot_device_scaling
 from cropscale.report.scaling import device_series
-from cropscale.runs.plots import plot_iou_by_epoch, plot_step_decomposition
+from cropscale.report.verdicts import comparisons
+from cropscale.runs.equivalence import DEFAULT_MARGIN, TARGET_FRACTION, VERDICT_COLUMNS, verdict_intro, verdict_row
+from cropscale.runs.plots import plot_iou_by_epoch, plot_step_decomposition, plot_verdicts
 from cropscale.runs.record import RunRecord, load_inputs
 from cropscale.runs.tables import TableRow, render_table
 
-FIGURE_FILES = ("iou_by_epoch.png", "throughput.png", "peak_memory.png", "step_decomposition.png",
+FIGURE_FILES = ("verdicts.png", "iou_by_epoch.png", "throughput.png", "peak_memory.png", "step_decomposition.png",
                 "device_scaling.png")
 """The PNG figures of a report."""
 
 FIGURE_CAPTIONS = {
+    "verdicts.png": "Change of best macro IoU (other - base, 95 % interval) against speed-up of training samples/s"
+                    " (95 % interval), one point per comparison; grey band: the equivalence margin (the Verdicts"
+                    " table).",
     "iou_by_epoch.png": "Best val/mIoU so far at each epoch (running maximum of val/mIoU): the Best val/mIoU column"
                         " is its last point.",
     "throughput.png": "Samples/s by precision and global batch: training runs over their measured epochs"
@@ -99,14 +104,32 @@ def _scaling_section(records: Sequence[RunRecord], out: Path, stem: str, paths: 
         " same local batch). Speed-up = median samples/s on N / on 1; efficiency = speed-up / N; Karp-Flatt"
         " serial fraction e = (1/S - 1/N) / (1 - 1/N)."))
     amdahl = render_table(amdahl_rows(series), AMDAHL_COLUMNS, intro=(
-        "The serial fraction fitted to each series' N > 1 points (least squares in 1/S; one point: Karp-Flatt)"
-        " is measured; Amdahl's speed-up at that fraction on other device counts is a model."))
+        "The serial fraction fitted to each series' N > 1 points (least squares in 1/S; one point: Karp-Flatt) is"
+        " a parameter of Amdahl's law and Amdahl's speed-up at that fraction on other device counts a model: both"
+        " analytical-scenario (the per-N Karp-Flatt e above is an identity of the measured S_N: measured-run)."))
     paths["scaling_csv"] = atomic_write_text(out / f"{stem}_scaling.csv", table.csv)
     return f"{table.markdown}\n{amdahl.markdown}"
 
 
-def write_report(records: Sequence[RunRecord], out_dir: str | Path, stem: str = "report") -> dict[str, Path]:
+def _verdicts_section(records: Sequence[RunRecord], out: Path, stem: str, paths: dict[str, Path], margin: float,
+                      target_fraction: float) -> str:
+    found = comparisons(records, margin, target_fraction)
+    paths["verdicts"] = plot_verdicts(found, out / "verdicts.png", margin)
+    if not found:
+        return ("## Verdicts\n\nNo two configurations differ in precision, device count or global batch alone among"
+                " the usable runs (`make compare-cpu` trains such a set).\n")
+    table = render_table([verdict_row(c) for c in found], VERDICT_COLUMNS, intro=verdict_intro(margin, target_fraction))
+    paths["verdicts_csv"] = atomic_write_text(out / f"{stem}_verdicts.csv", table.csv)
+    lines = "\n".join(f"- {c.line()}" for c in found)
+    return f"## Verdicts\n\n{lines}\n\n{table.markdown}\n![verdicts.png](verdicts.png)\n"
+
+
+def write_report(records: Sequence[RunRecord], out_dir: str | Path, stem: str = "report",
+                 margin: float = DEFAULT_MARGIN, target_fraction: float = TARGET_FRACTION) -> dict[str, Path]:
     """Write the report's tables and figures into ``out_dir``.
+
+    The report leads with the verdicts (:mod:`cropscale.report.verdicts`; equivalence ``margin`` in macro IoU,
+    time to ``target_fraction`` of the base's best), then the comparison per run.
 
     Files: ``<stem>.md``, ``<stem>.csv`` (every figure, one row per record), ``<stem>_comparison.csv``,
     ``<stem>_pairs.csv`` and ``<stem>_scaling.csv`` (when there are pairs / device series) and the PNG
@@ -122,6 +145,7 @@ def write_report(records: Sequence[RunRecord], out_dir: str | Path, stem: str = 
     runs = [r for r in records if r.kind == "run"]
     full = render_table([with_status(r, COLUMNS) for r in records], COLUMNS)
     paths: dict[str, Path] = {"csv": atomic_write_text(out / f"{stem}.csv", full.csv)}
+    verdicts_md = _verdicts_section(records, out, stem, paths, margin, target_fraction)
     pairs = precision_pairs(records)
     series = device_series(records)
     lead = render_table(comparison_rows(records, pairs, series), COMPARISON_COLUMNS, title="Comparison",
@@ -156,9 +180,9 @@ def write_report(records: Sequence[RunRecord], out_dir: str | Path, stem: str = 
         "Peak memory by precision and global batch")
     paths["step_decomposition"] = plot_step_decomposition(records, out / "step_decomposition.png")
     paths["device_scaling"] = plot_device_scaling(series, out / "device_scaling.png")
-    figures_md = "\n\n".join(f"![{name}]({name})\n\n{FIGURE_CAPTIONS[name]}" for name in FIGURE_FILES)
+    figures_md = "\n\n".join(f"![{name}]({name})\n\n{FIGURE_CAPTIONS[name]}" for name in FIGURE_FILES[1:])
     legend = f"{LEGEND} n/a cells name the reason in the notes under each table."
-    text = (f"# cropscale report\n\n{legend}\n\n{lead.markdown}\n## Detail\n\n" + "\n".join(details)
+    text = (f"# cropscale report\n\n{legend}\n\n{verdicts_md}\n{lead.markdown}\n## Detail\n\n" + "\n".join(details)
             + f"\n{pairs_md}\n{scaling_md}\n## Figures\n\n{figures_md}\n")
     paths["markdown"] = atomic_write_text(out / f"{stem}.md", text)
     return {"markdown": paths.pop("markdown"), **paths}
@@ -172,6 +196,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("inputs", nargs="+", help="run folders (or folders holding them) and benchmark JSON files")
     p.add_argument("--out", default="reports", help="output folder (default: reports)")
     p.add_argument("--stem", default="report", help="file name stem of the tables (default: report)")
+    p.add_argument("--margin", type=float, default=DEFAULT_MARGIN,
+                   help=f"equivalence margin of macro IoU, absolute (default {DEFAULT_MARGIN:g})")
+    p.add_argument("--target-fraction", type=float, default=TARGET_FRACTION,
+                   help=f"time to target: this fraction of the base mean best macro IoU (default {TARGET_FRACTION:g})")
+    p.add_argument("--verdicts-only", action="store_true", help="print only the verdict lines (the files as usual)")
     return p
 
 
@@ -183,7 +212,11 @@ def main(argv: list[str] | None = None) -> int:
     """
     args = _parser().parse_args(argv)
     records = load_inputs(args.inputs)
-    paths = write_report(records, args.out, args.stem)
-    print(paths["markdown"].read_text(encoding="utf-8"))
+    paths = write_report(records, args.out, args.stem, args.margin, args.target_fraction)
+    if args.verdicts_only:
+        found = comparisons(records, args.margin, args.target_fraction)
+        print("\n".join(c.line() for c in found) or "no comparison among the usable runs")
+    else:
+        print(paths["markdown"].read_text(encoding="utf-8"))
     print("wrote " + ", ".join(str(p) for p in paths.values()))
     return 0

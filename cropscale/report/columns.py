@@ -97,6 +97,8 @@ STEP_COLUMNS: tuple[Column, ...] = (
       for w in ("data_wait", "transfer", "forward", "backward", "optimizer", "remainder")),
     Column("share_sum", "Sum (%)", ".1f"),
     Column("median_step_ms", "Median step (ms) = 100 %", ",.1f"),
+    Column("data_wait_host_ms", "Data wait, host clock (ms)", ",.2f"),
+    Column("transfer_host_ms", "Transfer, host clock (ms)", ",.2f"),
 )
 """Step decomposition detail: each window in percent of the median step (the figure shows the same)."""
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from cropscale.evidence import ANALYTICAL_SCENARIO, MEASURED_RUN
+from cropscale.evidence import ANALYTICAL_SCENARIO, MEASURED_RUN, derived_label
 from cropscale.report.pairs import PrecisionPair
 from cropscale.report.scaling import DeviceSeries, efficiency_of
 from cropscale.runs.record import RunRecord
@@ -108,6 +108,10 @@ def step_rows(records: Sequence[RunRecord]) -> list[TableRow]:
         figures["share_sum"] = (Figure(100 * sum(r.step_shares.values()),
                                        note="a sum of medians, not the median of the sum: about 100 %")
                                 if r.step_shares else Figure(None, why=why))
+        for name in ("data_wait_host", "transfer_host"):  # the host clock's, named apart from the windows above
+            value = r.host_windows_ms.get(name)
+            figures[f"{name}_ms"] = Figure(value, why=None if value is not None else
+                                           "no host-clock windows in run.json (StepTimingCallback host_windows_ms)")
         rows.append(TableRow(values={"name": r.name}, figures=figures, evidence=MEASURED_RUN))
     return rows
 
@@ -130,16 +134,24 @@ def scaling_rows(series: Sequence[DeviceSeries]) -> list[TableRow]:
 
 
 def amdahl_rows(series: Sequence[DeviceSeries]) -> list[TableRow]:
-    """Amdahl's speed-up on 2, 4, 8 devices at each series' fitted serial fraction (an analytical scenario)."""
+    """Amdahl's speed-up on 2, 4, 8 devices at each series' fitted serial fraction (an analytical scenario).
+
+    The fitted fraction itself is ``analytical-scenario`` too (:func:`cropscale.evidence.derived_label`: a
+    parameter fitted under a law); the per-N Karp-Flatt ``e_N`` of :func:`scaling_rows` stays ``measured-run``.
+    """
     rows = []
     for s in series:
         frac = s.serial_fraction
-        fitted = Figure(frac, MEASURED_RUN, note="least squares in 1/S over the measured N > 1 points")
-        clipped = None if frac is None else min(1.0, max(0.0, frac))
-        note = None if frac is None or clipped == frac else f"fitted fraction {frac:.3f} clipped to {clipped:g}"
+        fitted = Figure(frac, derived_label(MEASURED_RUN, model=True),
+                        note="least squares in 1/S over the measured N > 1 points: a parameter of Amdahl's law")
+        why = "no fitted serial fraction"
+        if frac is not None and not 0.0 <= frac <= 1.0:
+            kind = "a slow-down beyond serial (S < 1)" if frac > 1 else "a super-linear speed-up (S > N)"
+            why = (f"refused: the fitted serial fraction {frac:.3f} lies outside [0, 1] ({kind}): Amdahl's law does"
+                   " not describe these runs, so it is not extrapolated")
+        ok = frac is not None and 0.0 <= frac <= 1.0
         figures = {"serial_fraction": fitted}
         for n in (2, 4, 8):
-            figures[f"speedup_{n}"] = Figure(None if clipped is None else amdahl_speedup(n, clipped),
-                                             ANALYTICAL_SCENARIO, "no fitted serial fraction", note)
+            figures[f"speedup_{n}"] = Figure(amdahl_speedup(n, frac) if ok else None, ANALYTICAL_SCENARIO, why)
         rows.append(TableRow(values={"series": s.label}, figures=figures, evidence=ANALYTICAL_SCENARIO))
     return rows

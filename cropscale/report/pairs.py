@@ -1,6 +1,7 @@
 """Precision pairs: records that differ only in precision, an FP32 base against each other precision.
 
-``speedup = other samples/s / base samples/s``, ``step_ratio = other median step / base median step``,
+``speedup = other samples/s / base samples/s`` (:func:`cropscale.numbers.speedup`, the one definition),
+``step_ratio = other median step / base median step``,
 ``iou_difference = other best mIoU - base best mIoU`` (IoU units, 0..1), ``memory_ratio = other
 peak / base peak``. A ratio whose inputs are missing is n/a with the reason.
 """

@@ -86,7 +86,7 @@ def plot_device_scaling(series: Sequence[DeviceSeries], path: str | Path) -> Pat
     """Speed-up (left) and parallel efficiency (right) against the device count, one colour per series.
 
     Points: measured speed-ups over the 1-device run (``measured-run``). Dashed: Amdahl's law at the
-    series' fitted serial fraction, clipped to [0, 1] (``analytical-scenario``) out to 8 devices or the
+    series' fitted serial fraction in [0, 1] (else refused; ``analytical-scenario``) out to 8 devices or the
     largest count measured. Dotted: ideal scaling.
     """
     plt = pyplot()
@@ -102,13 +102,13 @@ def plot_device_scaling(series: Sequence[DeviceSeries], path: str | Path) -> Pat
             ax_s.plot(ns, [p.speedup for p in s.points], "o", color=color, markersize=7,
                       label=f"{s.label} [{MEASURED_RUN}]")
             ax_e.plot(ns, [p.efficiency for p in s.points], "o", color=color, markersize=7)
-            if s.serial_fraction is not None:
-                frac = min(1.0, max(0.0, s.serial_fraction))
-                curve = [amdahl_speedup(n, frac) for n in grid]
-                fit = s.serial_fraction
-                fitted = (f"fitted s = {frac:.2f}" if frac == fit else
-                          f"s = {frac:g} (fit {fit:.2f}: {'a slow-down' if fit > 1 else 'super-linear'})")
-                ax_s.plot(grid, curve, "--", color=color, label=f"Amdahl, {fitted} [{ANALYTICAL_SCENARIO}]")
+            fit = s.serial_fraction
+            if fit is not None and not 0.0 <= fit <= 1.0:
+                ax_s.plot([], [], "--", color=color, label=f"Amdahl refused: fitted s = {fit:.2f} outside [0, 1]")
+            elif fit is not None:
+                curve = [amdahl_speedup(n, fit) for n in grid]
+                ax_s.plot(grid, curve, "--", color=color,
+                          label=f"Amdahl, fitted s = {fit:.2f} [{ANALYTICAL_SCENARIO}]")
                 ax_e.plot(grid, [c / n for c, n in zip(curve, grid, strict=True)], "--", color=color)
         for ax in (ax_s, ax_e):
             ax.set_xlabel("devices (processes / GPUs)")

@@ -8,13 +8,15 @@ can be in one series of each kind.
 
 Per device count the series takes the median samples/s of its runs (seeds), then
 
-- speed-up ``S_N = samples/s on N / samples/s on 1`` (training samples/s, :func:`~cropscale.runs.rules.samples_per_s`),
+- speed-up ``S_N = samples/s on N / samples/s on 1`` (training samples/s, :func:`~cropscale.runs.rules.samples_per_s`;
+  :func:`cropscale.numbers.speedup`, the study's definition too),
 - efficiency ``E_N = S_N / N``,
 - Karp-Flatt serial fraction ``e_N`` (:func:`~cropscale.scaling.amdahl.karp_flatt`, N > 1),
 - the serial fraction fitted to all ``N > 1`` points (:func:`~cropscale.scaling.amdahl.fit_serial_fraction`).
 
-All of these are ``measured-run`` (ratios of measurements on the device counts they name); the Amdahl
-curve drawn from the fitted fraction at other device counts is an ``analytical-scenario``.
+Speed-up, efficiency and ``e_N`` are ``measured-run`` (identities of measurements on the device counts they
+name); the fitted fraction (a parameter of Amdahl's law) and the Amdahl curve drawn from it are
+``analytical-scenario`` (the rule of :mod:`cropscale.evidence`).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from cropscale.evidence import MEASURED_RUN
-from cropscale.numbers import median
+from cropscale.numbers import median, speedup
 from cropscale.runs.record import RunRecord
 from cropscale.runs.rules import Figure
 from cropscale.scaling.amdahl import fit_serial_fraction, karp_flatt
@@ -129,7 +131,7 @@ def device_series(records: Sequence[RunRecord]) -> list[DeviceSeries]:
                   for n, rs in sorted(by_n.items())]
         base = points[0].samples_per_s
         for p in points:
-            p.speedup = p.samples_per_s / base
+            p.speedup = speedup(p.samples_per_s, base)
             p.efficiency = p.speedup / p.devices
             p.karp_flatt = karp_flatt(p.speedup, p.devices) if p.devices > 1 else None
         multi = [p for p in points if p.devices > 1]

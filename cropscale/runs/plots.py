@@ -12,6 +12,7 @@ from typing import Any
 
 from cropscale.evidence import MEASURED_RUN
 from cropscale.files import atomic_write
+from cropscale.runs.equivalence import Comparison
 from cropscale.runs.record import RunRecord
 from cropscale.runs.schema import STEP_WINDOWS
 
@@ -107,5 +108,38 @@ def plot_step_decomposition(records: Sequence[RunRecord], path: str | Path) -> P
     else:
         no_data(ax, "no run with a step decomposition in run.json (StepTimingCallback)")
     ax.set_title(f"Step decomposition, percent of the median step [{MEASURED_RUN}]", fontsize=11)
+    fig.tight_layout()
+    return save(fig, path)
+
+
+def plot_verdicts(comparisons: Sequence[Comparison], path: str | Path, margin: float) -> Path:
+    """Quality difference with its interval against speed-up with its interval, one point per comparison.
+
+    x: speed-up of training samples/s (geometric-mean ratio, 95 % interval as a horizontal bar; dotted at 1);
+    y: change of best validation macro IoU, other - base (95 % interval as a vertical bar); the grey band is
+    the equivalence margin. A comparison without an interval is drawn as a hollow point without a bar.
+    """
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(8, 5.2))
+    drawn = [c for c in comparisons if c.best.interval.estimate is not None and c.speedup.estimate is not None]
+    if drawn:
+        ax.axhspan(-margin, margin, color="grey", alpha=0.2, label=f"equivalence margin +-{margin:g}")
+        ax.axvline(1.0, color="grey", ls=":", lw=1)
+        ax.axhline(0.0, color="grey", lw=0.8)
+        for i, c in enumerate(drawn):
+            q, s = c.best.interval, c.speedup
+            x, y = s.estimate, q.estimate
+            xerr = [[x - s.low], [s.high - x]] if s.low is not None else None
+            yerr = [[y - q.low], [q.high - y]] if q.low is not None else None
+            full = xerr is not None and yerr is not None
+            ax.errorbar([x], [y], xerr=xerr, yerr=yerr, fmt="o", color=f"C{i}", capsize=3,
+                        markerfacecolor=f"C{i}" if full else "none", label=f"{c.label}: {c.best.verdict}")
+        ax.set_xlabel("speed-up (x, training samples/s, other / base)")
+        ax.set_ylabel("change of best val macro IoU (other - base)")
+        ax.legend(fontsize=7, loc="best")
+        ax.grid(alpha=0.3)
+    else:
+        no_data(ax, "no two configurations with a best macro IoU and samples/s to compare")
+    ax.set_title(f"Quality change vs speed-up, 95 % intervals [{MEASURED_RUN}]", fontsize=10)
     fig.tight_layout()
     return save(fig, path)

@@ -58,6 +58,8 @@ class RunRecord:
         figures: column key -> :class:`~cropscale.runs.rules.Figure`.
         iou_by_epoch: ``[(epoch, best val/mIoU so far)]``.
         step_windows_ms, step_windows_source: the step decomposition (ms) and where it comes from.
+        host_windows_ms: ``data_wait_host`` / ``transfer_host`` (ms): the data wait and transfer on the host
+            clock, beside the run clock's windows (on CUDA those are device-timeline windows).
         step_shares: the step decomposition as fractions of the step (:func:`~cropscale.runs.rules.step_shares`).
         epoch_seconds: the measured epochs' ``train_s`` / ``val_s`` / ``wall_s`` lists.
         loader_wait_share, exposed_comm_share: fractions of the step (:func:`~cropscale.runs.rules.step_share`).
@@ -87,6 +89,7 @@ class RunRecord:
     iou_by_epoch: list[tuple[int, float]] = field(default_factory=list)
     step_windows_ms: dict[str, float] = field(default_factory=dict)
     step_windows_source: str | None = None
+    host_windows_ms: dict[str, float] = field(default_factory=dict)
     step_shares: dict[str, float] = field(default_factory=dict)
     epoch_seconds: dict[str, list[float]] = field(default_factory=dict)
     loader_wait_share: float | None = None
@@ -362,6 +365,7 @@ def load_run(path: str | Path, warmup_epochs: int | None = None) -> RunRecord:
         strategy=strategy.value, devices=devices.value, global_batch=batch.value, descriptive=descriptive,
         figures=figures, iou_by_epoch=rules.quality(scalars).by_epoch, step_windows_ms=windows,
         step_windows_source=source, step_shares=rules.step_shares(summary, STEP_WINDOWS, warmup),
+        host_windows_ms=rules.host_windows(summary, warmup),
         epoch_seconds=rules.epoch_seconds(summary, warmup),
         loader_wait_share=rules.step_share(summary, "data_wait", warmup),
         exposed_comm_share=rules.step_share(summary, "comm_exposed", warmup),

@@ -123,6 +123,21 @@ def step_time(summary: RunSummary, warmup_epochs: int, no_json: str | None = Non
     return Figure(median(s.median for s in stats), note=note), Figure(p95, why="p95 not recorded", note=note)
 
 
+def host_windows(summary: RunSummary, warmup_epochs: int) -> dict[str, float]:
+    """``data_wait_host`` / ``transfer_host`` (ms, host clock): the median over measured epochs of the epoch medians.
+
+    Empty for runs recorded before StepTimingCallback kept them (``host_windows_ms`` absent).
+    """
+    timing = measured(summary.step_timing.epochs, warmup_epochs) if summary.step_timing else []
+    out = {}
+    for name in ("data_wait_host", "transfer_host"):
+        value = median(e.host_windows_ms[name].median for e in timing
+                       if e.host_windows_ms and name in e.host_windows_ms)
+        if value is not None:
+            out[name] = value
+    return out
+
+
 def step_windows(summary: RunSummary, windows: tuple[str, ...], warmup_epochs: int,
                  scalars: Scalars | None = None) -> tuple[dict[str, float], str | None]:
     """Step decomposition (ms per window): the median over measured epochs of the epoch medians.

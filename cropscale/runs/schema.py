@@ -149,6 +149,8 @@ class StepTimingEpoch(Record):
     epoch: int = 0
     steps_measured: int = 0
     windows_ms: dict[str, WindowStats] = field(default_factory=dict)
+    host_windows_ms: dict[str, WindowStats] | None = optional()
+    """``data_wait_host`` and ``transfer_host``: the same two windows on the host clock (``perf_counter``)."""
     step_ms_per_rank: RankStats = field(default_factory=RankStats)
     window_median_ms_per_rank: dict[str, list[float | None]] = field(default_factory=dict)
     first_batch_wait_ms_per_rank: list[float | None] = field(default_factory=list)

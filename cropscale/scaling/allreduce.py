@@ -63,14 +63,25 @@ def payload_bytes(num_params: int, bytes_per_element: float = 4) -> float:
     return float(num_params) * _check_positive(bytes_per_element, "bytes_per_element")
 
 
+def ring_allreduce_volume(payload: float, world_size: int) -> float:
+    """Bytes each rank sends (and receives) in one ring all-reduce of ``payload`` bytes: ``V = 2 (N - 1) M / N``.
+
+    The one definition of the ring volume (the table, the benchmark series and the send-bytes helpers call it).
+
+    Raises:
+        CropScaleError: ``world_size < 1`` or a negative payload.
+    """
+    n = _check_world_size(world_size)
+    return 2.0 * (n - 1) * _check_positive(payload, "payload", allow_zero=True) / n
+
+
 def ring_allreduce_send_bytes(num_params: int, world_size: int, bytes_per_element: float = 4) -> float:
     """Bytes each rank sends (and receives) in one ring all-reduce: ``V = 2 (N - 1) P b / N``.
 
     Raises:
         CropScaleError: a negative parameter count, ``world_size < 1`` or ``b <= 0``.
     """
-    n = _check_world_size(world_size)
-    return 2.0 * (n - 1) * payload_bytes(num_params, bytes_per_element) / n
+    return ring_allreduce_volume(payload_bytes(num_params, bytes_per_element), world_size)
 
 
 def ring_allreduce_time(payload: float, world_size: int, alpha_s: float, bandwidth_bytes_per_s: float) -> float:
@@ -353,8 +364,8 @@ def allreduce_table(
             AllReduceRow(
                 world_size=n,
                 payload_mib=m / MIB,
-                ring_send_mib=2.0 * (n - 1) * m / n / MIB,
-                fsdp_send_mib=3.0 * (n - 1) * m / n / MIB,
+                ring_send_mib=ring_allreduce_volume(m, n) / MIB,
+                fsdp_send_mib=3.0 * (n - 1) * m / n / MIB,  # FULL_SHARD: 2 all-gathers + 1 reduce-scatter
                 buckets=len(bucket_sizes),
                 alpha_us=float(alpha_us),
                 bandwidth_gb_s=float(bandwidth_gb_s),

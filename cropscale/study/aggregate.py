@@ -21,7 +21,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from cropscale.evidence import MEASURED_RUN
-from cropscale.numbers import mean_sd, median
+from cropscale.numbers import mean_sd, median, speedup
+from cropscale.runs.equivalence import epoch_rates, mean_interval, ratio_interval
 from cropscale.runs.record import RunRecord
 from cropscale.scaling.amdahl import karp_flatt
 from cropscale.study import protocol as P
@@ -66,6 +67,11 @@ class StudyRow:
     miou_final_sd: float | None = None
     miou_best: float | None = None
     miou_best_sd: float | None = None
+    speedup_low: float | None = None
+    speedup_high: float | None = None
+    train_epoch_s_low: float | None = None
+    train_epoch_s_high: float | None = None
+    config_key: str = ""
     notes: list[str] = field(default_factory=list)
     why: dict[str, str] = field(default_factory=dict)
     figure_notes: dict[str, str] = field(default_factory=dict)
@@ -78,7 +84,7 @@ def base_row(config: Configuration, evidence: str) -> StudyRow:
         evidence=evidence, protocol=config.protocol, precision=PRECISION_LABELS[config.precision],
         world_size=config.world_size, local_batch=plan.local_batch, accumulation=plan.accumulation,
         global_batch=plan.global_batch, lr=plan.lr, lr_scaling=plan.lr_scaling,
-        updates_per_epoch=config.updates_per_epoch, optimizer=plan.optimizer,
+        updates_per_epoch=config.updates_per_epoch, optimizer=plan.optimizer, config_key=config.key,
     )
 
 
@@ -158,22 +164,49 @@ def measured_row(config: Configuration, runs: Sequence[RunRecord], train_samples
 
 
 def add_speedups(rows: list[StudyRow]) -> None:
-    """Set S_N = T_1 / T_N, E_N = S_N / N and the Karp-Flatt fraction of measured rows, in place.
+    """Set S_N, E_N = S_N / N and the Karp-Flatt fraction of measured rows, in place.
 
-    Against the measured 1-rank row of the same protocol and precision (T = median training epoch).
-    Batch-sweep rows are left alone (their runs differ in the global batch, not the world size).
+    ``S_N = Q_N / Q_1`` (:func:`cropscale.numbers.speedup`, the report's definition too): the median training
+    samples/s over seeds against the measured 1-rank row of the same protocol and precision (the same samples
+    per epoch for every N, so it is the protocol's samples/s at equal work). Batch-sweep rows are left alone
+    (their runs differ in the global batch, not the world size).
     """
     scaling = [r for r in rows if r.protocol in P.PROTOCOLS]
-    t1 = {(r.protocol, r.precision): r.train_epoch_s for r in scaling
+    q1 = {(r.protocol, r.precision): r.samples_per_s for r in scaling
           if r.evidence == MEASURED_RUN and r.world_size == 1}
     for r in scaling:
-        base = t1.get((r.protocol, r.precision))
-        if r.evidence != MEASURED_RUN or r.train_epoch_s is None or base is None:
+        base = q1.get((r.protocol, r.precision))
+        if r.evidence != MEASURED_RUN or not r.samples_per_s or not base:
             continue
-        r.speedup = P.speedup(base, r.train_epoch_s)
+        r.speedup = speedup(r.samples_per_s, base)
         r.efficiency = P.efficiency(r.speedup, r.world_size)
         if r.world_size > 1:
             r.serial_fraction = karp_flatt(r.speedup, r.world_size)
+
+
+def add_speedup_intervals(rows: Sequence[StudyRow], records: dict[str, Sequence[RunRecord]]) -> None:
+    """Set the 95 % interval of each measured S_N (and of its training-epoch time), in place.
+
+    S_N: :func:`cropscale.runs.equivalence.ratio_interval` of the per-epoch training samples/s (measured epochs x
+    seeds) of the N-rank runs against the 1-rank runs of the same protocol and precision. Training-epoch time:
+    the t-interval of the mean of the measured epochs' times (seeds x epochs), ``scipy.stats.t``.
+    ``records``: ``config_key`` -> the runs of that configuration.
+    """
+    ones = {(r.protocol, r.precision): r for r in rows
+            if r.evidence == MEASURED_RUN and r.world_size == 1 and r.protocol in P.PROTOCOLS}
+    for r in rows:
+        runs = records.get(r.config_key) or ()
+        times = [t for run in runs for t in run.epoch_seconds.get("train_s", [])]
+        if r.evidence == MEASURED_RUN and len(times) > 1:
+            r.train_epoch_s_low, r.train_epoch_s_high = mean_interval(times)
+        one = ones.get((r.protocol, r.precision))
+        if one is None or r.evidence != MEASURED_RUN or r.protocol not in P.PROTOCOLS or r.world_size == 1:
+            continue
+        base = [q for run in records.get(one.config_key) or () for q in epoch_rates(run)]
+        ci = ratio_interval(base, [q for run in runs for q in epoch_rates(run)])
+        r.speedup_low, r.speedup_high = ci.low, ci.high
+        if ci.low is None:
+            r.why["speedup_ci"] = ci.why or "no interval"
 
 
 # ------------------------------------------------------------------------------------------ batch sweep

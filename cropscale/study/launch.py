@@ -155,3 +155,49 @@ def check_batch_line(log_text: str, plan: P.BatchPlan) -> tuple[bool | None, str
         ok = ok and m.group(7) == plan.optimizer
         detail += f"; optimizer run {m.group(7)!r}, plan {plan.optimizer!r}"
     return ok, detail
+
+
+# ------------------------------------------------------------------------------------ CPU share of a run
+@dataclass(frozen=True)
+class CpuSample:
+    """Host CPU counters at one instant: ``/proc/stat`` busy and total jiffies, children's CPU seconds, clock (s)."""
+
+    busy_jiffies: int | None
+    total_jiffies: int | None
+    children_cpu_s: float
+    clock_s: float
+
+
+def cpu_sample() -> CpuSample:
+    """Sample the host's CPU counters (``/proc/stat`` where it exists) and this process's children's CPU time."""
+    import resource
+
+    busy = total = None
+    try:
+        fields = [int(v) for v in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+        total = sum(fields[:8])  # user nice system idle iowait irq softirq steal
+        busy = total - fields[3] - fields[4]
+    except (OSError, ValueError, IndexError):
+        pass
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return CpuSample(busy, total, usage.ru_utime + usage.ru_stime, time.monotonic())
+
+
+def cpu_usage(before: CpuSample, after: CpuSample) -> dict[str, float | int | None]:
+    """Cores busy on the host, used by the run, and used by other work, averaged over the run (``measured-run``).
+
+    ``busy_cores`` = busy share of ``/proc/stat`` x the cores of this process's CPU set; ``own_cores`` = the
+    run's processes' CPU seconds (``RUSAGE_CHILDREN``: the fit and the ranks it waited for) / wall seconds;
+    ``other_cores`` = ``busy_cores - own_cores`` (>= 0): work of other processes sharing the cores.
+    """
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    wall = max(after.clock_s - before.clock_s, 1e-9)
+    own = (after.children_cpu_s - before.children_cpu_s) / wall
+    out: dict[str, float | int | None] = {"cores": cores, "own_cores": own, "busy_cores": None, "other_cores": None}
+    counted = before.total_jiffies is not None and after.total_jiffies is not None
+    if counted and after.total_jiffies > before.total_jiffies:
+        share = (after.busy_jiffies - before.busy_jiffies) / (after.total_jiffies - before.total_jiffies)
+        busy = share * (os.cpu_count() or cores)
+        out["busy_cores"] = busy
+        out["other_cores"] = max(0.0, busy - own)
+    return out

@@ -14,7 +14,8 @@ from pathlib import Path
 
 from cropscale.evidence import ANALYTICAL_SCENARIO, MEASURED_RUN
 from cropscale.files import atomic_write_text
-from cropscale.runs.plots import plot_iou_by_epoch, plot_step_decomposition, pyplot, save
+from cropscale.runs.equivalence import VERDICT_COLUMNS, Comparison, verdict_intro, verdict_row
+from cropscale.runs.plots import plot_iou_by_epoch, plot_step_decomposition, plot_verdicts, pyplot, save
 from cropscale.runs.record import RunRecord
 from cropscale.runs.rules import Figure
 from cropscale.runs.tables import Column, TableRow, render_table
@@ -41,6 +42,8 @@ COLUMNS: tuple[Column, ...] = (
     Column("val_epoch_s", "Val epoch (s)", ".2f"),
     Column("e2e_epoch_s", "End-to-end epoch (s)", ".2f"),
     Column("speedup", "S_N", ".3f"),
+    Column("speedup_low", "S_N low (95 %)", ".3f"),
+    Column("speedup_high", "S_N high (95 %)", ".3f"),
     Column("efficiency", "E_N", ".1%"),
     Column("serial_fraction", "Karp-Flatt e", ".3f"),
     Column("loader_wait_share", "Loader wait share", ".1%"),
@@ -53,7 +56,8 @@ COLUMNS: tuple[Column, ...] = (
 )
 """Columns of the study table, in order."""
 
-PREDICTED = ("train_epoch_s", "samples_per_s", "speedup", "efficiency", "serial_fraction")
+PREDICTED = ("train_epoch_s", "samples_per_s", "speedup", "efficiency", "serial_fraction", "speedup_low",
+             "speedup_high")
 """The figures an analytical-scenario row predicts (the others stay n/a)."""
 
 
@@ -62,6 +66,10 @@ def _why_missing(row: StudyRow, key: str) -> str:
         return "not run: only epoch time, samples/s, S_N, E_N are predicted"
     if key == "serial_fraction" and row.world_size == 1:
         return "Karp-Flatt e is undefined at N = 1"
+    if key in ("speedup_low", "speedup_high") and row.world_size == 1:
+        return "the 1-rank base"
+    if key in ("speedup_low", "speedup_high") and row.speedup is not None:
+        return "fewer than 2 measured epochs x seeds on a side: no interval"
     if key in ("speedup", "efficiency", "serial_fraction"):
         return "no measured 1-rank training-epoch time of this protocol and precision"
     return "not recorded by the run(s)"
@@ -109,11 +117,16 @@ def _blocks(rows: Sequence[TableRow], spec: StudySpec) -> list[str]:
         (MEASURED_RUN, f"Measured runs ({MEASURED_RUN})",
          f"Each row: the median over {len(spec.seeds)} seed(s) of per-run figures over the"
          f" {spec.measured_epochs} measured epoch(s) after {spec.warmup_epochs} warm-up epoch(s); macro IoU as"
-         " mean and sample standard deviation over seeds. S_N = T_1 / T_N and E_N = S_N / N with T the median"
-         " training-epoch time (same samples per epoch for every N); Karp-Flatt e = (1/S_N - 1/N) / (1 - 1/N)."),
+         " mean and sample standard deviation over seeds. S_N = Q_N / Q_1 and E_N = S_N / N with Q the median"
+         " training samples/s (same samples per epoch for every N: the protocol's samples/s at equal work, the"
+         " report's definition), S_N low / high its 95 % interval (Welch t on the log per-epoch samples/s of the"
+         " N-rank and 1-rank runs); Karp-Flatt e = (1/S_N - 1/N) / (1 - 1/N), measured-run at the N it was"
+         " measured (an identity of S_N, cropscale.evidence)."),
         (ANALYTICAL_SCENARIO, f"Analytical scenarios ({ANALYTICAL_SCENARIO}): not run, more devices than available",
          "Predicted, not measured: T_N = T_1 (e + (1 - e)/N) + U_N (t_c(N) - t_c(N_ref)) with the Karp-Flatt"
-         " e of the largest measured N_ref and the ring all-reduce model t_c (assumptions in the notes)."),
+         " e of the largest measured N_ref and the ring all-reduce model t_c (assumptions in the notes). S_N low /"
+         " high: the measured 95 % intervals of T_1 and of S at N_ref propagated through the formula. An e outside"
+         " [0, 1] is refused, not extrapolated (the note says why)."),
     ):
         subset = [r for r in rows if r.evidence == evidence]
         if subset:
@@ -121,9 +134,23 @@ def _blocks(rows: Sequence[TableRow], spec: StudySpec) -> list[str]:
     return blocks
 
 
+def verdict_block(comparisons: Sequence[Comparison], spec: StudySpec) -> str:
+    """``## Verdicts``: one line per comparison, then the table (:data:`cropscale.runs.equivalence.VERDICT_COLUMNS`)."""
+    if not comparisons:
+        return "## Verdicts\n\nNo two measured configurations to compare.\n"
+    lines = "\n".join(f"- {c.line()}" for c in comparisons)
+    table = render_table([verdict_row(c) for c in comparisons], VERDICT_COLUMNS,
+                         intro=verdict_intro(spec.equivalence_margin, spec.target_fraction))
+    return f"## Verdicts\n\n{lines}\n\n{table.markdown}"
+
+
 def write_outputs(rows: Sequence[StudyRow], out: Path, spec: StudySpec, runs: Sequence[RunRecord] = (),
-                  sweep: SweepSummary | None = None) -> dict[str, Path]:
+                  sweep: SweepSummary | None = None, comparisons: Sequence[Comparison] = (),
+                  checks: Sequence[str] = ()) -> dict[str, Path]:
     """Write the study table (Markdown, CSV), the batch sweep's table and the figures into ``out``.
+
+    ``study_table.md`` leads with the verdicts of ``comparisons`` (``study_verdicts.csv``, ``figures/verdicts.png``)
+    and the prediction ``checks`` (:mod:`cropscale.study.check`, one line each).
 
     Returns:
         ``{name: path}`` of every file written.
@@ -132,7 +159,13 @@ def write_outputs(rows: Sequence[StudyRow], out: Path, spec: StudySpec, runs: Se
     scaling = [r for r in rows if r.protocol != P.BATCH_SWEEP]
     figures_dir = out / "figures"
     paths: dict[str, Path] = {}
-    blocks: list[str] = []
+    blocks: list[str] = [verdict_block(comparisons, spec)]
+    if checks:
+        blocks.append("## Prediction check (N = 1 -> N measured)\n\n" + "\n".join(f"- {c}" for c in checks) + "\n")
+    if comparisons:
+        verdicts = render_table([verdict_row(c) for c in comparisons], VERDICT_COLUMNS)
+        paths["verdicts_csv"] = atomic_write_text(out / "study_verdicts.csv", verdicts.csv)
+        paths["verdicts"] = plot_verdicts(comparisons, figures_dir / "verdicts.png", spec.equivalence_margin)
     if scaling or sweep is None:
         table_rows = [table_row(r) for r in scaling]
         paths["csv"] = atomic_write_text(out / "study_table.csv", render_table(table_rows, COLUMNS).csv)
@@ -183,8 +216,8 @@ def plot_scaling(rows: Sequence[StudyRow], path: Path) -> Path:
     for i, (proto, prec) in enumerate(sorted({(r.protocol, r.precision) for r in rows})):
         mine = sorted((r for r in rows if (r.protocol, r.precision) == (proto, prec)), key=lambda r: r.world_size)
         _plot_group(axes, mine, f"{proto} {prec}", f"C{i}")
-    for ax, label in zip(axes, ("speed-up S_N = T_1 / T_N", "efficiency E_N = S_N / N", "final val macro IoU"),
-                         strict=True):
+    labels = ("speed-up S_N = Q_N / Q_1 (samples/s)", "efficiency E_N = S_N / N", "final val macro IoU")
+    for ax, label in zip(axes, labels, strict=True):
         ax.set_xscale("log", base=2)
         ax.set_xticks(ns, [str(n) for n in ns])
         ax.set_xlabel("devices N (ranks)")

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from cropscale.evidence import ANALYTICAL_SCENARIO
 from cropscale.model.network import CropMappingNet
 from cropscale.scaling import allreduce as ar
+from cropscale.scaling.amdahl import karp_flatt
 from cropscale.study import protocol as P
 from cropscale.study.aggregate import StudyRow, base_row
 from cropscale.study.plan import Configuration
@@ -48,6 +49,46 @@ def gradient_buckets(spec: StudySpec) -> tuple[int, list[float], str]:
     return payload.num_params, sizes, f"CropMappingNet(num_classes={spec.num_classes}) parameters"
 
 
+def _interval_of_e(ref: StudyRow) -> tuple[float, float] | None:
+    """The Karp-Flatt fraction at the ends of the reference row's S_N interval (``e`` falls as ``S`` grows)."""
+    if ref.speedup_low is None or ref.speedup_high is None:
+        return None
+    return karp_flatt(ref.speedup_high, ref.world_size), karp_flatt(ref.speedup_low, ref.world_size)
+
+
+def _refusal(e: float, n_ref: int) -> str | None:
+    if 0.0 <= e <= 1.0:
+        return None
+    kind = "a slow-down beyond serial execution (S < 1)" if e > 1 else "a super-linear speed-up (S > N)"
+    return (f"no prediction: the Karp-Flatt serial fraction e = {e:.3f} measured at N = {n_ref} lies outside [0, 1]"
+            f" ({kind}, e.g. runs that met different load on a shared machine): Amdahl's law does not describe"
+            " it, so it is not extrapolated")
+
+
+def _predict_interval(row: StudyRow, one: StudyRow, ref: StudyRow | None, e: float, config: Configuration,
+                      comm: tuple[int, float, float]) -> None:
+    """Propagate the measured intervals (T_1 of the 1-rank runs, S at N_ref) through the prediction, in place."""
+    updates, comm_n, comm_ref = comm
+    t1_lo = one.train_epoch_s_low if one.train_epoch_s_low is not None else one.train_epoch_s
+    t1_hi = one.train_epoch_s_high if one.train_epoch_s_high is not None else one.train_epoch_s
+    e_lo, e_hi = (e, e) if ref is None else (_interval_of_e(ref) or (None, None))
+    if e_lo is None or t1_lo is None or t1_lo <= 0:
+        row.why["speedup_low"] = row.why["speedup_high"] = "no interval of the measured S_N at N_ref"
+        return
+    clipped = (min(1.0, max(0.0, e_lo)), min(1.0, max(0.0, e_hi)))
+    if clipped != (e_lo, e_hi):
+        row.figure_notes["speedup_low"] = (f"the e interval {e_lo:.3f}..{e_hi:.3f} clipped to [0, 1]:"
+                                           f" {clipped[0]:.3f}..{clipped[1]:.3f}")
+    e_lo, e_hi = clipped
+
+    def t_n(t1: float, frac: float) -> float:
+        return P.predicted_epoch_time(t1, config.world_size, frac, updates, comm_n, comm_ref)
+
+    row.train_epoch_s_low, row.train_epoch_s_high = t_n(t1_lo, e_lo), t_n(t1_hi, e_hi)
+    row.speedup_low = t1_lo / t_n(t1_lo, e_hi)
+    row.speedup_high = t1_hi / t_n(t1_hi, e_lo)
+
+
 def analytical_rows(
     spec: StudySpec, configs: Sequence[Configuration], measured: Sequence[StudyRow],
     buckets: tuple[int, list[float], str] | None = None,
@@ -59,8 +100,10 @@ def analytical_rows(
     ``N_ref = 1`` when only one rank was measured: ideal compute scaling); then
     ``T_N = T_1 (e + (1 - e) / N) + U_N (t_c(N) - t_c(N_ref))``
     (:func:`cropscale.study.protocol.predicted_epoch_time`) with the modelled all-reduce time
-    ``t_c`` (:func:`comm_time_per_update`); ``S_N = T_1 / T_N``, ``E_N = S_N / N``, samples/s
-    ``= samples/s_1 x S_N``. Step times, shares, energy and IoU are not predicted.
+    ``t_c`` (:func:`comm_time_per_update`); ``S_N = T_1 / T_N`` (the same samples, so the samples/s ratio),
+    ``E_N = S_N / N``, samples/s ``= samples/s_1 x S_N``. An ``e`` outside [0, 1] is refused (the row says why).
+    Intervals: the measured 95 % intervals of ``T_1`` and of ``S`` at ``N_ref`` propagated through the formula
+    (``speedup_low/high``, ``train_epoch_s_low/high``). Step times, shares, energy and IoU are not predicted.
     """
     rows = []
     cache = buckets
@@ -78,6 +121,12 @@ def analytical_rows(
         refs = [r for r in same if r.world_size > 1 and r.serial_fraction is not None]
         ref = max(refs, key=lambda r: r.world_size) if refs else None
         e, n_ref = (ref.serial_fraction, ref.world_size) if ref else (0.0, 1)
+        refused = _refusal(e, n_ref)
+        if refused:
+            row.serial_fraction = e
+            row.notes.append(f"not run ({config.reason}); {refused}")
+            rows.append(row)
+            continue
         updates = config.updates_per_epoch
         comm_note = ""
         comm_n = comm_ref = 0.0
@@ -101,6 +150,7 @@ def analytical_rows(
         row.serial_fraction = e
         if one.samples_per_s is not None:
             row.samples_per_s = one.samples_per_s * row.speedup
+        _predict_interval(row, one, ref, e, config, (updates or 0, comm_n, comm_ref))
         basis = (f"Karp-Flatt e = {e:.3f} from measured N = {n_ref}" if ref
                  else "ideal compute scaling (e = 0: only N = 1 measured)")
         row.notes.append(f"not run ({config.reason}); predicted: {basis}{comm_note}")

@@ -48,8 +48,24 @@ from cropscale.files import atomic_write_json
 from cropscale.progress import Progress
 from cropscale.runs.record import RunRecord, load_run
 from cropscale.study import protocol as P
-from cropscale.study.aggregate import StudyRow, add_speedups, base_row, measured_row, sweep_summary
-from cropscale.study.launch import Launcher, check_batch_line, child_env, fit_command, subprocess_launcher
+from cropscale.study.aggregate import (
+    StudyRow,
+    add_speedup_intervals,
+    add_speedups,
+    base_row,
+    measured_row,
+    sweep_summary,
+)
+from cropscale.study.check import prediction_checks
+from cropscale.study.launch import (
+    Launcher,
+    check_batch_line,
+    child_env,
+    cpu_sample,
+    cpu_usage,
+    fit_command,
+    subprocess_launcher,
+)
 from cropscale.study.outputs import write_outputs
 from cropscale.study.plan import (
     Configuration,
@@ -61,6 +77,7 @@ from cropscale.study.plan import (
 )
 from cropscale.study.predict import analytical_rows
 from cropscale.study.spec import BatchSweepSpec, StudySpec, load_spec, resolve_path
+from cropscale.study.verdicts import study_comparisons
 
 
 def _data_record(data_root: str | None) -> dict[str, Any]:
@@ -166,15 +183,16 @@ def _run_one(study: _Study, config: Configuration, seed: int, env: dict[str, str
               "plan": config.plan.as_dict()}
     old = previous.get((config.key, seed))
     if old and old.get("returncode") == 0 and (run_dir / "run.json").is_file():
-        record.update({k: old[k] for k in ("returncode", "wall_s", "batch_check") if k in old})
+        record.update({k: old[k] for k in ("returncode", "wall_s", "batch_check", "cpu") if k in old})
         record["resumed"] = True
         study.echo(f"  {config.key} seed {seed}: kept from an earlier call")
         return record
     if run_dir.exists():
         shutil.rmtree(run_dir)
     study.echo(f"  {config.key} seed {seed}: running ...")
+    before = cpu_sample()
     result = study.launcher(cmd, env, log_path, study.spec.run_timeout_s)
-    record.update(returncode=result.returncode, wall_s=result.wall_s)
+    record.update(returncode=result.returncode, wall_s=result.wall_s, cpu=cpu_usage(before, cpu_sample()))
     log_text = Path(result.log_path).read_text(errors="replace") if Path(result.log_path).is_file() else ""
     ok, detail = check_batch_line(log_text, config.plan)
     record["batch_check"] = {"ok": ok, "detail": detail}
@@ -239,6 +257,7 @@ def _rows(study: _Study) -> list[StudyRow]:
             row.notes.append(f"{failed} of {len(study.spec.seeds)} runs failed (see logs/): left out")
         rows.append(row)
     add_speedups(rows)
+    add_speedup_intervals(rows, {c.key: study.records.get(c.runs_as or c.key, []) for c in study.configs})
     scaling = [c for c in study.configs if c.protocol != P.BATCH_SWEEP]
     return rows + analytical_rows(study.spec, scaling, rows)
 
@@ -306,7 +325,17 @@ def run_study(
         study.doc["batch_sweep"] = asdict(summary)
     study.write_doc()
     runs = [r for records in study.records.values() for r in records]
-    paths = write_outputs(rows, study.out, spec, runs, summary)
+    found = study_comparisons(spec, study.configs, study.records)
+    study.doc["verdicts"] = [c.line() for c in found]
+    cpu: dict[str, list[dict]] = {}
+    for entry in study.doc["runs"]:
+        if entry.get("cpu") and entry.get("returncode") == 0:
+            cpu.setdefault(entry["config"], []).append(entry["cpu"])
+    checks = prediction_checks(spec, rows, study.records, cpu, accelerator)
+    study.doc["prediction_checks"] = [c.line() for c in checks]
+    paths = write_outputs(rows, study.out, spec, runs, summary, found, [c.line() for c in checks])
+    for line in [c.line() for c in found] + study.doc["prediction_checks"]:
+        study.echo(line)
     study.doc["outputs"] = {k: str(v) for k, v in paths.items()}
     study.write_doc()
     return study.doc

@@ -18,7 +18,8 @@ from typing import Any
 
 from cropscale.errors import CropScaleError
 from cropscale.model.optim import OPTIMIZERS
-from cropscale.precision import STUDY_ALIASES, STUDY_CONFIGS
+from cropscale.precision import LABELS, STUDY_ALIASES, STUDY_CONFIGS
+from cropscale.runs.equivalence import DEFAULT_MARGIN, TARGET_FRACTION
 from cropscale.study import protocol as P
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -26,8 +27,9 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 
 PRECISION_CONFIGS: dict[str, str] = {name: f"configs/precision/{name}.yaml" for name in STUDY_CONFIGS.values()}
 """Study precision name -> its ``fit --config`` file."""
-PRECISION_LABELS: dict[str, str] = {"fp32": "FP32", "amp_fp16": "AMP FP16", "bf16": "BF16"}
-"""Study precision name -> table label."""
+PRECISION_LABELS: dict[str, str] = {name: LABELS[lightning] for lightning, name in STUDY_CONFIGS.items()}
+"""Study precision name -> table label: the label of its Lightning precision (:data:`cropscale.precision.LABELS`,
+the one table; ``bf16`` is ``bf16-mixed`` = ``AMP BF16``)."""
 STRATEGY_CONFIGS = {"ddp": "configs/strategy/ddp.yaml", "fsdp": "configs/strategy/fsdp.yaml",
                     "single": "configs/strategy/single.yaml"}
 """Strategy name -> its ``fit --config`` file."""
@@ -176,6 +178,8 @@ class StudySpec:
             network built from ``num_classes`` and ``net_kwargs``).
         num_classes, net_kwargs: the network for the parameter count.
         run_timeout_s: wall-clock limit of one fit process (None = none).
+        equivalence_margin: macro IoU (absolute) of the quality verdicts (:mod:`cropscale.runs.equivalence`).
+        target_fraction: time to target = this fraction of the base configuration's mean best macro IoU.
         source: the YAML file.
     """
 
@@ -205,6 +209,8 @@ class StudySpec:
     num_classes: int = 10
     net_kwargs: dict[str, Any] = field(default_factory=dict)
     run_timeout_s: float | None = None
+    equivalence_margin: float = DEFAULT_MARGIN
+    target_fraction: float = TARGET_FRACTION
     source: str = ""
 
     @property
@@ -384,6 +390,10 @@ def _check_values(spec: StudySpec, source: str) -> None:
         raise CropScaleError(f"{source}: strategy must be ddp or fsdp, got {spec.strategy!r}")
     if spec.single_device_strategy not in ("single", "same"):
         raise CropScaleError(f"{source}: single_device_strategy must be 'single' or 'same'")
+    for key, low, high in (("equivalence_margin", 0.0, 1.0), ("target_fraction", 1e-9, 1.0)):
+        value = getattr(spec, key)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
+            raise CropScaleError(f"{source}: {key} must be a number in [{low:g}, {high:g}], got {value!r}")
     for key, low in (("warmup_epochs", 0), ("measured_epochs", 1)):
         value = getattr(spec, key)
         if isinstance(value, bool) or not isinstance(value, int) or value < low:

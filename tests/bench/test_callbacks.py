@@ -7,9 +7,12 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from lightning.pytorch import Callback, Trainer
 
+from cropscale import CropScaleError
 from cropscale.bench import callbacks as callback_overhead
 from cropscale.callbacks._logging import deferred_logging, log_metrics
+from cropscale.testing.toy import ToyTask, toy_batches
 
 
 class _Logger:
@@ -61,17 +64,24 @@ def test_callback_bench_figures_are_consistent(tmp_path, capsys, model, extra):
     assert res["evidence"] == "measured-microbenchmark" and res["setup"]["repeats"] == 2
     assert res["setup"]["clock"].startswith("time.process_time" if "cpu" in extra else "time.perf_counter")
     med, mean = res["median_step_us"], res["mean_step_us"]
-    assert set(med) == set(mean) == {"off", "on"}
+    arms = {"off", "on", "lightning"} if model == "linear" else {"off", "on"}  # Lightning's monitors: linear only
+    assert set(med) == set(mean) == arms
     assert res["overhead_us"]["on"] == pytest.approx(med["on"] - med["off"])
     assert res["overhead_ratio"]["on"] == pytest.approx((med["on"] - med["off"]) / med["off"])
     assert res["overhead_mean_us"]["on"] == pytest.approx(mean["on"] - mean["off"])
     assert all(len(v) == 2 for v in res["median_step_us_per_repeat"].values())
+    if model == "linear":  # group / Lightning's monitors: the mean overheads over all steps of the same fits
+        over = res["overhead_mean_us"]
+        assert over["lightning"] == pytest.approx(mean["lightning"] - mean["off"])
+        assert res["ratio_to_lightning"] == pytest.approx(over["on"] / over["lightning"])
+        assert len(res["ratio_to_lightning_per_fit"]) == 2
     if model == "network":
         assert "CropMappingNet" in res["setup"]["model"] and "clipped" in res["setup"]["optimizer"]
         assert res["within_target"] == (res["overhead_ratio"]["on"] <= 0.02) and "target_us" not in res
     else:
         assert res["within_target"] == (res["overhead_us"]["on"] <= 100.0) and "target_ratio" not in res
     printed = capsys.readouterr().out
+    assert ("group / Lightning's monitors" in printed) == (model == "linear")
     assert "mean step incl. log steps" in printed and "[measured-microbenchmark]" in printed
 
 
@@ -130,3 +140,48 @@ def test_interleaver_times_each_arm_with_a_fake_clock(tmp_path):
     # the off blocks ran on the trainer's own profiler, the on blocks on StepTimingCallback's wrapper
     assert all(orig == (not ran) for ran, orig in seen[warmup:])
     assert trainer.callbacks[-1] is switch and timing in trainer.callbacks  # all restored for the fit's end
+
+
+@pytest.mark.filterwarnings("ignore:The number of training batches")
+def test_interleaver_goes_round_three_arms(tmp_path):
+    """Arms off, a (+2 s per step), b (+7 s per step) in blocks of 3 steps after 2 warm-up steps, fake clock."""
+    now = [0.0]
+
+    class Tick(Callback):
+        def on_train_batch_start(self, trainer, *a):
+            now[0] += 1.0
+
+    class Cost(Callback):
+        def __init__(self, s):
+            self.s = s
+
+        def on_before_optimizer_step(self, *a):
+            now[0] += self.s
+
+    a, b = Cost(2.0), Cost(7.0)
+    warmup, block, rounds = 2, 3, 2
+    steps = warmup + 3 * block * rounds
+    switch = callback_overhead.Interleaver([("off", []), ("a", [a]), ("b", [b])], block=block, warmup=warmup,
+                                           last_step=steps, clock=lambda: now[0])
+    trainer = Trainer(accelerator="cpu", devices=1, max_steps=steps, max_epochs=1, logger=False,
+                      callbacks=[Tick(), a, b, switch], enable_progress_bar=False, enable_model_summary=False,
+                      enable_checkpointing=False, num_sanity_val_steps=0, default_root_dir=str(tmp_path))
+    switch.bind(trainer)
+    trainer.fit(ToyTask(features=4), train_dataloaders=torch.utils.data.DataLoader(
+        toy_batches(steps + 1, 1, 4), batch_size=None))
+    # by hand: each block of 3 keeps its last step; 2 blocks per arm
+    assert switch.periods == {"off": [1.0] * 2, "a": [3.0] * 2, "b": [8.0] * 2}
+
+
+def test_callback_bench_count_prints_both_arms_and_precisions(tmp_path, capsys):
+    out = tmp_path / "count.json"
+    assert callback_overhead.main(["--count", "--steps", "30", "--log-every", "10", "--json", str(out)]) == 0
+    res = json.loads(out.read_text())
+    assert res["evidence"] == "count" and [f["precision"] for f in res["fits"]] == ["32-true", "16-mixed"]
+    for fit in res["fits"]:
+        assert set(fit["arms"]) == {"CallbackGroup", callback_overhead.LIGHTNING_ARM}
+        assert fit["arms"]["CallbackGroup"]["ordinary"]["max_reads"] == 0
+    printed = capsys.readouterr().out
+    assert "= CallbackGroup" in printed and "= Lightning monitors" in printed and "16-mixed" in printed
+    with pytest.raises(CropScaleError, match="--count runs the linear model only"):
+        callback_overhead.main(["--count", "--model", "network"])

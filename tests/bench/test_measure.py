@@ -16,6 +16,7 @@ from cropscale.bench.measure import (
     tiled_validation_time_vs_area,
     time_round_robin,
 )
+from cropscale.model.network import CropMappingNet
 from cropscale.scaling.allreduce import MIB
 from cropscale.scaling.assertions import check_scaling
 from cropscale.scaling.series import ScalingSeries
@@ -116,8 +117,7 @@ def test_allreduce_volume_series_from_a_module_is_bounded():
 
 
 def test_allreduce_volume_of_the_real_network():
-    network = pytest.importorskip("cropscale.model.network")
-    s = allreduce_volume_vs_world_size((2, 4, 8), module=network.CropMappingNet())
+    s = allreduce_volume_vs_world_size((2, 4, 8), module=CropMappingNet())
     # The study's model: 7.43 / 11.14 / 13.00 MiB for N = 2 / 4 / 8 at FP32 (+-0.01 MiB: the
     # implemented network has a few hundred parameters more or less than the study's 1,947,456).
     assert [round(r[0], 2) for r in s.y] == pytest.approx([7.43, 11.14, 13.00], abs=0.011)
@@ -125,8 +125,6 @@ def test_allreduce_volume_of_the_real_network():
 
 
 def test_helpers_run_against_the_real_modules():
-    pytest.importorskip("cropscale.model.network")
-    pytest.importorskip("cropscale.tiling")
     s = step_time_vs_batch((1, 2), repetitions=1, warmup=0, crop_size=4, t2=2, t1=1)
     assert s.settings["net"] == "CropMappingNet" and [len(r) for r in s.y] == [1, 1]
     t = tiled_validation_time_vs_area((8, 12), window=4, repetitions=1, warmup=0, t2=2, t1=1)

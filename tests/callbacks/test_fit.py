@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 import statistics
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -29,6 +31,7 @@ from cropscale.callbacks import (
 )
 from cropscale.env import nvml
 from cropscale.runs.schema import SUMMARY_TYPES, Record, RunJson
+from cropscale.scaling import extrap
 from cropscale.testing.toy import ToyTask
 
 RUN_JSON_FIELDS = {
@@ -139,7 +142,12 @@ def test_run_json_has_every_field(full_run):
     assert rec["distributed"]["world_size"] == 1 and rec["precision"] == "32-true"
     assert len(rec["devices"]) == 1 and rec["devices"][0]["device"] == "cpu"
     assert rec["versions"]["torch"] == torch.__version__
-    assert rec["git"]["available"] in (True, False)
+    # an independent reading of the checkout the test runs in (git_info reads the working directory first)
+    head = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True) if shutil.which("git") else None
+    if head is not None and head.returncode == 0:
+        assert rec["git"]["available"] is True and rec["git"]["commit"] == head.stdout.strip()
+    else:
+        assert rec["git"]["available"] is False and rec["git"]["reason"]
     assert rec["global_step"] == 8 and rec["epochs_completed"] == 2
     assert rec["trainer"]["gradient_clip_val"] == 0.05
 
@@ -348,7 +356,6 @@ def test_energy_sampled_power_fallback(tmp_path, monkeypatch):
 
 
 def test_trace_reads_with_the_extrap_jsonl_reader(tmp_path):
-    extrap = pytest.importorskip("cropscale.scaling.extrap")
     st = StepTimingCallback(warmup_steps=0, trace_path="trace.jsonl")
     trainer = make_trainer(tmp_path, [st], max_epochs=1)
     trainer.fit(ToyTask())

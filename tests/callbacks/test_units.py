@@ -25,7 +25,7 @@ from cropscale.callbacks import (
 )
 from cropscale.callbacks._batches import batch_size, id_tensors, ids_to_lists
 from cropscale.callbacks._dist import rank_stats
-from cropscale.callbacks._grads import total_norms
+from cropscale.callbacks._grads import norms_tensor
 from cropscale.callbacks.base import scaling_callbacks
 from cropscale.env import nvml, peaks
 from cropscale.env.host import dataset_revision
@@ -55,12 +55,30 @@ def test_rank_stats_names_the_slowest_rank():
     assert st == {"per_rank": [10.0, 14.0, None, 12.0], "max": 14.0, "median": 12.0, "slowest_rank": 1}
 
 
-def test_total_norms_combine_parts_exactly():
+def test_norms_tensor_combines_parts_exactly():
     steps = [[torch.tensor(3.0), torch.tensor(4.0)], [torch.tensor(1.0)],
              [torch.tensor(float("nan")), torch.tensor(1.0)]]
-    out = total_norms(steps, 2.0)
+    out = norms_tensor(steps, 2.0).tolist()
     assert out[0] == pytest.approx(5.0) and out[1] == pytest.approx(1.0) and math.isnan(out[2])
-    assert total_norms([[torch.tensor(3.0), torch.tensor(4.0)]], float("inf")) == [4.0]
+    assert norms_tensor([[torch.tensor(3.0), torch.tensor(4.0)]], float("inf")).tolist() == [4.0]
+    same_width = [[torch.tensor(3.0), torch.tensor(4.0)], [torch.tensor(6.0), torch.tensor(8.0)]]
+    assert norms_tensor(same_width, 2.0).tolist() == pytest.approx([5.0, 10.0])
+    assert norms_tensor([[torch.tensor(2.5)], [torch.tensor(7.0)]]).tolist() == [2.5, 7.0]  # one part: the total
+
+
+def test_read_later_reads_once_inside_a_batch_and_hands_each_requester_its_values():
+    from cropscale.callbacks import _readout
+
+    got = {}
+    _readout.open_reads()
+    _readout.read_later([torch.tensor(1.5), torch.tensor(2, dtype=torch.int32)], lambda v: got.update(a=v))
+    _readout.read_later([], lambda v: got.update(b=v), [torch.tensor([3.0, 4.0])])
+    _readout.read_later([torch.tensor(5.0)], lambda v: got.update(c=v), [torch.tensor([6.0])])
+    assert got == {}  # nothing read before the batch ends
+    _readout.close_reads()
+    assert got == {"a": [1.5, 2.0], "b": [3.0, 4.0], "c": [5.0, 6.0]}
+    _readout.read_later([torch.tensor(7.0)], lambda v: got.update(d=v))  # outside a batch: at once
+    assert got["d"] == [7.0]
 
 
 # ------------------------------------------------------------------------------------------- peaks

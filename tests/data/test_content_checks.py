@@ -82,11 +82,12 @@ def test_validation_reflectance_in_0_1_is_refused_at_setup(flanders4):
         _dm(flanders4).setup("fit")
 
 
-def test_s1_in_linear_power_is_a_recorded_warning(flanders4):
-    """Linear backscatter power (10^(dB/10)) has every value in dB's range, so no single value is wrong:
-    the patch's per-band magnitude against the training statistics flags it."""
+def test_s1_on_another_scale_is_a_recorded_warning(flanders4):
+    """dB / 10 (bel) keeps every value in dB's range and its sign, so no single value is wrong: the patch's
+    per-band magnitude against the training statistics flags it. (Linear power, 10^(dB/10), has no value
+    below 0 and is an error: tests/data/test_silent_data.py.)"""
     path = flanders4 / "DATA_S1A" / "S1A_1002.npy"
-    np.save(path, np.power(10.0, np.load(path) / 10.0).astype(np.float32))
+    np.save(path, (np.load(path) / 10.0).astype(np.float32))
     dm = _dm(flanders4)
     with pytest.warns(UserWarning, match="patch 1002") as rec:
         dm.setup("fit")

@@ -168,7 +168,9 @@ def test_comm_hook_times_the_allreduce_under_gloo(ddp_run):
     assert last["windows_ms"]["comm"]["median"] > 0.0
     assert 0.0 <= last["windows_ms"]["comm_exposed"]["median"] <= last["windows_ms"]["backward"]["p95"]
     assert len(last["step_ms_per_rank"]["per_rank"]) == 2
-    assert last["step_ms_per_rank"]["slowest_rank"] in (0, 1)
+    per_rank = last["step_ms_per_rank"]["per_rank"]
+    assert last["step_ms_per_rank"]["slowest_rank"] == max(range(2), key=lambda r: per_rank[r])
+    assert last["step_ms_per_rank"]["max"] == max(per_rank)
 
 
 def test_per_rank_gathers(ddp_run):
@@ -176,6 +178,13 @@ def test_per_rank_gathers(ddp_run):
     for ep in r0["throughput"]:
         assert ep["samples_per_rank"] == [16, 16] and ep["samples"] == 32
         assert ep["samples_per_s"] == pytest.approx(32 / max(ep["train_s_per_rank"]))
+        # TFLOP/s per GPU: FLOPs of the 32 samples (the toy task's 6 features: 6 x 6 = 36 per sample) over the
+        # slowest rank's seconds, divided by the world size 2; MFU: that over the peak of one GPU
+        flops = 36.0
+        assert ep["flops_per_sample"] == flops
+        assert ep["tflops_per_s_per_gpu"] == pytest.approx(flops * 32 / max(ep["train_s_per_rank"]) / 2 / 1e12)
+        if ep["peak_tflops"]:
+            assert ep["mfu"] == pytest.approx(ep["tflops_per_s_per_gpu"] / ep["peak_tflops"])
     assert len(r0["memory"][0]["per_rank"]["host_rss_gib"]) == 2
     assert r0["grad_norm"]["steps"] == 8 and r0["grad_norm"]["nonfinite_steps"] == 2
 

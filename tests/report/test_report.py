@@ -292,9 +292,11 @@ def _md_row(md: str, name: str) -> list[str]:
 
 
 def _footnote(md: str, cell: str) -> str:
-    """The footnote text a ``... [n]`` cell points to."""
+    """The footnote text a ``... [n]`` cell points to (the first footnote block after the cell's row)."""
     n = cell.rsplit("[", 1)[1].rstrip("]")
-    return next(x for x in md.splitlines() if x.startswith(f"[{n}] "))
+    lines = md.splitlines()
+    row = next(i for i, x in enumerate(lines) if cell in x and x.startswith("| "))
+    return next(x for x in lines[row:] if x.startswith(f"[{n}] "))
 
 
 @pytest.mark.parametrize(("strategy", "shown"), [

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from cropscale import CropScaleError
+from cropscale import CropScaleError, cli
 from cropscale.study.analytical import main
 
 AMDAHL_ROWS = [
@@ -49,7 +49,6 @@ def test_several_bandwidths_json_and_karp_flatt(tmp_path, capsys):
 
 
 def test_from_model_uses_the_real_network(capsys):
-    pytest.importorskip("cropscale.model.network")
     main(["--from-model", "--devices", "2"])
     out = capsys.readouterr().out
     assert "CropMappingNet: P = " in out and "exact DDP buckets" in out
@@ -71,7 +70,6 @@ def test_user_errors(argv, match):
 
 
 def test_dispatch_through_python_m_cropscale(capsys):
-    cli = pytest.importorskip("cropscale.cli")
     with pytest.raises(SystemExit) as info:
         cli.main(["scaling", "--params", "1947456"])
     assert info.value.code == 0

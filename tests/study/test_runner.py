@@ -258,14 +258,19 @@ def test_cpu_study_end_to_end(tmp_path, flanders_root):
             assert row["updates_per_epoch"] == P.optimizer_updates_per_epoch(32, row["local_batch"], n,
                                                                                 row["accumulation"])
             assert not any("optimizer updates/epoch, planned" in note for note in row["notes"]), row["notes"]
-        assert rows[(proto, 2)]["speedup"] == pytest.approx(rows[(proto, 1)]["train_epoch_s"]
-                                                            / rows[(proto, 2)]["train_epoch_s"])
+        # the one speed-up: samples/s ratio (= T_1 / T_2 here: the same 32 samples, one measured epoch)
+        assert rows[(proto, 2)]["speedup"] == pytest.approx(rows[(proto, 2)]["samples_per_s"]
+                                                            / rows[(proto, 1)]["samples_per_s"])
         for n in (4, 8):
             assert rows[(proto, n)]["evidence"] == "analytical-scenario"
             assert rows[(proto, n)]["train_epoch_s"] > 0 and rows[(proto, n)]["miou_final"] is None
     table = (tmp_path / "study" / "study_table.md").read_text()
     assert "measured-run" in table and "analytical-scenario" in table
     assert "measured-run" in res.stdout  # the table is printed
+    # the prediction check from N = 1 alone, both protocols, and the device verdicts (1 seed: inconclusive)
+    assert len(doc["prediction_checks"]) == 2 and all("error" in c for c in doc["prediction_checks"])
+    assert "## Prediction check" in table and "## Verdicts" in table
+    assert any("quality inconclusive (need more seeds: at least 2" in v for v in doc["verdicts"])
 
 
 def test_resume_keeps_finished_runs(tmp_path):

@@ -1,0 +1,124 @@
+"""Data mistakes that trained with exit 0 and no data warning (issue 27): each now stops the run at setup with
+an error naming the file and the value, or is one warning in ``data_warnings``.
+
+Broken copies of the bundled real samples are built in ``tmp_path`` (as in ``test_errors.py``). Flanders:
+patches 1001, 2001 in fold 1 (training), 1002, 2002 in fold 2 (validation); S2 with a 0/1 mask, S1A in dB.
+"""
+
+import warnings
+
+import numpy as np
+import pytest
+
+from cropscale.data.datamodule import PastisHDDataModule
+from tests.data.test_errors import make_copy, raises_naming
+
+FLANDERS_IDS = [1001, 1002, 2001, 2002]
+
+
+@pytest.fixture
+def flanders4(flanders_root, tmp_path):
+    return make_copy(flanders_root, tmp_path / "flanders", FLANDERS_IDS)
+
+
+def _dm(root, **kw):
+    kw.setdefault("t2", 8)
+    kw.setdefault("t1", 2)
+    return PastisHDDataModule(str(root), **kw)
+
+
+# ------------------------------------------------------------------ Sentinel-1 in linear power in every file
+def test_s1_in_linear_power_in_every_file_is_refused(flanders4):
+    # every file converted alike: the training statistics are linear too, so no scale warning can see it
+    for pid in FLANDERS_IDS:
+        path = flanders4 / "DATA_S1A" / f"S1A_{pid}.npy"
+        db = np.load(path)
+        np.save(path, (10.0 ** (db / 10.0)).astype(np.float32))
+    with raises_naming("S1A file", "DATA_S1A", "linear power or amplitude, not backscatter in dB",
+                       "% of VV, VH over 3 sampled dates are below 0", "10 * log10(power)"):
+        _dm(flanders4).setup("fit")
+
+
+def test_s1_in_db_with_a_few_positive_values_is_accepted(flanders4):
+    # the real sample is dB: most VV, VH below 0, some above (bright targets); no error, no warning
+    path = flanders4 / "DATA_S1A" / "S1A_1001.npy"
+    a = np.load(path)
+    assert 0.5 < (a[:, :2] < 0).mean() < 1.0  # the premise: a real dB series has positive values too
+    dm = _dm(flanders4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        dm.setup("fit")
+    assert dm.data_warnings == []
+
+
+# ------------------------------------------------------------------ a class-coded cloud mask (4/9)
+def test_mask_coded_4_and_9_is_refused(flanders4):
+    path = flanders4 / "DATA_S2_MASK" / "MASK_1002.npy"
+    m = np.load(path)
+    np.save(path, np.where(m > 0, 4, 9).astype(m.dtype))  # Sen2Cor-like: 4 vegetation, 9 cloud
+    with raises_naming("patch 1002", path, "values 4, 9", "0 (cloud or no data) and 1 (clear) only"):
+        _dm(flanders4).setup("fit")
+
+
+# ------------------------------------------------------------------ -9999 where the mask says clear
+def test_nodata_value_at_a_clear_pixel_is_refused_at_setup(flanders4):
+    path = flanders4 / "DATA_S2" / "S2_2002.npy"
+    mask = np.load(flanders4 / "DATA_S2_MASK" / "MASK_2002.npy")
+    a = np.load(path)
+    t = next(t for t in (0, a.shape[0] - 1) if (mask[t] > 0).any())  # first and last dates are always sampled
+    y, x = map(int, np.argwhere(mask[t] > 0)[0])
+    a[t, :, y, x] = -9999
+    np.save(path, a)
+    with raises_naming("patch 2002", path, "reflectance -9999 at a pixel the mask calls clear",
+                       f"date index {t}", "band B02", f"pixel ({y}, {x})", "10 such value(s)"):
+        _dm(flanders4).setup("fit")
+
+
+def test_nodata_value_at_a_clear_pixel_of_an_unsampled_date_is_refused_when_read(flanders4):
+    path = flanders4 / "DATA_S2" / "S2_1002.npy"
+    mask = np.load(flanders4 / "DATA_S2_MASK" / "MASK_1002.npy")
+    a = np.load(path)
+    a[:, 3][mask[:, :, :] > 0] = -9999  # band B05 at every clear pixel of every date
+    sampled = np.linspace(0, a.shape[0] - 1, 3).round().astype(int)
+    a[sampled] = np.load(path)[sampled]  # not in the setup scan's dates
+    np.save(path, a)
+    dm = _dm(flanders4)
+    dm.setup("fit")
+    with raises_naming("patch 1002", path, "reflectance -9999 at a pixel the mask calls clear", "band B05"):
+        dm.val_dataset[0]
+
+
+def test_nodata_value_under_the_mask_is_accepted(flanders4):
+    path = flanders4 / "DATA_S2" / "S2_1002.npy"
+    mask = np.load(flanders4 / "DATA_S2_MASK" / "MASK_1002.npy")
+    a = np.load(path)
+    cloudy = np.broadcast_to(mask[:, None] == 0, a.shape)
+    assert cloudy.any()
+    a[cloudy] = -9999
+    np.save(path, a)
+    dm = _dm(flanders4)
+    dm.setup("fit")
+    s2 = dm.val_dataset[0]["s2"]
+    assert float(s2.abs().max()) < 100  # normalised values; the -9999 under the mask never reach the sample
+
+
+# ------------------------------------------------------------------ a modality folder misspelt
+@pytest.mark.parametrize(("folder", "typo"), [("DATA_S1A", "DATA_S1a"), ("DATA_SPOT", "DATA_SPOT6"),
+                                              ("DATA_S2_MASK", "DATA_S2_MASKS")])
+def test_misspelt_modality_folder_is_one_data_warning(flanders4, folder, typo):
+    (flanders4 / folder).rename(flanders4 / typo)
+    dm = _dm(flanders4)
+    with pytest.warns(UserWarning, match="a misspelling"):
+        dm.setup("fit")
+    hits = [w for w in dm.data_warnings if "misspelling" in w]
+    assert hits == [f"{flanders4}: no {folder} folder, but there is {typo}: a misspelling? {folder} is absent from "
+                    f"every sample of this data set (rename the folder to {folder})"]
+
+
+def test_absent_modality_folder_without_a_near_name_is_no_warning(pastis_mini_root):
+    # PASTIS-R has no DATA_SPOT and no DATA_S2_MASK: the documented fallback, no warning
+    dm = _dm(pastis_mini_root, test_folds=[3])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        dm.setup(None)
+    assert dm.data_warnings == []
