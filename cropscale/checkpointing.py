@@ -10,16 +10,18 @@ Three pieces, each through Lightning's own extension points (nothing patches the
 - :class:`ResumableCheckpoint`, a ``ModelCheckpoint``: in Lightning 2.6 ``save_last=True`` rewrites
   ``last.ckpt`` only at a step where a top-k checkpoint was saved, so with ``monitor: val/mIoU`` it holds
   the best epoch, not the last one. This subclass also writes it at every other save point (each
-  epoch end by default) and when the run is stopped by SIGTERM (:class:`StopOnSigterm`).
-- :class:`StopOnSigterm`, a callback: SIGTERM (what SLURM sends before pre-emption) stops training at
-  the next optimiser-step boundary, on every rank at the same step, raising Lightning's
-  ``SIGTERMException``; :class:`ResumableCheckpoint` then saves ``last.ckpt`` and the CLI exits with
-  status 0. Lightning's own SIGTERM handler is replaced while training runs: it broadcasts from inside
-  the signal handler and lets each rank stop at its own step, which can leave the ranks in different
-  collectives (a hang or a gloo error instead of a checkpoint).
+  epoch end by default) and when the run is stopped by a signal (:class:`StopOnSignal`).
+- :class:`StopOnSignal` (formerly ``StopOnSigterm``), a callback: SIGTERM, SIGUSR1 (SLURM's warning signal)
+  and Ctrl-C stop training at the next optimiser-step boundary, on every rank at the same step, raising
+  Lightning's ``SIGTERMException``; :class:`ResumableCheckpoint` then saves ``last.ckpt`` and the CLI exits
+  with status 0 and :func:`stop_line` (after ``scontrol requeue`` for SIGUSR1 under SLURM). Lightning's own
+  SIGTERM and SLURM handlers are replaced while training runs: they run collectives from inside the signal
+  handler and let each rank stop at its own step, which can leave the ranks in different collectives (a
+  hang or a gloo error instead of a checkpoint).
 
-:func:`find_last_checkpoint` resolves ``--ckpt_path last`` to the newest ``last.ckpt`` of the runs of
-the same logger name (``<save_dir>/<name>/version_*/checkpoints/last.ckpt``).
+:func:`find_resume_state` resolves ``--ckpt_path auto`` and ``last`` to the most advanced resumable state of
+the logger's run (``<save_dir>/<name>/version_N/checkpoints/``), by training progress; :func:`check_fit_start`
+ends a run that is already complete and refuses another run's ``hpc_ckpt_N.ckpt``.
 """
 
 from __future__ import annotations
@@ -27,14 +29,20 @@ from __future__ import annotations
 import io
 import os
 import re
+import shlex
+import shutil
 import signal
+import subprocess
+import sys
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
 import torch
 import torch.distributed as dist
 from lightning.fabric.plugins import TorchCheckpointIO
+from lightning.fabric.plugins.environments import SLURMEnvironment
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.utilities import rank_zero_info
@@ -44,7 +52,9 @@ from typing_extensions import override
 from cropscale.errors import CropScaleError
 from cropscale.files import atomic_write
 
-__all__ = ["AtomicCheckpointIO", "ResumableCheckpoint", "StopOnSigterm", "find_last_checkpoint", "run_version"]
+__all__ = ["RESUME_AUTO", "STOP_SIGNALS", "AtomicCheckpointIO", "ResumableCheckpoint", "StopOnSignal", "StopOnSigterm",
+           "TrainingState", "check_fit_start", "completed_run", "find_last_checkpoint", "find_resume_state",
+           "hpc_checkpoints_in", "requeue_slurm_job", "resume_command", "run_version", "stop_line", "training_state"]
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
@@ -127,8 +137,15 @@ class ResumableCheckpoint(ModelCheckpoint):
         if isinstance(exception, SIGTERMException) and self.save_last:
             if self._last_global_step_saved != trainer.global_step:
                 self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
-            rank_zero_info(f"cropscale: SIGTERM: resumable checkpoint saved to {self.last_model_path}"
+            rank_zero_info(f"cropscale: stop signal: resumable checkpoint saved to {self.last_model_path}"
                            f" (epoch {trainer.current_epoch}, global step {trainer.global_step})")
+        elif isinstance(exception, KeyboardInterrupt) and trainer.is_global_zero:
+            state = training_state(self.last_model_path) if self.last_model_path else None
+            saved = (f"the newest checkpoint is {os.path.relpath(state.path)} (epoch {state.epoch}, global step"
+                     f" {state.global_step})" if state is not None else "no checkpoint was saved")
+            print(f"cropscale: interrupted at epoch {trainer.current_epoch}, global step {trainer.global_step},"
+                  f" without a save; {saved}; resume with: {resume_command(sys.argv[1:])}", file=sys.stderr,
+                  flush=True)
 
     def _save_last_if_behind(self, trainer: Trainer) -> None:
         """Write ``last.ckpt`` unless a checkpoint of this very step was just written (then it is current)."""
@@ -136,44 +153,77 @@ class ResumableCheckpoint(ModelCheckpoint):
             self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
 
 
-class StopOnSigterm(Callback):
-    """Stop training at the next optimiser-step boundary after a SIGTERM, on every rank at the same step.
+#: Signals that stop training at the next optimiser step with a resumable checkpoint: SIGTERM (pre-emption,
+#: ``scancel``, torchrun's stop), SIGUSR1 (SLURM's ``#SBATCH --signal=USR1@<s>`` warning before the time limit)
+#: and SIGINT (Ctrl-C; a second Ctrl-C stops at once, without a save).
+STOP_SIGNALS: tuple[signal.Signals, ...] = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
 
-    While training runs (``on_train_start`` to ``on_train_end``) SIGTERM only sets a flag on the rank
-    that received it. At each optimiser-step boundary (``on_train_batch_end`` of the last micro-batch
-    of an accumulation window) every rank starts a non-blocking all-reduce (max) of its flag on a CPU
-    tensor (the default group under gloo, a gloo side group under NCCL) and waits for the one it
-    started at the previous boundary, which has long completed: the decision costs no host-device
-    synchronisation and is the same on every rank, one step after the signal. With one process the
-    flag is read directly. When set, Lightning's ``SIGTERMException`` is raised on every rank; a
-    :class:`ResumableCheckpoint` saves ``last.ckpt`` from its ``on_exception``, and the CLI exits with
-    status 0 and one line saying where the checkpoint is.
 
-    A SIGTERM outside training (set-up, sanity check) keeps the handler in place then (Lightning's).
+class StopOnSignal(Callback):
+    """Stop training at the next optimiser-step boundary after SIGTERM, SIGUSR1 or SIGINT, on every rank at once.
+
+    While training runs (``on_train_start`` to ``on_train_end``) the signals of :data:`STOP_SIGNALS` only
+    set a flag (the signal's number) on the rank that received it. These handlers replace Lightning's:
+    its SLURM SIGUSR1 handler saves ``hpc_ckpt_N.ckpt`` into the working directory (not the run folder)
+    and, like its SIGTERM handler, runs a collective from inside the signal handler, which leaves the
+    ranks in different collectives (a hang). The CLI also gives the Trainer
+    ``SLURMEnvironment(auto_requeue=False)`` under SLURM, so that Lightning's SLURM handler is never
+    installed, not even before training starts.
+
+    At each optimiser-step boundary (``on_train_batch_end`` of the last micro-batch of an accumulation
+    window) every rank starts a non-blocking all-reduce (max) of its flag on a CPU tensor (the default
+    group under gloo, a gloo side group under NCCL) and waits for the one it started at the previous
+    boundary, which has long completed: the decision costs no host-device synchronisation and is the same
+    on every rank, one step after the signal. With one process the flag is read directly. When set,
+    Lightning's ``SIGTERMException`` is raised on every rank (:attr:`stopped_by` names the signal); a
+    :class:`ResumableCheckpoint` saves ``last.ckpt`` in the run folder from its ``on_exception``, and the
+    CLI exits with status 0 (after ``scontrol requeue`` for SIGUSR1 under SLURM) and one line saying
+    where the checkpoint is and the command that resumes it.
+
+    A signal at the last step of an epoch stops training after that epoch's validation (at
+    ``on_train_epoch_end``), so that a resumed run validates every epoch as scheduled.
     """
 
     def __init__(self) -> None:
         super().__init__()
-        self._flag = False
-        self._previous: Any = None
+        self._flag = 0
+        self._at_epoch_end = 0
+        self._previous: dict[int, Any] = {}
         self._group: Any = None
         self._pending: tuple[Any, torch.Tensor] | None = None
         self.stopped_at_step: int | None = None
+        self.stopped_by: str | None = None
 
     def _handler(self, signum: int, frame: Any) -> None:
-        self._flag = True
+        if signum == signal.SIGINT and self._flag == signal.SIGINT:
+            raise KeyboardInterrupt  # Ctrl-C twice: stop now
+        if signum == signal.SIGINT:
+            print("cropscale: Ctrl-C: stopping at the next step with a resumable checkpoint (Ctrl-C again to stop"
+                  " now, without a save)", file=sys.stderr, flush=True)
+        self._flag = max(self._flag, int(signum))
+
+    def _install(self, signals: tuple[signal.Signals, ...]) -> None:
+        for signum in signals:
+            try:
+                previous = signal.signal(signum, self._handler)
+            except ValueError:  # not the main thread: leave the signals alone
+                return
+            self._previous.setdefault(int(signum), previous)
 
     @override
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
-        if stage != "fit" or trainer.world_size == 1 or not (dist.is_available() and dist.is_initialized()):
+        if stage != "fit":
+            return
+        self._flag, self._pending, self.stopped_by, self.stopped_at_step, self._at_epoch_end = 0, None, None, None, 0
+        if trainer.world_size == 1 or not (dist.is_available() and dist.is_initialized()):
             return
         # every rank runs setup at the same point: creating the group is a collective
         self._group = None if dist.get_backend() == "gloo" else dist.new_group(backend="gloo")
 
     @override
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        self._flag, self._pending = False, None
-        self._previous = signal.signal(signal.SIGTERM, self._handler)
+        self._pending = None
+        self._install(STOP_SIGNALS)  # over Lightning's own handlers, registered before training starts
 
     @override
     def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
@@ -191,31 +241,48 @@ class StopOnSigterm(Callback):
         last = (batch_idx + 1) >= trainer.num_training_batches
         if (batch_idx + 1) % accumulate and not last:
             return  # inside an accumulation window: stopping here would lose accumulated gradients
-        if self._decide(trainer):
-            self.stopped_at_step = trainer.global_step
-            raise SIGTERMException()
+        signum = self._decide(trainer)
+        if signum and last:
+            self._at_epoch_end = signum  # the epoch's validation runs first, as scheduled
+        elif signum:
+            self._stop(trainer, signum)
 
-    def _decide(self, trainer: Trainer) -> bool:
+    @override
+    def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if self._at_epoch_end:
+            self._stop(trainer, self._at_epoch_end)
+
+    def _stop(self, trainer: Trainer, signum: int) -> None:
+        self.stopped_at_step = trainer.global_step
+        self.stopped_by = signal.Signals(signum).name
+        self._at_epoch_end = 0
+        raise SIGTERMException()
+
+    def _decide(self, trainer: Trainer) -> int:
         if trainer.world_size == 1 or not (dist.is_available() and dist.is_initialized()):
             return self._flag
         decided = self._finish_pending()
-        flag = torch.tensor([1 if self._flag else 0], dtype=torch.int32)
+        flag = torch.tensor([self._flag], dtype=torch.int32)
         work = dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self._group, async_op=True)
         self._pending = (work, flag)
         return decided
 
-    def _finish_pending(self) -> bool:
+    def _finish_pending(self) -> int:
         if self._pending is None:
-            return False
+            return 0
         work, flag = self._pending
         self._pending = None
         work.wait()
-        return bool(flag.item())
+        return int(flag.item())
 
     def _restore(self) -> None:
-        if self._previous is not None:
-            signal.signal(signal.SIGTERM, self._previous)
-            self._previous = None
+        for signum, previous in self._previous.items():
+            signal.signal(signum, previous if previous is not None else signal.SIG_DFL)
+        self._previous = {}
+
+
+#: The former name (``configs`` and ``trainer_defaults`` that name it keep working).
+StopOnSigterm = StopOnSignal
 
 
 def run_version(ckpt_path: str | os.PathLike, save_dir: str | os.PathLike, name: str) -> int | None:
@@ -247,3 +314,196 @@ def find_last_checkpoint(save_dir: str | os.PathLike, name: str, exists: Callabl
             " train first, or give a checkpoint file"
         )
     return max(found, key=lambda p: (p.stat().st_mtime_ns, p.parent.parent.name))
+
+
+# ----------------------------------------------------------------------------------- one resume mode: auto
+#: ``--ckpt_path auto``: resume this run's newest complete state, or start fresh when it has none.
+RESUME_AUTO = "auto"
+#: The resumable checkpoints of a run folder's ``checkpoints/``: ``last.ckpt`` (and ``last-vN.ckpt``) and
+#: Lightning's SLURM requeue checkpoints ``hpc_ckpt_N.ckpt``; best-by-metric files are not a latest state.
+RESUMABLE_PATTERNS = ("last*.ckpt", "hpc_ckpt_*.ckpt")
+
+
+@dataclass(frozen=True)
+class TrainingState:
+    """A resumable checkpoint and how far its training got.
+
+    Attributes:
+        path: the ``.ckpt`` file.
+        global_step: optimiser steps done.
+        epoch: the epoch being trained (0-based).
+        epochs_done: epochs trained to their end (Lightning's ``epoch_progress.current.processed``).
+    """
+
+    path: Path
+    global_step: int
+    epoch: int
+    epochs_done: int
+
+    def progress(self) -> tuple[int, int]:
+        """The order of training progress: optimiser steps, then finished epochs (a save after the epoch end)."""
+        return self.global_step, self.epochs_done
+
+
+def training_state(path: str | os.PathLike) -> TrainingState | None:
+    """How far the checkpoint ``path`` got, read memory-mapped (its tensors are not loaded); None if unreadable."""
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except Exception:  # an unreadable or foreign file is not a state to resume
+        return None
+    if not isinstance(ckpt, dict) or "state_dict" not in ckpt or "global_step" not in ckpt:
+        return None
+    loop = ckpt.get("loops", {}).get("fit_loop", {})
+    done = loop.get("epoch_progress", {}).get("current", {}).get("processed", ckpt.get("epoch", 0))
+    return TrainingState(Path(path), int(ckpt["global_step"]), int(ckpt.get("epoch", 0)), int(done))
+
+
+def _version_folders(runs: Path, version: int | str | None) -> list[Path]:
+    if version is not None:
+        return [runs / (f"version_{version}" if isinstance(version, int) else str(version))]
+    numbered = [(int(m.group(1)), p) for p in runs.glob("version_*") if (m := re.fullmatch(r"version_(\d+)", p.name))]
+    return [p for _, p in sorted(numbered, reverse=True)]
+
+
+def find_resume_state(save_dir: str | os.PathLike, name: str, version: int | str | None = None,
+                      ) -> TrainingState | None:
+    """The newest complete training state of the run ``<save_dir>/<name>`` (``--ckpt_path auto``), or None.
+
+    The run folder is ``version`` when the logger names one, else the highest-numbered ``version_N`` that
+    holds a resumable checkpoint (an attempt that failed before its first save leaves a folder without
+    one). In its ``checkpoints/``, the files of :data:`RESUMABLE_PATTERNS` that load are compared by
+    training progress (:meth:`TrainingState.progress`), never by name or modification time; the
+    newest file wins only between equal progress. Checkpoints of other logger names, and Lightning's
+    ``hpc_ckpt_N.ckpt`` in the working directory, are never considered.
+
+    Args:
+        save_dir: the logger's ``save_dir``.
+        name: the logger's ``name``.
+        version: the logger's ``version`` (None: the newest numbered one).
+    """
+    for folder in _version_folders(Path(save_dir) / name, version):
+        files = {f for pattern in RESUMABLE_PATTERNS for f in (folder / "checkpoints").glob(pattern) if f.is_file()}
+        states = [s for s in map(training_state, sorted(files)) if s is not None]
+        if states:
+            return max(states, key=lambda s: (*s.progress(), s.path.stat().st_mtime_ns))
+    return None
+
+
+def completed_run(state: TrainingState, max_epochs: int | None, max_steps: int | None) -> str | None:
+    """Why the run whose newest state is ``state`` has nothing left to train, or None when it has.
+
+    Args:
+        state: the checkpoint's training state.
+        max_epochs: ``trainer.max_epochs`` of the command (None or -1: no epoch limit).
+        max_steps: ``trainer.max_steps`` (None or -1: no step limit).
+    """
+    if max_steps is not None and max_steps > 0 and state.global_step >= max_steps:
+        return f"global step {state.global_step} of trainer.max_steps={max_steps}"
+    if max_epochs is not None and max_epochs >= 0 and state.epochs_done >= max_epochs:
+        return f"{state.epochs_done} of trainer.max_epochs={max_epochs} epochs done (global step {state.global_step})"
+    return None
+
+
+def hpc_checkpoints_in(folder: str | os.PathLike) -> list[Path]:
+    """Lightning's SLURM requeue checkpoints ``hpc_ckpt_N.ckpt`` directly in ``folder`` (the working directory).
+
+    Lightning restores the highest of them into *any* ``fit`` started under SLURM without ``ckpt_path``,
+    whatever run wrote it; the CLI refuses to start a fresh run then.
+    """
+    return sorted(Path(folder).glob("hpc_ckpt_*.ckpt"))
+
+
+def resume_command(argv: list[str], program: str = "python -m cropscale") -> str:
+    """The command that resumes this run: ``argv`` with any ``--ckpt_path`` replaced by ``--ckpt_path auto``.
+
+    Args:
+        argv: the command's arguments after the program (``sys.argv[1:]``: ``fit --data.root ...``).
+        program: how the program is started.
+    """
+    out, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg == "--ckpt_path":
+            skip = True
+        elif not arg.startswith("--ckpt_path="):
+            out.append(arg)
+    return " ".join([program, *map(shlex.quote, out), "--ckpt_path", RESUME_AUTO])
+
+
+def requeue_slurm_job(timeout_s: float = 60.0) -> str:
+    """``scontrol requeue`` this SLURM job (array task included); a few words saying what happened.
+
+    Call on global rank 0 only, after the checkpoint is saved. Where SLURM is not detected
+    (``SLURM_JOB_ID`` unset) or ``scontrol`` is not on ``PATH``, nothing is run.
+    """
+    job = os.environ.get("SLURM_JOB_ID")
+    if os.environ.get("SLURM_ARRAY_JOB_ID") and os.environ.get("SLURM_ARRAY_TASK_ID"):
+        job = f"{os.environ['SLURM_ARRAY_JOB_ID']}_{os.environ['SLURM_ARRAY_TASK_ID']}"
+    if not job:
+        return "not under SLURM: not requeued"
+    scontrol = shutil.which("scontrol")
+    if scontrol is None:
+        return f"SLURM job {job} not requeued (no scontrol on PATH)"
+    try:
+        done = subprocess.run([scontrol, "requeue", job], capture_output=True, text=True, timeout=timeout_s)
+    except (OSError, subprocess.TimeoutExpired) as err:
+        return f"scontrol requeue {job} failed ({type(err).__name__})"
+    if done.returncode != 0:
+        why = " ".join((done.stderr or done.stdout).split())[:200]
+        return f"scontrol requeue {job} failed with status {done.returncode} ({why})"
+    return f"SLURM job {job} requeued"
+
+
+def check_fit_start(ckpt_path: str | None, max_epochs: int | None, max_steps: int | None,
+                    default_root_dir: str | os.PathLike) -> str | None:
+    """Before ``fit`` starts: refuse another run's SLURM checkpoint; the line to end with when nothing is left to train.
+
+    Args:
+        ckpt_path: the resolved ``--ckpt_path`` (None: a fresh start).
+        max_epochs: ``trainer.max_epochs``.
+        max_steps: ``trainer.max_steps``.
+        default_root_dir: ``trainer.default_root_dir`` (where Lightning looks for ``hpc_ckpt_N.ckpt``).
+
+    Returns:
+        ``cropscale: <path> is a complete run (...)`` when the checkpoint has reached ``max_epochs`` or
+        ``max_steps`` (the caller prints it and exits with status 0 before anything starts), else None.
+
+    Raises:
+        CropScaleError: a fresh start under SLURM with ``hpc_ckpt_N.ckpt`` in ``default_root_dir``, which
+            Lightning would restore whatever run wrote it.
+    """
+    if not ckpt_path and SLURMEnvironment.detect():
+        found = hpc_checkpoints_in(default_root_dir)
+        if found:
+            raise CropScaleError(
+                f"{found[-1]} is a SLURM requeue checkpoint that Lightning would restore into this fresh run"
+                " whatever run wrote it; resume this run with --ckpt_path auto, give that file as --ckpt_path,"
+                " or move it away")
+    state = training_state(ckpt_path) if ckpt_path and Path(ckpt_path).is_file() else None
+    done = completed_run(state, max_epochs, max_steps) if state is not None else None
+    if done is None:
+        return None
+    return (f"cropscale: {ckpt_path} is a complete run ({done}): nothing to train; to train further, raise"
+            " --trainer.max_epochs (or max_steps)")
+
+
+def stop_line(trainer: Trainer, argv: list[str]) -> str:
+    """The last line of a run that :class:`StopOnSignal` stopped (global rank 0, after every rank saved).
+
+    After SIGUSR1 under SLURM (``SLURM_JOB_ID`` set) the job is requeued first (:func:`requeue_slurm_job`).
+    E.g. ``cropscale: stopped by SIGUSR1 at epoch 1, global step 5; resumable checkpoint
+    runs/default/version_0/checkpoints/last.ckpt; SLURM job 4242 requeued; resume with: python -m cropscale
+    fit ... --ckpt_path auto``.
+
+    Args:
+        trainer: the stopped Trainer.
+        argv: the command's arguments (``sys.argv[1:]``), for the resume command.
+    """
+    stop = next((cb for cb in trainer.callbacks if isinstance(cb, StopOnSignal)), None)
+    name = (stop.stopped_by if stop is not None else None) or "SIGTERM"
+    last = [cb.last_model_path for cb in trainer.checkpoint_callbacks if getattr(cb, "last_model_path", "")]
+    where = f"resumable checkpoint {last[0]}" if last else "no checkpoint saved (no ModelCheckpoint with save_last)"
+    requeued = f"; {requeue_slurm_job()}" if name == "SIGUSR1" and os.environ.get("SLURM_JOB_ID") else ""
+    return (f"cropscale: stopped by {name} at epoch {trainer.current_epoch}, global step {trainer.global_step};"
+            f" {where}{requeued}; resume with: {resume_command(argv)}")

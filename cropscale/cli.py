@@ -34,8 +34,12 @@ checkpoint's hyperparameters (Lightning re-applies the latter): evaluation setti
 architecture that differs from the checkpoint's is refused by the task, and optimiser settings that the
 checkpoint's optimiser state would override are refused when resuming ``fit``.
 
-Ending (:mod:`cropscale.distributed`): SIGTERM during ``fit`` stops every rank at the same step, saves
-``last.ckpt`` and exits with status 0 (:class:`~cropscale.checkpointing.StopOnSigterm`). When a DDP rank
+``--ckpt_path auto`` resumes this run's most advanced state, or starts fresh when it has none
+(:func:`~cropscale.checkpointing.find_resume_state`); a complete run ends at once with status 0.
+
+Ending (:mod:`cropscale.distributed`): SIGTERM, SIGUSR1 or Ctrl-C during ``fit`` stops every rank at the same
+step, saves ``last.ckpt`` and exits with status 0 after one line with the resume command (SIGUSR1 under SLURM
+requeues the job first; :class:`~cropscale.checkpointing.StopOnSignal`). When a DDP rank
 fails, the launching rank stops the others and prints one last line naming the failed rank, its exit
 status and its own error; the other ranks' collective errors are reduced to one line each.
 """
@@ -55,6 +59,7 @@ from pathlib import Path
 from typing import Any
 
 from lightning.fabric.plugins import CheckpointIO
+from lightning.fabric.plugins.environments import ClusterEnvironment, SLURMEnvironment
 from lightning.pytorch import Trainer
 from lightning.pytorch.accelerators import CPUAccelerator
 from lightning.pytorch.callbacks import ModelCheckpoint
@@ -64,7 +69,16 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from typing_extensions import override
 
 from cropscale.callbacks.divergence import DivergenceCallback
-from cropscale.checkpointing import AtomicCheckpointIO, StopOnSigterm, find_last_checkpoint, run_version
+from cropscale.checkpointing import (
+    RESUME_AUTO,
+    AtomicCheckpointIO,
+    StopOnSignal,
+    check_fit_start,
+    find_last_checkpoint,
+    find_resume_state,
+    run_version,
+    stop_line,
+)
 from cropscale.config_errors import describe_config_error
 from cropscale.data.datamodule import PastisHDDataModule
 from cropscale.distributed import (
@@ -354,20 +368,38 @@ class CropScaleCLI(LightningCLI):
         argv = list(sys.argv[1:] if args is None else args)
         defaults = self._parser(sub).get_defaults()
         self._explicit_model = explicit_model_settings(cfg.model.as_dict(), defaults.model.as_dict(), argv)
-        if cfg.get("ckpt_path") == "last":
+        if cfg.get("ckpt_path") in ("last", RESUME_AUTO):
             cfg.ckpt_path = self._find_last(cfg)
+        if sub == "fit":
+            self._check_fit_start(cfg)
         ckpt = check_checkpoint(cfg.get("ckpt_path"))
         if sub == "fit" and ckpt is not None:
             self._continue_in_run_folder(cfg, ckpt)
 
-    def _find_last(self, cfg: Any) -> str:
-        where = logger_location(cfg.trainer.get("logger"), cfg.trainer.get("default_root_dir"))
+    def _find_last(self, cfg: Any) -> str | None:
+        """``--ckpt_path last|auto``: this run's newest state by training progress (auto: None when there is none)."""
+        keyword, logger = cfg.ckpt_path, cfg.trainer.get("logger")
+        where = logger_location(logger, cfg.trainer.get("default_root_dir"))
         if where is None:
-            raise CropScaleError("--ckpt_path last: the run has no logger (trainer.logger), so there is no run"
+            raise CropScaleError(f"--ckpt_path {keyword}: the run has no logger (trainer.logger), so there is no run"
                                  " folder to look in; give a checkpoint file")
-        found = find_last_checkpoint(*where)
-        rank_zero_info(f"cropscale: --ckpt_path last -> {found}")
+        init = logger.get("init_args") if hasattr(logger, "get") else None
+        state = find_resume_state(*where, version=init.get("version") if init is not None else None)
+        if state is None and keyword == RESUME_AUTO:
+            rank_zero_info(f"cropscale: --ckpt_path auto: no checkpoint under {Path(*where)}: a fresh start")
+            return None
+        found = state.path if state is not None else find_last_checkpoint(*where)  # raises: none there
+        progress = f" (epoch {state.epoch}, global step {state.global_step})" if state is not None else ""
+        rank_zero_info(f"cropscale: --ckpt_path {keyword} -> {found}{progress}")
         return str(found)
+
+    def _check_fit_start(self, cfg: Any) -> None:
+        """:func:`~cropscale.checkpointing.check_fit_start`; a complete run ends here with its line and status 0."""
+        done = check_fit_start(cfg.get("ckpt_path"), cfg.trainer.get("max_epochs"), cfg.trainer.get("max_steps"),
+                               cfg.trainer.get("default_root_dir") or os.getcwd())
+        if done:
+            print(done, file=sys.stderr, flush=True)
+            sys.exit(0)
 
     def _continue_in_run_folder(self, cfg: Any, ckpt: dict) -> None:
         """Make ``fit`` from ``<save_dir>/<name>/version_N/checkpoints/x.ckpt`` log into ``version_N`` again."""
@@ -409,7 +441,10 @@ class CropScaleCLI(LightningCLI):
         plugins = kwargs.get("plugins", trainer_config.get("plugins"))
         plugins = [] if plugins is None else list(plugins) if isinstance(plugins, list | tuple) else [plugins]
         if not any(isinstance(p, CheckpointIO) for p in plugins):
-            kwargs["plugins"] = [*plugins, AtomicCheckpointIO()]
+            plugins = kwargs["plugins"] = [*plugins, AtomicCheckpointIO()]
+        if SLURMEnvironment.detect() and not any(isinstance(p, ClusterEnvironment) for p in plugins):
+            # SIGUSR1 is StopOnSignal's: Lightning's SLURM handler would save into the working directory and hang
+            kwargs["plugins"] = [*plugins, SLURMEnvironment(auto_requeue=False)]
         trainer = super().instantiate_trainer(**kwargs)
         _ACTIVE["trainer"] = trainer
         line = cpu_precision_line(trainer.precision) if isinstance(trainer.accelerator, CPUAccelerator) else None
@@ -467,7 +502,7 @@ def _lightning_cli(args: list[str] | None) -> LightningCLI:
         PastisHDDataModule,
         parser_kwargs=parser_kwargs,
         save_config_kwargs={"overwrite": True},
-        trainer_defaults={"callbacks": [StopOnSigterm(), ChildRankWatch()]},
+        trainer_defaults={"callbacks": [StopOnSignal(), ChildRankWatch()]},
         args=args,
     )
 
@@ -522,15 +557,12 @@ _PEER_ERROR = re.compile(r"Connection (closed|reset) by peer|Broken pipe|[Gg]loo
 _PEER_WAIT_S = 10.0
 
 
-def _stopped_by_sigterm() -> None:
-    """End after :class:`~cropscale.checkpointing.StopOnSigterm` stopped training: status 0, one line on rank 0."""
+def _stopped_by_signal() -> None:
+    """End after :class:`~cropscale.checkpointing.StopOnSignal` stopped training: status 0, one line on rank 0."""
     trainer = _ACTIVE.get("trainer")
     finish_distributed(trainer)
-    if int(os.environ.get("LOCAL_RANK", "0") or 0) == 0 and trainer is not None:
-        last = [cb.last_model_path for cb in trainer.checkpoint_callbacks if getattr(cb, "last_model_path", "")]
-        where = f"resumable checkpoint {last[0]}" if last else "no checkpoint saved (no ModelCheckpoint with save_last)"
-        print(f"cropscale: stopped by SIGTERM at epoch {trainer.current_epoch}, global step {trainer.global_step};"
-              f" {where}; continue with the same command and --ckpt_path last", file=sys.stderr, flush=True)
+    if trainer is not None and trainer.global_rank == 0:
+        print(stop_line(trainer, sys.argv[1:]), file=sys.stderr, flush=True)
     sys.exit(0)
 
 
@@ -562,7 +594,7 @@ def main(argv: list[str] | None = None) -> None:
             print(f"cropscale: error: {cli.fit_error}", file=sys.stderr)
             sys.exit(1)
     except SIGTERMException:
-        _stopped_by_sigterm()
+        _stopped_by_signal()
     except (CropScaleError, MisconfigurationException, ArgumentError) as err:
         if isinstance(err, ArgumentError):
             sub = args[0] if args and args[0] in LIGHTNING_COMMANDS else ""

@@ -22,7 +22,11 @@ from cropscale.checkpointing import (
     AtomicCheckpointIO,
     ResumableCheckpoint,
     StopOnSigterm,
+    TrainingState,
+    completed_run,
     find_last_checkpoint,
+    find_resume_state,
+    resume_command,
     run_version,
 )
 from cropscale.files import check_writable_folder
@@ -207,3 +211,88 @@ def test_writable_folder_check_on_a_read_only_file_system(read_only_mount):
         check_writable_folder(read_only_mount / "runs" / "default", what="run folder")
     with pytest.raises(CropScaleError, match="Read-only file system.*no last.ckpt was written"):
         AtomicCheckpointIO().save_checkpoint({"w": torch.zeros(3)}, read_only_mount / "runs" / "last.ckpt")
+
+
+# ------------------------------------------------------------------------------- --ckpt_path auto resolution
+def _state_file(path: Path, global_step: int, epochs_done: int) -> Path:
+    """A checkpoint with Lightning's progress keys, written by hand (the numbers the resolution must read)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.save({"state_dict": {"w": torch.zeros(1)}, "global_step": global_step, "epoch": epochs_done,
+                "pytorch-lightning_version": "2.6.0",
+                "loops": {"fit_loop": {"epoch_progress": {"current": {"processed": epochs_done}}}}}, path)
+    return path
+
+
+def test_auto_resume_takes_this_runs_most_advanced_state_not_the_newest_file_or_name(tmp_path):
+    runs = tmp_path / "runs"
+    ck = runs / "default" / "version_0" / "checkpoints"
+    ahead = _state_file(ck / "hpc_ckpt_1.ckpt", 7, 1)
+    _state_file(ck / "hpc_ckpt_9.ckpt", 3, 0)  # the highest number, less progress
+    time.sleep(0.01)
+    _state_file(ck / "last.ckpt", 5, 1)  # the newest file, less progress
+    _state_file(ck / "best-epoch00.ckpt", 9, 1)  # a best-by-metric file is not a latest state
+    (ck / "hpc_ckpt_10.ckpt").write_bytes(b"truncated")  # unreadable: skipped
+    _state_file(runs / "other" / "version_3" / "checkpoints" / "last.ckpt", 99, 9)  # another run's
+    (runs / "default" / "version_1").mkdir()  # an attempt that failed before its first save
+    state = find_resume_state(runs, "default")
+    assert (state.path, state.global_step, state.epochs_done) == (ahead, 7, 1)
+    assert find_resume_state(runs, "default", version=1) is None
+    assert find_resume_state(runs, "nothing") is None
+
+
+def test_a_run_is_complete_by_its_epochs_or_steps():
+    state = TrainingState(Path("x.ckpt"), global_step=12, epoch=1, epochs_done=2)
+    assert completed_run(state, 2, -1) == "2 of trainer.max_epochs=2 epochs done (global step 12)"
+    assert completed_run(state, 3, -1) is None
+    assert completed_run(state, 3, 12) == "global step 12 of trainer.max_steps=12"
+    assert completed_run(TrainingState(Path("x.ckpt"), 11, 1, 1), 2, None) is None  # stopped inside epoch 1
+
+
+def test_the_resume_command_replaces_any_ckpt_path_by_auto():
+    assert resume_command(["fit", "--ckpt_path", "last", "--data.root=a b"]) == (
+        "python -m cropscale fit '--data.root=a b' --ckpt_path auto")
+    assert resume_command(["fit", "--ckpt_path=x.ckpt"]) == "python -m cropscale fit --ckpt_path auto"
+
+
+class SendSignal(Callback):
+    def __init__(self, signum: int, epoch: int, batch: int) -> None:
+        self.signum, self.at = signum, (epoch, batch)
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if (trainer.current_epoch, batch_idx) == self.at:
+            os.kill(os.getpid(), self.signum)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGUSR1, signal.SIGINT])
+def test_sigusr1_and_ctrl_c_stop_with_a_resumable_checkpoint_like_sigterm(tmp_path, signum):
+    stop = StopOnSigterm()
+    trainer, ckpt = _trainer(tmp_path / "run", 3, callbacks=[SendSignal(signum, 1, 1), stop])
+    previous = signal.getsignal(signum)
+    with pytest.raises(SIGTERMException):
+        trainer.fit(Tiny())
+    assert signal.getsignal(signum) == previous
+    state = torch.load(ckpt.last_model_path, map_location="cpu", weights_only=False)
+    assert stop.stopped_at_step == state["global_step"] == 6 and stop.stopped_by == signal.Signals(signum).name
+
+
+class Validations(Callback):
+    def __init__(self) -> None:
+        self.epochs: list[int] = []
+
+    def on_validation_end(self, trainer, pl_module):
+        if not trainer.sanity_checking:
+            self.epochs.append(trainer.current_epoch)
+
+
+def test_a_signal_at_the_last_step_of_an_epoch_stops_after_its_validation(tmp_path):
+    stop, seen = StopOnSigterm(), Validations()
+    trainer, ckpt = _trainer(tmp_path / "run", 3, callbacks=[SendSignal(signal.SIGTERM, 1, 3), stop, seen])
+    with pytest.raises(SIGTERMException):
+        trainer.fit(Tiny())
+    state = torch.load(ckpt.last_model_path, map_location="cpu", weights_only=False)
+    assert stop.stopped_at_step == state["global_step"] == 8  # epoch 1's 4 steps done
+    assert seen.epochs == [0, 1]  # epoch 1 validated before the stop
+    resumed, again = _trainer(tmp_path / "run", 3)[0], Validations()
+    resumed.callbacks.append(again)
+    resumed.fit(Tiny(), ckpt_path=ckpt.last_model_path)
+    assert again.epochs == [2] and resumed.global_step == 12

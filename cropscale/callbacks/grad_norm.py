@@ -100,6 +100,8 @@ class GradNormCallback(ScalingCallback):
         self.norm_source = "not measured yet"  # where the norms come from (the clipping's, or computed)
         self._norms: list[tuple[list[torch.Tensor], torch.Tensor | None]] = []
         self._epoch_norms: list[float] = []
+        self._epoch_now: int | None = None
+        self._resumed_in_epoch: dict[str, Any] | None = None
         self._epoch_clipped = 0
         self._epoch_nonfinite = 0
         self._stepped = False
@@ -107,8 +109,12 @@ class GradNormCallback(ScalingCallback):
     @override
     def state_dict(self) -> dict[str, Any]:
         self._flush()
-        return {"steps": self.steps, "clipped_steps": self.clipped_steps, "nonfinite_steps": self.nonfinite_steps,
-                "epochs": [e.to_json() for e in self.epochs]}
+        state = {"steps": self.steps, "clipped_steps": self.clipped_steps, "nonfinite_steps": self.nonfinite_steps,
+                 "epochs": [e.to_json() for e in self.epochs]}
+        if self._epoch_norms or self._epoch_nonfinite:  # a checkpoint inside an epoch: its steps so far
+            state["in_epoch"] = {"epoch": self._epoch_now, "norms": list(self._epoch_norms),
+                                 "clipped": self._epoch_clipped, "nonfinite": self._epoch_nonfinite}
+        return state
 
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -116,6 +122,7 @@ class GradNormCallback(ScalingCallback):
         self.clipped_steps = int(state_dict.get("clipped_steps", 0))
         self.nonfinite_steps = int(state_dict.get("nonfinite_steps", 0))
         self.epochs = [GradNormEpoch.from_json(e) for e in state_dict.get("epochs", [])]
+        self._resumed_in_epoch = state_dict.get("in_epoch")
 
     @override
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
@@ -142,6 +149,11 @@ class GradNormCallback(ScalingCallback):
             self._threshold_reason = ("no gradient clipping by norm configured (trainer.gradient_clip_val unset "
                                       "or gradient_clip_algorithm='value')")
         self._epoch_norms, self._epoch_clipped, self._epoch_nonfinite = [], 0, 0
+        resumed, self._resumed_in_epoch = self._resumed_in_epoch, None
+        if resumed and resumed.get("epoch") == trainer.current_epoch:
+            # resumed inside this epoch: the steps before the checkpoint count once in its record
+            self._epoch_norms = [float(v) for v in resumed.get("norms", [])]
+            self._epoch_clipped, self._epoch_nonfinite = int(resumed["clipped"]), int(resumed["nonfinite"])
         self._start_log_schedule(trainer)
 
     @override
@@ -155,6 +167,7 @@ class GradNormCallback(ScalingCallback):
         if self._tap is not None:  # the clipping's norm comes after this hook: taken in on_train_batch_end
             return
         self._stepped = True
+        self._epoch_now = trainer.current_epoch
         parts = grad_norm_parts(trainer, self._params, optimizer, self._gstep, norm_type=self.norm_type,
                                 sharded=self._layout)
         if parts is None:

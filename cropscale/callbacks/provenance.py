@@ -13,8 +13,9 @@ not imported). At ``on_fit_end`` it adds the ``summary`` section: one entry per 
 not train: too many skipped steps or no weight changed); on an exception ``status: "failed"`` with the
 error's one-line message (a DataLoader worker's error unwrapped, :func:`cropscale.errors.user_error_text`).
 A fit that fails before ``on_fit_start`` (a data check at setup) still gets a ``failed`` record in the logger's
-run folder, with the configuration, precision, world size and error but no provenance probes. The schema is
-documented in ``docs/run_json.md``.
+run folder, with the configuration, precision, world size and error but no provenance probes, unless that
+folder already holds a ``run.json`` (a resumed run whose attempt failed before restoring): that record is kept
+as it is. The schema is documented in ``docs/run_json.md``.
 
 The run folder is ``trainer.log_dir`` (the TensorBoardLogger version folder), else
 ``trainer.default_root_dir``.
@@ -281,6 +282,10 @@ class ProvenanceCallback(ScalingCallback):
         logger = trainer.logger
         log_dir = getattr(logger, "log_dir", None) or trainer.default_root_dir
         self.path = os.path.join(log_dir, self.filename)
+        if os.path.isfile(self.path):
+            # a resumed run's folder: this attempt failed before restoring; its record would replace the run's
+            rank_zero_info(f"ProvenanceCallback: {self.path} kept: this attempt failed before its fit started")
+            return
         config, source = _config(trainer, pl_module, log_dir)
         self.record = RunJson(
             status="running", started_utc=utc_now(), run_dir=os.path.abspath(log_dir), command=list(sys.argv),

@@ -80,7 +80,8 @@ class ThroughputCallback(ScalingCallback):
     ``perf/epoch/train_s``, ``perf/epoch/val_s``, ``perf/epoch/wall_s``, ``perf/epoch/tflops_per_s``
     (per GPU), ``perf/epoch/mfu``.
 
-    ``state_dict`` keeps the totals and per-epoch summaries.
+    ``state_dict`` keeps the totals and per-epoch summaries, and inside an epoch the samples trained so far
+    in it, so that an epoch resumed from a mid-epoch checkpoint counts each of its samples once.
     """
 
     summary_key = "throughput"
@@ -115,6 +116,8 @@ class ThroughputCallback(ScalingCallback):
         self._lat: list[float] = []
         self._lat_samples = 0
         self._samples = 0
+        self._epoch_now: int | None = None
+        self._resumed_in_epoch: dict[str, Any] | None = None
         self._epoch_t0: float | None = None
         self._stretch_t: float | None = None  # last clock of the current training stretch (None: between them)
         self._train_s = 0.0
@@ -134,14 +137,20 @@ class ThroughputCallback(ScalingCallback):
 
     @override
     def state_dict(self) -> dict[str, Any]:
-        return {"total_samples": self.total_samples, "total_train_s": self.total_train_s,
-                "epochs": [e.to_json() for e in self.epochs]}
+        state = {"total_samples": self.total_samples, "total_train_s": self.total_train_s,
+                 "epochs": [e.to_json() for e in self.epochs]}
+        if self._epoch_now is not None:  # a checkpoint inside an epoch: the samples trained so far (global rank 0's)
+            state["in_epoch"] = {"epoch": self._epoch_now, "samples": self._samples}
+        return state
 
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.total_samples = int(state_dict.get("total_samples", 0))
         self.total_train_s = float(state_dict.get("total_train_s", 0.0))
         self.epochs = [ThroughputEpoch.from_json(e) for e in state_dict.get("epochs", [])]
+        self._resumed_in_epoch = resumed = state_dict.get("in_epoch")
+        if resumed:  # Lightning does not call on_train_epoch_start again for an epoch resumed in its middle
+            self._epoch_now, self._samples = int(resumed["epoch"]), int(resumed.get("samples", 0))
 
     # ------------------------------------------------------------------ hooks
     def _sync(self) -> None:
@@ -168,6 +177,11 @@ class ThroughputCallback(ScalingCallback):
         self._samples = self._step_samples = self._log_samples = 0
         self._val_s = 0.0
         self._stretch_t, self._train_s = None, 0.0
+        self._epoch_now = trainer.current_epoch
+        resumed, self._resumed_in_epoch = self._resumed_in_epoch, None
+        if resumed and int(resumed.get("epoch", -1)) == trainer.current_epoch:
+            # resumed inside this epoch: its samples before the checkpoint count once (equal per rank mid-epoch)
+            self._samples = int(resumed.get("samples", 0))
 
     @override
     def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
@@ -223,6 +237,7 @@ class ThroughputCallback(ScalingCallback):
     @override
     def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._sync()
+        self._epoch_now = None
         wall = perf_counter() - self._epoch_t0 if self._epoch_t0 is not None else None
         train_s = self._train_s if wall is not None else None
         self._stretch_t = None

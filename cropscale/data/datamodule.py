@@ -226,6 +226,25 @@ class PastisHDDataModule(LightningDataModule):
         if warn:
             warnings.warn(message, stacklevel=2)
 
+    def _check_shards(self, samples: int, world: int) -> None:
+        """Refuse a global batch larger than an epoch; note an epoch padded with repeated samples to equal shards.
+
+        Raises:
+            CropScaleError: with several ranks, ``data.batch_size`` x world size exceeds the training samples
+                of one epoch (one process simply trains one short batch).
+        """
+        if world > 1 and self.batch_size * world > samples:
+            raise CropScaleError(
+                f"global batch {self.batch_size * world} (data.batch_size {self.batch_size} x world size {world}) is"
+                f" larger than the {samples} training samples of one epoch: lower data.batch_size or the world size"
+            )
+        if samples % world:
+            padded = -(-samples // world) * world
+            self._note(f"the {samples} training samples do not split evenly over {world} ranks: each epoch trains"
+                       f" {padded} entries, {padded - samples} of them repeated samples (equal shards per rank)",
+                       warn=False)
+            rank_zero_info(f"cropscale: {self.data_warnings[-1]}")
+
     def _check_folds(self, allow_overlap: bool) -> None:
         """Refuse training folds that are also validation or test folds, unless ``allow_overlap``."""
         for name, folds in (("val_folds", self.val_folds), ("test_folds", self.test_folds or [])):
@@ -362,6 +381,7 @@ class PastisHDDataModule(LightningDataModule):
         if self.train_dataset is None:
             self.setup("fit")
         world, rank = self._world()
+        self._check_shards(len(self.train_dataset), world)
         generator = torch.Generator()
         sampler = TrainShardSampler(self.train_dataset, num_replicas=world, rank=rank, seed=self.seed,
                                     generator=generator)

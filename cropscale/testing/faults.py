@@ -3,7 +3,8 @@
 Each is a Lightning plugin or callback named in a ``--config`` file or by ``--trainer.callbacks+=``, so the
 run under test is the real CLI, data and model:
 
-- :class:`FailAt`: at one training batch of one rank, raise, SIGKILL or SIGTERM the process.
+- :class:`FailAt`: at one training batch of one rank, raise, or send SIGKILL, SIGTERM, SIGUSR1 or SIGINT to the
+  process (optionally in one torchrun attempt only).
 - :class:`KillDuringSave`: a :class:`~cropscale.checkpointing.AtomicCheckpointIO` that SIGKILLs the process
   in the middle of its ``n``-th checkpoint write (the temporary file half written).
 - :class:`FullDiskCheckpointIO`: the same, but the ``n``-th write fails with ``ENOSPC`` (or another
@@ -16,6 +17,8 @@ import errno
 import io
 import os
 import signal
+import sys
+import time
 from typing import IO, Any, Literal
 
 import torch
@@ -32,23 +35,39 @@ class FailAt(Callback):
         epoch: the epoch (0-based).
         batch: the batch index within the epoch.
         rank: the global rank that fails.
-        how: ``raise`` (a ``RuntimeError`` naming the rank), ``sigkill`` or ``sigterm`` (the signal sent to
-            this process).
+        how: ``raise`` (a ``RuntimeError`` naming the rank), ``sigkill``, ``sigterm``, ``sigusr1`` or ``sigint``
+            (the signal sent to this process).
+        attempt: fail only in this torchrun attempt (``TORCHELASTIC_RESTART_COUNT``, 0 = the first); None:
+            in every attempt.
+        at_setup: raise at ``setup`` instead (before the checkpoint is restored and before ``on_fit_start``).
     """
 
     def __init__(self, epoch: int = 0, batch: int = 0, rank: int = 0,
-                 how: Literal["raise", "sigkill", "sigterm"] = "raise") -> None:
+                 how: Literal["raise", "sigkill", "sigterm", "sigusr1", "sigint"] = "raise",
+                 attempt: int | None = None, at_setup: bool = False) -> None:
         super().__init__()
         self.epoch, self.batch, self.rank, self.how = int(epoch), int(batch), int(rank), how
+        self.attempt = None if attempt is None else int(attempt)
+        self.at_setup = bool(at_setup)
+
+    @override
+    def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        if self.at_setup and trainer.global_rank == self.rank:
+            raise RuntimeError(f"injected failure on rank {self.rank} at setup")
 
     @override
     def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
-        if (trainer.current_epoch, batch_idx, trainer.global_rank) != (self.epoch, self.batch, self.rank):
+        if self.at_setup or (trainer.current_epoch, batch_idx, trainer.global_rank) != (
+                self.epoch, self.batch, self.rank):
+            return
+        if self.attempt is not None and int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) != self.attempt:
             return
         if self.how == "raise":
             raise RuntimeError(f"injected failure on rank {self.rank} at epoch {self.epoch}, batch {self.batch}")
-        os.kill(os.getpid(), signal.SIGKILL if self.how == "sigkill" else signal.SIGTERM)
+        print(f"FailAt: {self.how.upper()} to rank {self.rank} (pid {os.getpid()}) at epoch {self.epoch}, batch"
+              f" {self.batch}, unix time {time.time():.3f}", file=sys.stderr, flush=True)
+        os.kill(os.getpid(), getattr(signal, self.how.upper()))
 
 
 class _PartialWrite(AtomicCheckpointIO):

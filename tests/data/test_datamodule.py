@@ -238,3 +238,23 @@ def test_state_dict_resumes_the_epoch_where_the_checkpoint_stopped(flanders_root
     with pytest.raises(CropScaleError, match="stopped after 2 batches of epoch 1 with world size 2"):
         other.train_dataloader()
     assert PastisHDDataModule(str(flanders_root)).state_dict() == {}  # outside fit: nothing to save
+
+
+@pytest.mark.parametrize("world,padded", [(3, 18), (5, 20)])
+def test_uneven_shards_are_noted_and_a_global_batch_beyond_the_epoch_is_refused(flanders_root, world, padded):
+    """2 training patches x 8 crops = 16 samples: 3 or 5 ranks pad the epoch to equal shards (18, 20 entries)."""
+    dm = PastisHDDataModule(str(flanders_root), samples_per_patch=8, batch_size=2, t2=4, t1=2)
+    dm.setup("fit")
+    assert len(dm.train_dataset) == 16
+    dm.trainer = SimpleNamespace(world_size=world, global_rank=0)
+    loader = dm.train_dataloader()
+    assert len(loader.sampler) * world == padded  # DistributedSampler's padding, counted independently
+    assert dm.data_warnings[-1] == (f"the 16 training samples do not split evenly over {world} ranks: each epoch"
+                                    f" trains {padded} entries, {padded - 16} of them repeated samples (equal shards"
+                                    " per rank)")
+    dm.batch_size = 4 if world == 5 else 6  # global batch 20 or 18 for a 16-sample epoch
+    with pytest.raises(CropScaleError) as err:
+        dm.train_dataloader()
+    assert str(err.value) == (f"global batch {dm.batch_size * world} (data.batch_size {dm.batch_size} x world size"
+                              f" {world}) is larger than the 16 training samples of one epoch: lower"
+                              " data.batch_size or the world size")

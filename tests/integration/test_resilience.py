@@ -2,8 +2,8 @@
 
 - a SIGKILL in the middle of epoch 3, then ``--ckpt_path last``: the same final weights, per-epoch val/mIoU and
   scaling-callback counters as the uninterrupted run;
-- SIGTERM in the middle of an epoch: status 0, a resumable ``last.ckpt``, and the resumed run equal to the
-  uninterrupted one;
+- SIGTERM in the middle of an epoch and at its last step: status 0, a resumable ``last.ckpt``, and the resumed
+  run equal to the uninterrupted one (weights, per-epoch val/mIoU, per-epoch sample counts);
 - a kill, a full disk (injected, and a real small tmpfs where this user may mount one) during a checkpoint
   write, and a read-only run folder: the previous checkpoint stays loadable and one line names the path;
 - a DDP rank that raises or is SIGKILLed: every rank ends, the status is non-zero and the last line names the
@@ -108,25 +108,31 @@ def test_sigkill_in_epoch_3_then_resume_gives_the_uninterrupted_run(tmp_path, fl
     assert _counters(run) == _counters(uninterrupted)
 
 
-@pytest.mark.parametrize("devices", [1, 2])
-def test_sigterm_mid_epoch_saves_a_resumable_checkpoint_and_exits_cleanly(tmp_path, flanders_root, devices):
+@pytest.mark.parametrize("devices,batch", [(1, 0), (2, 0), (1, 5)])
+def test_sigterm_mid_epoch_saves_a_resumable_checkpoint_and_exits_cleanly(tmp_path, flanders_root, devices, batch):
+    """SIGTERM at the first batch of epoch 2, or at its last (6 batches on one process): stop, save, resume.
+
+    The resumed run equals the uninterrupted one: weights, one val/mIoU per epoch (the last-batch stop
+    validates epoch 2 before it stops) and each epoch's sample count in run.json."""
     args = [f"--data.root={flanders_root}", *SMALL, "--data.samples_per_patch=6", "--trainer.max_epochs=4",
             *(DDP if devices > 1 else [])]
     assert _fit(tmp_path / "u", *args).returncode == 0
-    stopped = _fit(tmp_path / "r", *args, *_fail_at(epoch=2, batch=0, how="sigterm"))
+    stopped = _fit(tmp_path / "r", *args, *_fail_at(epoch=2, batch=batch, how="sigterm"))
     assert stopped.returncode == 0, stopped.stderr[-3000:]
     run = tmp_path / "r" / "runs" / "default" / "version_0"
     ckpt = _ckpt(run)
     batches = 6 if devices == 1 else 3
-    # one process stops at the signalled step; with two, the decision travels one optimiser step later
-    assert ckpt["global_step"] == 2 * batches + (1 if devices == 1 else 2)
-    assert _last_line(stopped) == (
+    # one process stops at the signalled step, two one optimiser step later; at an epoch's last step, after it
+    assert ckpt["global_step"] == 2 * batches + batch + (1 if devices == 1 else 2)
+    assert _last_line(stopped).startswith(
         f"cropscale: stopped by SIGTERM at epoch 2, global step {ckpt['global_step']}; resumable checkpoint"
-        " runs/default/version_0/checkpoints/last.ckpt; continue with the same command and --ckpt_path last")
+        " runs/default/version_0/checkpoints/last.ckpt; resume with: python -m cropscale fit ")
+    assert _last_line(stopped).endswith(" --ckpt_path auto")
     assert "Traceback" not in stopped.stderr
     resumed = _fit(tmp_path / "r", *args, "--ckpt_path", "last")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     _assert_same_run(tmp_path / "u" / "runs" / "default" / "version_0", run)
+    assert _counters(run) == _counters(tmp_path / "u" / "runs" / "default" / "version_0")
 
 
 # ---------------------------------------------------------------------------------------- checkpoint writes
@@ -244,6 +250,18 @@ def _evaluate(cwd: Path, ckpt: Path, *args: str) -> subprocess.CompletedProcess:
     cwd.mkdir(parents=True, exist_ok=True)
     return run_cli(["validate", f"--ckpt_path={ckpt}", *SMALL, *args], cwd=cwd,
                    env_extra={"OMP_NUM_THREADS": "1"})
+
+
+def test_an_attempt_that_fails_before_restoring_keeps_the_run_json(checkpoint, flanders_root):
+    """A resume attempt that fails at setup (as a torchrun restart that fails at gloo's connect) in the run's folder."""
+    record = checkpoint.parent.parent / "run.json"
+    before = json.loads(record.read_text())
+    assert (before["status"], before["global_step"]) == ("finished", 3)  # 1 epoch of 3 batches
+    res = _fit(checkpoint.parents[4], f"--data.root={flanders_root}", *SMALL, "--trainer.max_epochs=2",
+               f"--ckpt_path={checkpoint}", "--trainer.callbacks+=cropscale.testing.faults.FailAt",
+               "--trainer.callbacks.at_setup=true")
+    assert res.returncode != 0 and "injected failure on rank 0 at setup" in _last_line(res), res.stderr[-2000:]
+    assert json.loads(record.read_text()) == before
 
 
 def test_evaluation_settings_on_the_command_line_apply_to_a_checkpoint(tmp_path, checkpoint, flanders_root):
