@@ -10,7 +10,7 @@ SHARED_DATA ?= ../shared/data
 SAMPLES := worldcereal-flanders pastis-r-mini vhr-samples
 ARGS ?=
 
-.PHONY: install data fit report ci test test-slow test-resilience test-perf test-all lint tensorboard gpu-check gpu-carry gpu-rehearsal bench study-cpu study-batch-cpu compare-cpu clean
+.PHONY: install data fit report ci test test-slow test-resilience test-elastic test-perf test-all lint tensorboard gpu-check gpu-carry gpu-rehearsal bench study-cpu study-batch-cpu compare-cpu clean
 
 install: $(VENV)/.installed
 
@@ -50,12 +50,16 @@ ci: test test-slow
 # The slow stage (-m slow: multi-process gloo runs, resilience, matrix, studies). pytest's exit 5 ("no
 # tests collected", e.g. ARGS naming a file with no slow test) is no failure of this stage.
 test-slow: install data
-	$(PY) -m pytest -q -m slow $(ARGS); rc=$$?; \
+	$(PY) -m pytest -q -m "slow and not elastic" $(ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test-slow: no slow test selected (pytest exit 5)"; exit 0; fi; exit $$rc
 
 # kill/resume, SIGTERM, full disk, failed ranks, evaluation on 1-4 processes (slow; part of test-slow)
 test-resilience: install data
 	$(PY) -m pytest -q -m slow tests/integration/test_resilience.py tests/integration/test_eval_world_sizes_ddp.py $(ARGS)
+
+# The torchrun elastic-restart test (slow, not in CI: its restart attempt sometimes fails at gloo's connect).
+test-elastic: install data
+	$(PY) -m pytest -q -s -m elastic tests/integration/test_launchers.py $(ARGS)
 
 test-perf: install data
 	$(PY) -m pytest -q -s -m perf $(ARGS)

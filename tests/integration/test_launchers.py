@@ -204,6 +204,10 @@ def test_sigusr1_without_slurm_saves_and_a_finished_run_is_complete_at_once(tmp_
 
 
 # -------------------------------------------------------------------------------------------------- torchrun
+# Out of CI (marker ``elastic``, ``make test-elastic``): in some runs the restart attempt's gloo connect is refused
+# (``Gloo connectFullMesh failed ... Connection refused``) and the job ends with status 1; the cause is not
+# established (see the README's Tests section).
+@pytest.mark.elastic
 def test_torchrun_elastic_restart_resumes_to_the_uninterrupted_run(tmp_path, flanders_root):
     base = [f"--data.root={flanders_root}", *ARGS]
     ref = _run_all([([sys.executable, "-m", "cropscale", "fit", *base, "--trainer.devices=2",
