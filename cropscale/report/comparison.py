@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from cropscale.evidence import ANALYTICAL_SCENARIO, MEASURED_RUN, derived_label
-from cropscale.report.pairs import PrecisionPair
+from cropscale.report.pairs import PrecisionPair, diverged
 from cropscale.report.scaling import DeviceSeries, efficiency_of
 from cropscale.runs.record import RunRecord
 from cropscale.runs.rules import Figure
@@ -65,8 +65,12 @@ def _pair_figures(record: RunRecord, pairs: Sequence[PrecisionPair]) -> dict[str
         return {key: (Figure(same, record.evidence, note=note) if record.value(figure) is not None
                       else record.figures[figure])
                 for key, figure, same in (("speedup", "samples_per_s", 1.0), ("iou_difference", "best_miou", 0.0))}
-    why = ("no other precision of the same configuration among the inputs" if record.precision == "32-true"
-           else "no FP32 run of the same configuration among the inputs")
+    if diverged(record):
+        why = "diverged: forms no precision pair"
+    elif record.precision == "32-true":
+        why = "no other precision of the same configuration among the inputs"
+    else:
+        why = "no FP32 run of the same configuration among the inputs"
     return {"speedup": Figure(None, record.evidence, why), "iou_difference": Figure(None, record.evidence, why)}
 
 

@@ -59,10 +59,15 @@ def _requested_note(base: RunRecord, other: RunRecord) -> str | None:
     return why
 
 
+def diverged(record: RunRecord) -> bool:
+    """True for a run whose logged training loss stayed non-finite (:func:`cropscale.runs.rules.divergence`)."""
+    return record.divergence is not None and record.divergence.diverged
+
+
 def _bases(records: Sequence[RunRecord]) -> dict[str, RunRecord]:
     bases: dict[str, RunRecord] = {}
     for r in records:
-        if r.precision == "32-true" and r.status in (None, "ok", "finished"):
+        if r.precision == "32-true" and r.status in (None, "ok", "finished") and not diverged(r):
             bases.setdefault(r.pair_key, r)
     return bases
 
@@ -70,14 +75,15 @@ def _bases(records: Sequence[RunRecord]) -> dict[str, RunRecord]:
 def precision_pairs(records: Sequence[RunRecord]) -> list[PrecisionPair]:
     """Pair every record of another precision with the FP32 (``32-true``) record of the same ``pair_key``.
 
-    Failed benchmark rows (``oom``, ``error``, ``unsupported``) and runs that did not finish (``run.json``
-    status ``failed`` or ``running``) are left out.
+    Failed benchmark rows (``oom``, ``error``, ``unsupported``), runs that did not finish (``run.json``
+    status ``failed`` or ``running``), runs that did not train (``not-trained``) and runs that diverged are left
+    out, as base and as other.
     """
     pairs = []
     bases = _bases(records)
     for r in records:
         base = bases.get(r.pair_key)
-        if base is None or r is base or r.precision in (None, "32-true") or r.status in FAILED:
+        if base is None or r is base or r.precision in (None, "32-true") or r.status in FAILED or diverged(r):
             continue
         evidence = base.evidence if base.evidence == r.evidence else f"{base.evidence} + {r.evidence}"
         note = _requested_note(base, r)
