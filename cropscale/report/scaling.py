@@ -71,11 +71,12 @@ class DeviceSeries:
         return f"{self.precision}, {self.protocol} ({kind} batch {self.batch})"
 
 
-def _flatten(obj: object, prefix: str = "") -> dict[str, object]:
+def flatten_config(obj: object, prefix: str = "") -> dict[str, object]:
+    """A nested configuration as ``{"trainer.devices": 2, ...}`` (mappings flattened, lists kept as values)."""
     if isinstance(obj, dict):
         out: dict[str, object] = {}
         for k, v in obj.items():
-            out.update(_flatten(v, f"{prefix}.{k}" if prefix else str(k)))
+            out.update(flatten_config(v, f"{prefix}.{k}" if prefix else str(k)))
         return out
     return {prefix: obj}
 
@@ -87,7 +88,7 @@ def series_key(record: RunRecord) -> str | None:
     """
     if record.kind != "run" or not record.config or record.devices is None:
         return None
-    flat = {k: v for k, v in _flatten(record.config).items() if not k.startswith(DEVICE_KNOBS)}
+    flat = {k: v for k, v in flatten_config(record.config).items() if not k.startswith(DEVICE_KNOBS)}
     ran_on = (record.run_json.distributed.get("accelerator") if record.run_json is not None else None) \
         or (record.config.get("trainer") or {}).get("accelerator")
     return json.dumps({"precision": record.precision, "accelerator": ran_on, "config": flat}, sort_keys=True,

@@ -20,7 +20,7 @@ import json
 from collections.abc import Sequence
 
 from cropscale.report.pairs import FAILED
-from cropscale.report.scaling import DEVICE_KNOBS, series_key
+from cropscale.report.scaling import DEVICE_KNOBS, flatten_config, series_key
 from cropscale.runs.equivalence import DEFAULT_MARGIN, TARGET_FRACTION, Comparison, compare_runs
 from cropscale.runs.record import RunRecord
 
@@ -32,15 +32,6 @@ PRECISION_KEYS = ("trainer.precision", "model.allow_tf32", "trainer.plugins")
 BATCH_KEYS = ("data.batch_size", "trainer.accumulate_grad_batches", "model.lr")
 
 
-def _flatten(obj: object, prefix: str = "") -> dict[str, object]:
-    if isinstance(obj, dict):
-        out: dict[str, object] = {}
-        for k, v in obj.items():
-            out.update(_flatten(v, f"{prefix}.{k}" if prefix else str(k)))
-        return out
-    return {prefix: obj}
-
-
 def usable(record: RunRecord) -> bool:
     """A finished training run that neither diverged nor failed (nor, once recorded, did not train)."""
     diverged = record.divergence is not None and record.divergence.diverged
@@ -49,7 +40,7 @@ def usable(record: RunRecord) -> bool:
 
 
 def _key(record: RunRecord, drop: tuple[str, ...], extra: dict | None = None) -> str:
-    flat = {k: v for k, v in _flatten(record.config).items()
+    flat = {k: v for k, v in flatten_config(record.config).items()
             if not k.startswith((SEED, *NOTHING_COMPUTED, *drop))}
     return json.dumps({"config": flat, **(extra or {})}, sort_keys=True, default=str)
 
