@@ -86,6 +86,7 @@ from cropscale.distributed import (
     child_failures,
     child_rank_processes,
     cleanup_rank_reports,
+    elastic_restart_hazard,
     finish_distributed,
     prepare_rank_reports,
     report_rank_error,
@@ -566,6 +567,14 @@ def _stopped_by_signal() -> None:
     sys.exit(0)
 
 
+def _before_lightning() -> None:
+    """Before a Lightning subcommand: the rank-report folder (the other ranks inherit it), the torchrun warning."""
+    prepare_rank_reports()
+    hazard = elastic_restart_hazard()
+    if hazard and os.environ.get("RANK", "0") == "0":
+        print(hazard, file=sys.stderr, flush=True)
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point of ``python -m cropscale`` and the ``cropscale`` console script."""
     from jsonargparse import ArgumentError
@@ -573,7 +582,7 @@ def main(argv: list[str] | None = None) -> None:
 
     args = list(sys.argv[1:] if argv is None else argv)
     if args and args[0] in LIGHTNING_COMMANDS:
-        prepare_rank_reports()  # before Lightning's launcher starts the other ranks: they inherit it
+        _before_lightning()
     try:
         if args and args[0] in EXTRA_COMMANDS:
             module = importlib.import_module(EXTRA_COMMANDS[args[0]][0])

@@ -34,6 +34,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -45,6 +46,31 @@ from typing_extensions import override
 CHILD_RANK_TIMEOUT_S = 120.0
 #: Environment variable naming the folder where ranks leave their one-line errors for the launching rank.
 RANK_ERRORS_ENV = "CROPSCALE_RANK_ERRORS"
+
+
+def elastic_restart_hazard(env: Mapping[str, str] | None = None) -> str | None:
+    """The warning line for a torchrun job whose restarts would reuse the rendezvous's shared store, else None.
+
+    With ``--max-restarts`` > 0, torchrun by default hands its workers the rendezvous's shared TCP store
+    (``TORCHELASTIC_USE_AGENT_STORE=True``), and that store outlives a restart: the restarted workers' default
+    process group, whose keys carry no attempt prefix, can read the first attempt's (dead) peer addresses,
+    and gloo's connect is refused or hangs. ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` in torchrun's environment
+    gives each rendezvous round a store of its own.
+
+    Args:
+        env: the environment to read (default ``os.environ``): ``TORCHELASTIC_USE_AGENT_STORE`` and
+            ``TORCHELASTIC_MAX_RESTARTS``, set by torchrun for its workers.
+    """
+    env = os.environ if env is None else env
+    try:
+        restarts = int(env.get("TORCHELASTIC_MAX_RESTARTS", "0") or 0)
+    except ValueError:
+        return None
+    if env.get("TORCHELASTIC_USE_AGENT_STORE") != "True" or restarts <= 0:
+        return None
+    return (f"cropscale: warning: torchrun --max-restarts={restarts} with its shared rendezvous store: a restarted"
+            " attempt can fail at the process group's connect (the store still holds the first attempt's peer"
+            " addresses); export TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 before torchrun")
 
 
 def destroy_process_group() -> bool:

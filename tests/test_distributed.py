@@ -102,3 +102,14 @@ def test_lightning_child_observer_is_replaced_by_the_watch():
     _, failing = _trainer_with_children("raise SystemExit(3)")
     _ChildProcessObserver(main_pid=victim.pid, child_processes=failing, sleep_period=1).start()
     assert victim.wait(timeout=30) == -9
+
+
+def test_elastic_restart_hazard_names_the_setting_only_for_restarts_on_the_shared_store():
+    from cropscale.distributed import elastic_restart_hazard
+
+    shared = {"TORCHELASTIC_USE_AGENT_STORE": "True", "TORCHELASTIC_MAX_RESTARTS": "1"}
+    line = elastic_restart_hazard(shared)
+    assert line is not None and "--max-restarts=1" in line and "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1" in line
+    assert elastic_restart_hazard({**shared, "TORCHELASTIC_MAX_RESTARTS": "0"}) is None  # no restart to go wrong
+    assert elastic_restart_hazard({**shared, "TORCHELASTIC_USE_AGENT_STORE": "False"}) is None  # store per round
+    assert elastic_restart_hazard({}) is None  # not under torchrun

@@ -44,6 +44,10 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+ELASTIC_ENV = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+"""What the README asks of a torchrun job with ``--max-restarts``."""
+
+
 def _env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "TORCHELASTIC_"))}
     env.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", PYTHONPATH=str(REPO), **extra)
@@ -204,9 +208,9 @@ def test_sigusr1_without_slurm_saves_and_a_finished_run_is_complete_at_once(tmp_
 
 
 # -------------------------------------------------------------------------------------------------- torchrun
-# Out of CI (marker ``elastic``, ``make test-elastic``): in some runs the restart attempt's gloo connect is refused
-# (``Gloo connectFullMesh failed ... Connection refused``) and the job ends with status 1; the cause is not
-# established (see the README's Tests section).
+# Out of CI (marker ``elastic``, ``make test-elastic``; see the README's Tests section): without
+# TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 the restart attempt's gloo connect was refused or hung in 3 of 4 runs; with it,
+# 2 of 2 passed, too few to make CI's landing depend on it.
 @pytest.mark.elastic
 def test_torchrun_elastic_restart_resumes_to_the_uninterrupted_run(tmp_path, flanders_root):
     base = [f"--data.root={flanders_root}", *ARGS]
@@ -222,7 +226,9 @@ def test_torchrun_elastic_restart_resumes_to_the_uninterrupted_run(tmp_path, fla
              "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=cropscale-test",
              "--local-addr=127.0.0.1", "--monitor-interval=1"]
     started = time.monotonic()
-    agents = _run_all([(agent + fit, _env()), (agent + fit, _env())], tmp_path / "r")
+    # torchrun's shared rendezvous TCP store outlives a restart, and the restarted workers' process group would read
+    # the first attempt's (dead) peer addresses from it: the documented setting gives each round its own store
+    agents = _run_all([(agent + fit, _env(**ELASTIC_ENV)), (agent + fit, _env(**ELASTIC_ENV))], tmp_path / "r")
     print(f"\ntorchrun job with one restart: both agents ended after {time.monotonic() - started:.1f} s,"
           f" status {[a.returncode for a in agents]}")
     assert [a.returncode for a in agents] == [0, 0], agents[0].stderr[-3000:] + agents[1].stderr[-3000:]
