@@ -210,7 +210,7 @@ def test_sigusr1_without_slurm_saves_and_a_finished_run_is_complete_at_once(tmp_
 # -------------------------------------------------------------------------------------------------- torchrun
 # Out of CI (marker ``elastic``, ``make test-elastic``; see the README's Tests section): without
 # TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 the restart attempt's gloo connect was refused or hung in 3 of 4 runs; with it,
-# 2 of 2 passed, too few to make CI's landing depend on it.
+# 3 of 3 passed, too few to make CI's landing depend on it.
 @pytest.mark.elastic
 def test_torchrun_elastic_restart_resumes_to_the_uninterrupted_run(tmp_path, flanders_root):
     base = [f"--data.root={flanders_root}", *ARGS]
