@@ -16,15 +16,7 @@ from cropscale.data.datamodule import PastisHDDataModule
 from cropscale.data.dataset import PastisHDDataset
 from cropscale.data.metadata import read_metadata
 from cropscale.data.stats import compute_norm_stats
-from tests.data.test_errors import make_copy, raises_naming, rewrite_tif
-
-FLANDERS_IDS = [1001, 1002, 2001, 2002]
-
-
-@pytest.fixture
-def flanders4(flanders_root, tmp_path):
-    """A full copy of the Flanders sample (two training, two validation patches)."""
-    return make_copy(flanders_root, tmp_path / "flanders", FLANDERS_IDS)
+from tests.data.test_errors import raises_naming, rewrite_tif
 
 
 def _dm(root, **kw):

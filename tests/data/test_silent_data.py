@@ -10,21 +10,9 @@ import warnings
 import numpy as np
 import pytest
 
-from cropscale.data.datamodule import PastisHDDataModule
-from tests.data.test_errors import make_copy, raises_naming
-
-FLANDERS_IDS = [1001, 1002, 2001, 2002]
-
-
-@pytest.fixture
-def flanders4(flanders_root, tmp_path):
-    return make_copy(flanders_root, tmp_path / "flanders", FLANDERS_IDS)
-
-
-def _dm(root, **kw):
-    kw.setdefault("t2", 8)
-    kw.setdefault("t1", 2)
-    return PastisHDDataModule(str(root), **kw)
+from tests.data.conftest import FLANDERS_IDS
+from tests.data.test_content_checks import _dm
+from tests.data.test_errors import raises_naming
 
 
 # ------------------------------------------------------------------ Sentinel-1 in linear power in every file
