@@ -68,7 +68,8 @@ def callback_norm(monkeypatch, fake: FakeCollectives, net: Net, strategy_name: s
     monkeypatch.setattr(torch.distributed, "is_initialized", lambda: True)
     monkeypatch.setattr(torch.distributed, "all_reduce", fake.all_reduce)
     strategy = type(strategy_name, (), {})()
-    strategy.sharding_strategy, strategy.model = ShardingStrategy.HYBRID_SHARD, SimpleNamespace(process_group=SHARD_GROUP)
+    strategy.sharding_strategy = ShardingStrategy.HYBRID_SHARD
+    strategy.model = SimpleNamespace(process_group=SHARD_GROUP)
     trainer = SimpleNamespace(strategy=strategy, world_size=4, global_step=0, current_epoch=0, loggers=[],
                               precision_plugin=SimpleNamespace(), gradient_clip_val=None, log_every_n_steps=0)
     cb = GradNormCallback(**kw)
