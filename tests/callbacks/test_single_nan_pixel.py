@@ -19,6 +19,7 @@ from cropscale.callbacks import NonFiniteCallback
 from cropscale.callbacks import nonfinite as nonfinite_module
 from cropscale.data.datamodule import PastisHDDataModule
 from cropscale.model.task import CropMappingTask
+from tests.model.test_fp16 import SMALL
 
 pytestmark = [
     pytest.mark.filterwarnings("ignore:.*LeafSpec"),  # Lightning 2.6 on torch 2.13
@@ -27,8 +28,6 @@ pytestmark = [
     pytest.mark.filterwarnings("ignore:.*does not have many workers"),
 ]
 
-SMALL = dict(s2_dim=16, s2_depth=1, s2_heads=2, s1_dim=8, s1_depth=1, s1_heads=2, width=8, fpn_dim=16,
-             head_dim=8, decoder_dim=8, hr_dim=4)
 
 
 @pytest.mark.parametrize("bad", [math.nan, math.inf])
