@@ -38,7 +38,6 @@ class FakeAllocator:
     def __init__(self) -> None:
         self.allocated = self.reserved = 0
         self.peak_allocated = self.peak_reserved = 0
-        self.resets = 0
 
     def set(self, allocated: int, reserved: int) -> None:
         self.allocated, self.reserved = allocated, reserved
@@ -46,7 +45,6 @@ class FakeAllocator:
         self.peak_reserved = max(self.peak_reserved, reserved)
 
     def reset_peak_memory_stats(self, device=None) -> None:
-        self.resets += 1
         self.peak_allocated, self.peak_reserved = self.allocated, self.reserved
 
     def install(self, mp: pytest.MonkeyPatch) -> None:
