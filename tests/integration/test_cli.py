@@ -39,11 +39,19 @@ def scalar_tags(run_dir: Path) -> set[str]:
     return tags
 
 
-def test_help_lists_subcommands(tmp_path):
-    res = run_cli(["--help"], cwd=tmp_path)
-    assert res.returncode == 0, res.stderr
-    for word in ("fit", "validate", "benchmark", "report", "study", "scaling", "summary"):
-        assert word in res.stdout
+#: Every subcommand, written out here (not read from the CLI's table): Lightning's four and the analysis ones.
+ALL_SUBCOMMANDS = ("fit", "validate", "test", "predict", "summary", "benchmark", "report", "study", "scaling",
+                   "loader-bench", "tiling-bench", "callback-bench", "lever-bench", "pipeline-bench")
+
+
+@pytest.mark.parametrize("args", [[], ["--help"], ["-h"]])
+def test_bare_command_and_help_list_every_subcommand(tmp_path, args):
+    """Issue 28: ``python -m cropscale`` alone lists every subcommand, one a line, and exits 0 with no error."""
+    res = run_cli(args, cwd=tmp_path, timeout=120)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "error" not in res.stderr.lower(), res.stderr[-3000:]
+    listed = [line.split()[0] for line in res.stdout.splitlines() if line.startswith("  ") and line.split()]
+    assert sorted(listed) == sorted(ALL_SUBCOMMANDS), res.stdout
 
 
 def test_print_config_resolves_default(tmp_path, flanders_root):
@@ -207,7 +215,7 @@ def test_checkpoint_is_checked_before_lightning_opens_it(tmp_path):
     from cropscale import CropScaleError
     from cropscale.cli import check_checkpoint
 
-    for keyword in (None, "", "last", "best", "hpc", "registry:model", "s3://bucket/x.ckpt"):
+    for keyword in (None, "", "last", "hpc", "registry:model", "s3://bucket/x.ckpt"):
         check_checkpoint(keyword)  # left to Lightning
     good = tmp_path / "good.ckpt"
     torch.save({"state_dict": {"w": torch.ones(2)}, "pytorch-lightning_version": "2.6.0"}, good)
