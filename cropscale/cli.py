@@ -65,6 +65,7 @@ import typing
 from pathlib import Path
 from typing import Any
 
+import torch
 from lightning.fabric.plugins import CheckpointIO
 from lightning.fabric.plugins.environments import ClusterEnvironment, SLURMEnvironment
 from lightning.pytorch import Trainer
@@ -99,6 +100,7 @@ from cropscale.distributed import (
     report_rank_error,
     stop_child_ranks,
 )
+from cropscale.env.host import choose_torch_threads, usable_cores
 from cropscale.errors import CheckpointError, ConfigError, CropScaleError, TrainerArgumentError, user_error_text
 from cropscale.files import check_writable_folder
 from cropscale.model.task import RESUME_FIXED_SETTINGS, CropMappingTask
@@ -368,6 +370,14 @@ class CropScaleCLI(LightningCLI):
     fit_error: str | None = None
 
     @override
+    def add_default_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
+        """Lightning's ``--seed_everything`` and ``--threads`` (torch threads per process on CPU)."""
+        super().add_default_arguments_to_parser(parser)
+        parser.add_argument("--threads", type=int | None, default=None,
+                            help="torch threads per process on CPU (default: OMP_NUM_THREADS when set, else the"
+                                 " usable cores // the processes on this machine)")
+
+    @override
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         integers_stay_integers(parser)
         parser.link_arguments("data.num_classes", "model.num_classes", apply_on="instantiate")
@@ -487,7 +497,22 @@ class CropScaleCLI(LightningCLI):
             raise ConfigError(line[1])
         if line:
             rank_zero_warn(line[1])
+        if isinstance(trainer.accelerator, CPUAccelerator):
+            self._set_threads(trainer)
         return trainer
+
+    def _set_threads(self, trainer: Trainer) -> None:
+        """On CPU: torch threads per process (:func:`~cropscale.env.host.choose_torch_threads`), set, printed on rank 0.
+
+        The processes on this machine are ``LOCAL_WORLD_SIZE`` (torchrun) or the Trainer's devices (Lightning
+        starts one process per CPU device under DDP).
+        """
+        cfg = self.config[self.subcommand] if self.subcommand else self.config
+        local = os.environ.get("LOCAL_WORLD_SIZE", "")
+        processes = int(local) if local.isdigit() and int(local) > 0 else int(trainer.num_devices)
+        choice = choose_torch_threads(usable_cores(), processes, cfg.get("threads"), os.environ.get("OMP_NUM_THREADS"))
+        torch.set_num_threads(choice.threads)
+        rank_zero_info(choice.line())
 
     def _check_outputs(self) -> None:
         """Refuse, before the run starts, a run folder or checkpoint folder that cannot be written."""

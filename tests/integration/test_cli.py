@@ -195,6 +195,24 @@ def test_bad_arguments_are_one_paragraph(tmp_path, flanders_root, args, needle):
     assert len(res.stderr.strip().splitlines()) <= 8, res.stderr
 
 
+THREADS_LINE = "cropscale: torch threads per process: "
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_getaffinity"), reason="no CPU affinity on this platform")
+def test_fit_on_cpu_sets_and_prints_the_threads_per_process(tmp_path, flanders_root):
+    """Issue 28: without OMP_NUM_THREADS, one process on CPU gets the usable cores; ``--threads`` overrides."""
+    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
+    cores = len(os.sched_getaffinity(0))
+    quick = ["fit", f"--data.root={flanders_root}", "--trainer.accelerator=cpu", "--trainer.devices=1", *TINY,
+             "--trainer.max_steps=1", "--trainer.limit_val_batches=0"]
+    for extra, count, why in (([], cores, f"{cores} cores / 1 processes"), (["--threads=1"], 1, "--threads 1")):
+        res = subprocess.run([sys.executable, "-m", "cropscale", *quick, *extra], cwd=tmp_path, env=env,
+                             capture_output=True, text=True, timeout=600)
+        lines = [line for line in (res.stdout + res.stderr).splitlines() if line.startswith(THREADS_LINE)]
+        assert lines == [f"{THREADS_LINE}{count} ({why}); override with --threads N or OMP_NUM_THREADS"], (
+            res.stderr[-3000:])
+
+
 def test_fit_ddp_two_cpu_processes(tmp_path, flanders_root):
     res = run_cli(
         ["fit", f"--data.root={flanders_root}", "--trainer.accelerator=cpu", "--trainer.devices=2",
@@ -206,6 +224,7 @@ def test_fit_ddp_two_cpu_processes(tmp_path, flanders_root):
     assert "val/mIoU" in scalar_tags(run_dir)
     assert "global batch 4 = local 2 x world size 2" in res.stdout + res.stderr
     assert res.stdout.count("cropscale fit summary") == 1  # rank 0 only (rank 1 shares the pipe)
+    assert (res.stdout + res.stderr).count(f"{THREADS_LINE}1 (OMP_NUM_THREADS=1)") == 1  # rank 0 only
     assert "FP32 on 2 device(s) (ddp)" in summary_lines(res.stdout)["ran"]
 
 
