@@ -155,13 +155,10 @@ def check_checkpoint(path: str | None) -> dict | None:
 
     Raises:
         CheckpointError: naming the path: ``best``, not found, not readable by ``torch.load(weights_only=True)``
-            (``pickle.UnpicklingError``: not a torch checkpoint file), or readable but without the keys of a
+            (the unpickler's errors: not a torch checkpoint file), or readable but without the keys of a
             Lightning checkpoint (``state_dict``, ``pytorch-lightning_version``).
     """
-    import pickle
     import zipfile
-
-    import torch
 
     if not path or path in _CKPT_KEYWORDS or path.startswith("registry") or "://" in path:
         return None
@@ -173,12 +170,13 @@ def check_checkpoint(path: str | None) -> dict | None:
         raise CheckpointError(f"--ckpt_path: checkpoint file not found: {path}")
     try:
         ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=zipfile.is_zipfile(path))
-    except pickle.UnpicklingError as err:  # torch's weights-only unpickler refused the bytes
-        raise CheckpointError(f"--ckpt_path {path} is not a readable Lightning checkpoint (not a torch checkpoint"
-                              " file)") from err
-    except (RuntimeError, EOFError, OSError, ValueError) as err:
+    except (RuntimeError, EOFError, OSError, ValueError) as err:  # the zip reader, the file, mmap
         reason = " ".join(str(err).split()).split(". ")[0]
         raise CheckpointError(f"--ckpt_path {path} is not a readable Lightning checkpoint ({reason[:160]})") from err
+    except Exception as err:  # torch's weights-only unpickler on bytes that are no torch pickle (UnpicklingError,
+        # KeyError, IndexError, ... depending on the bytes)
+        raise CheckpointError(f"--ckpt_path {path} is not a readable Lightning checkpoint (not a torch checkpoint"
+                              " file)") from err
     missing = [k for k in ("state_dict", "pytorch-lightning_version") if not isinstance(ckpt, dict) or k not in ckpt]
     if missing:
         raise CheckpointError(

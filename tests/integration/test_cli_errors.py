@@ -63,6 +63,11 @@ def test_checkpoint_errors_are_typed(tmp_path):
     for path in (tmp_path / "missing.ckpt", text, plain):
         with pytest.raises(CheckpointError, match=str(path.name)):
             cli.check_checkpoint(str(path))
+    # bytes on which torch's weights-only unpickler raises a KeyError, not an UnpicklingError
+    short = tmp_path / "hi.txt"
+    short.write_text("hi\n")
+    with pytest.raises(CheckpointError, match=r"hi.txt is not a readable Lightning checkpoint \(not a torch"):
+        cli.check_checkpoint(str(short))
 
 
 def test_ckpt_path_best_in_a_new_process_is_a_checkpoint_error():
