@@ -49,7 +49,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from typing_extensions import override
 
-from cropscale.errors import CropScaleError
+from cropscale.errors import CheckpointError, CropScaleError
 from cropscale.files import atomic_write
 
 __all__ = ["RESUME_AUTO", "STOP_SIGNALS", "AtomicCheckpointIO", "ResumableCheckpoint", "StopOnSignal", "StopOnSigterm",
@@ -304,12 +304,12 @@ def find_last_checkpoint(save_dir: str | os.PathLike, name: str, exists: Callabl
         exists: file test (for tests).
 
     Raises:
-        CropScaleError: no such file; the message names the pattern it looked for.
+        CheckpointError: no such file; the message names the pattern it looked for.
     """
     runs = Path(save_dir) / name
     found = [p for p in runs.glob("version_*/checkpoints/last.ckpt") if exists(p)]
     if not found:
-        raise CropScaleError(
+        raise CheckpointError(
             f"--ckpt_path last: no last.ckpt under {runs}/version_*/checkpoints/ (looked in {runs.resolve()});"
             " train first, or give a checkpoint file"
         )
@@ -470,13 +470,13 @@ def check_fit_start(ckpt_path: str | None, max_epochs: int | None, max_steps: in
         ``max_steps`` (the caller prints it and exits with status 0 before anything starts), else None.
 
     Raises:
-        CropScaleError: a fresh start under SLURM with ``hpc_ckpt_N.ckpt`` in ``default_root_dir``, which
+        CheckpointError: a fresh start under SLURM with ``hpc_ckpt_N.ckpt`` in ``default_root_dir``, which
             Lightning would restore whatever run wrote it.
     """
     if not ckpt_path and SLURMEnvironment.detect():
         found = hpc_checkpoints_in(default_root_dir)
         if found:
-            raise CropScaleError(
+            raise CheckpointError(
                 f"{found[-1]} is a SLURM requeue checkpoint that Lightning would restore into this fresh run"
                 " whatever run wrote it; resume this run with --ckpt_path auto, give that file as --ckpt_path,"
                 " or move it away")

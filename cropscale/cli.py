@@ -16,9 +16,16 @@ ends with ``cropscale: error: training diverged ...`` and exit status 1; so does
 
 The other subcommands are plain functions ``main(argv) -> int`` listed in :data:`EXTRA_COMMANDS`.
 
-User errors (:class:`cropscale.CropScaleError`, Lightning's ``MisconfigurationException``) are
-printed as one paragraph naming the argument or path, and the process exits with status 2; an error
-re-raised from a DataLoader worker prints the worker's own message (:func:`cropscale.errors.user_error_text`).
+User errors are told apart by type, never by message text: :class:`cropscale.CropScaleError` and its
+family (:mod:`cropscale.errors`: :class:`~cropscale.errors.ConfigError`,
+:class:`~cropscale.errors.TrainerArgumentError`, :class:`~cropscale.errors.CheckpointError`), raised where
+the problem is found, end with the class's ``exit_status`` (2); so do Lightning's
+``MisconfigurationException``, jsonargparse's ``ArgumentError`` and a ``FileNotFoundError``. Third-party
+errors about the user's input are typed at the one place the project calls the library: the Trainer's
+argument checks in :meth:`CropScaleCLI.instantiate_trainer`, ``torch.load`` in :func:`check_checkpoint`,
+the weights in :meth:`~cropscale.model.task.CropMappingTask.load_state_dict`. Each prints one paragraph
+naming the argument or path; an error re-raised from a DataLoader worker prints the worker's own message
+(:func:`cropscale.errors.user_error_text`). Any other exception keeps its traceback.
 
 Parsing is exact: no option prefixes (``--trainer.max_epoch`` is an error, not ``max_epochs``), and the
 Trainer's ``int | float`` limits keep an integer as an integer (``--trainer.limit_train_batches=1`` is one
@@ -58,6 +65,7 @@ import typing
 from pathlib import Path
 from typing import Any
 
+import torch
 from lightning.fabric.plugins import CheckpointIO
 from lightning.fabric.plugins.environments import ClusterEnvironment, SLURMEnvironment
 from lightning.pytorch import Trainer
@@ -65,7 +73,7 @@ from lightning.pytorch.accelerators import CPUAccelerator
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
-from lightning.pytorch.utilities.exceptions import SIGTERMException
+from lightning.pytorch.utilities.exceptions import MisconfigurationException, SIGTERMException
 from typing_extensions import override
 
 from cropscale.callbacks.divergence import DivergenceCallback
@@ -92,7 +100,8 @@ from cropscale.distributed import (
     report_rank_error,
     stop_child_ranks,
 )
-from cropscale.errors import CropScaleError, user_error_text
+from cropscale.env.host import choose_torch_threads, usable_cores
+from cropscale.errors import CheckpointError, ConfigError, CropScaleError, TrainerArgumentError, user_error_text
 from cropscale.files import check_writable_folder
 from cropscale.model.task import RESUME_FIXED_SETTINGS, CropMappingTask
 from cropscale.precision import cpu_precision_line
@@ -117,9 +126,16 @@ EXTRA_COMMANDS: dict[str, tuple[str, str]] = {
 
 
 LIGHTNING_COMMANDS = ("fit", "validate", "test", "predict")
+#: What each Lightning subcommand does, for the overview of ``python -m cropscale`` (and ``--help``).
+LIGHTNING_HELP = {
+    "fit": "train the model on data.train_folds, validating each epoch (e.g. --trainer.devices=2)",
+    "validate": "one validation pass (tiled, val/mIoU) of a --ckpt_path on data.val_folds",
+    "test": "one test pass of a --ckpt_path on data.test_folds",
+    "predict": "predictions of a --ckpt_path on data.test_folds",
+}
 
-#: ``ckpt_path`` values that Lightning resolves itself (not file paths); ``last`` is resolved here.
-_CKPT_KEYWORDS = ("best", "last", "hpc")
+#: ``ckpt_path`` values that Lightning resolves itself (not file paths); ``last`` is resolved here, ``best`` refused.
+_CKPT_KEYWORDS = ("last", "hpc")
 
 #: The Trainer of the running Lightning subcommand, for the error and SIGTERM endings of :func:`main`.
 _ACTIVE: dict[str, Trainer] = {}
@@ -131,34 +147,39 @@ def check_checkpoint(path: str | None) -> dict | None:
     Lightning's own failures for such files surface deep inside ``torch.load`` or its checkpoint
     migration (a truncated zip, a plain ``torch.save`` file, any non-torch file). Lightning's keywords
     (``best``, ``last``, ``hpc``, ``registry...``) and remote URLs are left to Lightning. The file is
-    opened memory-mapped (``mmap=True``): its tensors are not read here.
+    opened memory-mapped (``mmap=True``): its tensors are not read here. ``best`` is refused: it names the
+    best checkpoint that this process's ``ModelCheckpoint`` saved, and a new command has saved none.
 
     Returns:
         The checkpoint, memory-mapped (None for keywords and remote URLs).
 
     Raises:
-        CropScaleError: naming the path: not found, not readable by ``torch.load(weights_only=True)``,
-            or readable but without the keys of a Lightning checkpoint (``state_dict``,
-            ``pytorch-lightning_version``).
+        CheckpointError: naming the path: ``best``, not found, not readable by ``torch.load(weights_only=True)``
+            (the unpickler's errors: not a torch checkpoint file), or readable but without the keys of a
+            Lightning checkpoint (``state_dict``, ``pytorch-lightning_version``).
     """
-    import pickle
     import zipfile
-
-    import torch
 
     if not path or path in _CKPT_KEYWORDS or path.startswith("registry") or "://" in path:
         return None
+    if path == "best":
+        raise CheckpointError("--ckpt_path best: Lightning's 'best' is the best checkpoint that ModelCheckpoint saved"
+                              " in this same process, and a new command has saved none; give a checkpoint file, or"
+                              " --ckpt_path last")
     if not Path(path).is_file():
-        raise CropScaleError(f"--ckpt_path: checkpoint file not found: {path}")
+        raise CheckpointError(f"--ckpt_path: checkpoint file not found: {path}")
     try:
         ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=zipfile.is_zipfile(path))
-    except (RuntimeError, pickle.UnpicklingError, EOFError, OSError, ValueError) as err:
-        reason = " ".join(str(err).split())
-        reason = reason.split(". ")[0] if "Weights only load failed" not in reason else "not a torch checkpoint file"
-        raise CropScaleError(f"--ckpt_path {path} is not a readable Lightning checkpoint ({reason[:160]})") from err
+    except (RuntimeError, EOFError, OSError, ValueError) as err:  # the zip reader, the file, mmap
+        reason = " ".join(str(err).split()).split(". ")[0]
+        raise CheckpointError(f"--ckpt_path {path} is not a readable Lightning checkpoint ({reason[:160]})") from err
+    except Exception as err:  # torch's weights-only unpickler on bytes that are no torch pickle (UnpicklingError,
+        # KeyError, IndexError, ... depending on the bytes)
+        raise CheckpointError(f"--ckpt_path {path} is not a readable Lightning checkpoint (not a torch checkpoint"
+                              " file)") from err
     missing = [k for k in ("state_dict", "pytorch-lightning_version") if not isinstance(ckpt, dict) or k not in ckpt]
     if missing:
-        raise CropScaleError(
+        raise CheckpointError(
             f"--ckpt_path {path} is a torch file but not a Lightning checkpoint (no {' / '.join(map(repr, missing))}:"
             " use a .ckpt written by ModelCheckpoint or trainer.save_checkpoint)"
         )
@@ -347,6 +368,14 @@ class CropScaleCLI(LightningCLI):
     fit_error: str | None = None
 
     @override
+    def add_default_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
+        """Lightning's ``--seed_everything`` and ``--threads`` (torch threads per process on CPU)."""
+        super().add_default_arguments_to_parser(parser)
+        parser.add_argument("--threads", type=int | None, default=None,
+                            help="torch threads per process on CPU (default: OMP_NUM_THREADS when set, else the"
+                                 " usable cores // the processes on this machine)")
+
+    @override
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         integers_stay_integers(parser)
         parser.link_arguments("data.num_classes", "model.num_classes", apply_on="instantiate")
@@ -382,7 +411,7 @@ class CropScaleCLI(LightningCLI):
         keyword, logger = cfg.ckpt_path, cfg.trainer.get("logger")
         where = logger_location(logger, cfg.trainer.get("default_root_dir"))
         if where is None:
-            raise CropScaleError(f"--ckpt_path {keyword}: the run has no logger (trainer.logger), so there is no run"
+            raise CheckpointError(f"--ckpt_path {keyword}: the run has no logger (trainer.logger), so there is no run"
                                  " folder to look in; give a checkpoint file")
         init = logger.get("init_args") if hasattr(logger, "get") else None
         state = find_resume_state(*where, version=init.get("version") if init is not None else None)
@@ -430,7 +459,7 @@ class CropScaleCLI(LightningCLI):
         for key, value in self._explicit_model.items():
             kept = cfg.model.get(key)
             if self.subcommand == "fit" and key in RESUME_FIXED_SETTINGS and value != kept:
-                raise CropScaleError(
+                raise ConfigError(
                     f"--model.{key}={value} cannot apply when resuming from {cfg.ckpt_path}: the optimiser and LR"
                     f" schedule state come from the checkpoint ({key}={kept}); drop it, or start a new run"
                 )
@@ -438,6 +467,14 @@ class CropScaleCLI(LightningCLI):
 
     @override
     def instantiate_trainer(self, **kwargs: Any) -> Trainer:
+        """Lightning's Trainer with :class:`~cropscale.checkpointing.AtomicCheckpointIO` (unless another
+        ``CheckpointIO`` is configured) and, under SLURM, Lightning's requeue handler off.
+
+        Raises:
+            TrainerArgumentError: Lightning refused a ``--trainer.*`` value (its ``ValueError``, ``TypeError``
+                or ``MisconfigurationException`` from the Trainer's argument checks), the option named.
+            ConfigError: a precision this CPU cannot run.
+        """
         trainer_config = self._get(self.config_init, "trainer", default={})
         plugins = kwargs.get("plugins", trainer_config.get("plugins"))
         plugins = [] if plugins is None else list(plugins) if isinstance(plugins, list | tuple) else [plugins]
@@ -446,14 +483,34 @@ class CropScaleCLI(LightningCLI):
         if SLURMEnvironment.detect() and not any(isinstance(p, ClusterEnvironment) for p in plugins):
             # SIGUSR1 is StopOnSignal's: Lightning's SLURM handler would save into the working directory and hang
             kwargs["plugins"] = [*plugins, SLURMEnvironment(auto_requeue=False)]
-        trainer = super().instantiate_trainer(**kwargs)
+        try:
+            trainer = super().instantiate_trainer(**kwargs)
+        except CropScaleError:
+            raise
+        except (ValueError, TypeError, MisconfigurationException) as err:  # the Trainer's own argument checks
+            raise TrainerArgumentError(name_trainer_argument(" ".join(str(err).split()))) from err
         _ACTIVE["trainer"] = trainer
         line = cpu_precision_line(trainer.precision) if isinstance(trainer.accelerator, CPUAccelerator) else None
         if line and line[0] == "error":
-            raise CropScaleError(line[1])
+            raise ConfigError(line[1])
         if line:
             rank_zero_warn(line[1])
+        if isinstance(trainer.accelerator, CPUAccelerator):
+            self._set_threads(trainer)
         return trainer
+
+    def _set_threads(self, trainer: Trainer) -> None:
+        """On CPU: torch threads per process (:func:`~cropscale.env.host.choose_torch_threads`), set, printed on rank 0.
+
+        The processes on this machine are ``LOCAL_WORLD_SIZE`` (torchrun) or the Trainer's devices (Lightning
+        starts one process per CPU device under DDP).
+        """
+        cfg = self.config[self.subcommand] if self.subcommand else self.config
+        local = os.environ.get("LOCAL_WORLD_SIZE", "")
+        processes = int(local) if local.isdigit() and int(local) > 0 else int(trainer.num_devices)
+        choice = choose_torch_threads(usable_cores(), processes, cfg.get("threads"), os.environ.get("OMP_NUM_THREADS"))
+        torch.set_num_threads(choice.threads)
+        rank_zero_info(choice.line())
 
     def _check_outputs(self) -> None:
         """Refuse, before the run starts, a run folder or checkpoint folder that cannot be written."""
@@ -508,14 +565,16 @@ def _lightning_cli(args: list[str] | None) -> LightningCLI:
     )
 
 
-def _print_overview() -> None:
+def print_overview() -> None:
+    """Print every subcommand, one a line with what it does (``python -m cropscale`` alone, or ``--help``)."""
     print("usage: python -m cropscale <subcommand> [options]   (or: cropscale <subcommand> ...)\n")
     print("Lightning subcommands (LightningCLI; configs/default.yaml is read first):")
-    print("  fit | validate | test | predict   e.g. python -m cropscale fit --trainer.devices=2")
-    print("\nAnalysis subcommands (each has --help):")
+    for name, what in LIGHTNING_HELP.items():
+        print(f"  {name:<15} {what}")
+    print("\nAnalysis subcommands:")
     for name, (_, what) in EXTRA_COMMANDS.items():
         print(f"  {name:<15} {what}")
-    print("\nLightningCLI's own help follows.\n")
+    print("\nEach subcommand has --help: python -m cropscale fit --help")
 
 
 def _fail(message: str, status: int = 2) -> None:
@@ -578,55 +637,67 @@ def _before_lightning() -> None:
 def main(argv: list[str] | None = None) -> None:
     """Entry point of ``python -m cropscale`` and the ``cropscale`` console script."""
     from jsonargparse import ArgumentError
-    from lightning.fabric.utilities.exceptions import MisconfigurationException
 
     args = list(sys.argv[1:] if argv is None else argv)
-    if args and args[0] in LIGHTNING_COMMANDS:
+    if not args or args[0] in ("-h", "--help"):
+        print_overview()
+        return
+    if args[0] in LIGHTNING_COMMANDS:
         _before_lightning()
     try:
-        if args and args[0] in EXTRA_COMMANDS:
-            module = importlib.import_module(EXTRA_COMMANDS[args[0]][0])
-            status = module.main(args[1:])
-            sys.exit(int(status or 0))
-        if not args or args[0] in ("-h", "--help"):
-            _print_overview()
-        elif not args[0].startswith("-") and args[0] not in LIGHTNING_COMMANDS:
-            _fail(f"unknown subcommand {args[0]!r}: choose from {', '.join((*LIGHTNING_COMMANDS, *EXTRA_COMMANDS))}"
-                  " (see: python -m cropscale --help)")
-        cli = _lightning_cli(None if argv is None else args)
-        failed = finish_distributed(getattr(cli, "trainer", None))
-        if failed:
-            ranks = ", ".join(f"local rank {r} exited with status {s}" for r, s in failed)
-            print(f"cropscale: error: rank 0 finished but {ranks} (see that rank's output above)", file=sys.stderr)
-            sys.exit(1)
-        if getattr(cli, "fit_error", None):
-            print(f"cropscale: error: {cli.fit_error}", file=sys.stderr)
-            sys.exit(1)
+        _run(args, argv)
     except SIGTERMException:
         _stopped_by_signal()
-    except (CropScaleError, MisconfigurationException, ArgumentError) as err:
-        if isinstance(err, ArgumentError):
-            sub = args[0] if args and args[0] in LIGHTNING_COMMANDS else ""
-            text = describe_config_error(str(err), args, str(DEFAULT_CONFIG) if DEFAULT_CONFIG.is_file() else None)
-            _fail(f"{text} (see: python -m cropscale {sub} --help)".replace("  ", " "))
-        _fail(_name_trainer_argument(str(err)) if isinstance(err, MisconfigurationException) else user_error_text(err))
+    except ArgumentError as err:  # jsonargparse: an unknown or ill-typed option
+        sub = args[0] if args and args[0] in LIGHTNING_COMMANDS else ""
+        text = describe_config_error(str(err), args, str(DEFAULT_CONFIG) if DEFAULT_CONFIG.is_file() else None)
+        _fail(f"{text} (see: python -m cropscale {sub} --help)".replace("  ", " "))
+    except MisconfigurationException as err:  # Lightning's checks during a run (e.g. no validation data)
+        _fail(name_trainer_argument(" ".join(str(err).split())))
+    except CropScaleError as err:
+        _fail(user_error_text(err), err.exit_status)
     except Exception as err:
-        message = _user_error(err)
+        message = _missing_file(err)
         if os.environ.get("CROPSCALE_TRACEBACK"):
             raise
         if message is None and _in_distributed_run():
-            # a rank of a DDP run: one line (a collective that failed because a peer left is not this rank's error);
-            # a bug of this rank keeps its traceback above the line
-            first = " ".join(str(err).split())[:300]
-            if _PEER_ERROR.search(f"{type(err).__name__} {first}"):
-                message = f"stopped: another rank left the run ({type(err).__name__}: {first})"
-            else:
-                traceback.print_exc()
-                message = f"{type(err).__name__}: {first}"
-            _fail(message, status=1)
+            _fail(_rank_error_line(err), status=1)
         if message is None:
             raise
         _fail(f"{message} (set CROPSCALE_TRACEBACK=1 for the traceback)")
+
+
+def _run(args: list[str], argv: list[str] | None) -> None:
+    """Run subcommand ``args[0]``: an analysis command's ``main``, or a Lightning subcommand and its ending."""
+    if args[0] in EXTRA_COMMANDS:
+        module = importlib.import_module(EXTRA_COMMANDS[args[0]][0])
+        status = module.main(args[1:])
+        sys.exit(int(status or 0))
+    if not args[0].startswith("-") and args[0] not in LIGHTNING_COMMANDS:
+        _fail(f"unknown subcommand {args[0]!r}: choose from {', '.join((*LIGHTNING_COMMANDS, *EXTRA_COMMANDS))}"
+              " (see: python -m cropscale --help)")
+    cli = _lightning_cli(None if argv is None else args)
+    failed = finish_distributed(getattr(cli, "trainer", None))
+    if failed:
+        ranks = ", ".join(f"local rank {r} exited with status {s}" for r, s in failed)
+        print(f"cropscale: error: rank 0 finished but {ranks} (see that rank's output above)", file=sys.stderr)
+        sys.exit(1)
+    if getattr(cli, "fit_error", None):
+        print(f"cropscale: error: {cli.fit_error}", file=sys.stderr)
+        sys.exit(1)
+
+
+def _rank_error_line(err: Exception) -> str:
+    """One line for an unexpected error in a rank of a DDP run.
+
+    A collective that failed because a peer left is not this rank's error; a bug of this rank keeps its
+    traceback above the line.
+    """
+    first = " ".join(str(err).split())[:300]
+    if _PEER_ERROR.search(f"{type(err).__name__} {first}"):
+        return f"stopped: another rank left the run ({type(err).__name__}: {first})"
+    traceback.print_exc()
+    return f"{type(err).__name__}: {first}"
 
 
 def _in_distributed_run() -> bool:
@@ -637,38 +708,14 @@ def _in_distributed_run() -> bool:
             or (dist.is_available() and dist.is_initialized()))
 
 
-def _user_error(err: Exception) -> str | None:
-    """Return a one-paragraph text for an error that comes from the user's arguments rather than from a bug.
-
-    User errors are Lightning's checks of Trainer arguments (ValueError; TypeError from its accelerator and
-    connector checks, e.g. ``devices=-5``) and a checkpoint that is missing, not a checkpoint, or of another
-    model configuration. Returns None for anything else (the traceback is kept).
-    """
-    import pickle
-
-    text = " ".join(str(err).split())
+def _missing_file(err: Exception) -> str | None:
+    """``file not found: <path>`` for a ``FileNotFoundError`` (a path the user gave); None for any other error."""
     if isinstance(err, FileNotFoundError):
-        return f"file not found: {err.filename or text}" if "heckpoint" not in text else text
-    if isinstance(err, pickle.UnpicklingError) or "Weights only load failed" in text:
-        return f"--ckpt_path is not a readable Lightning checkpoint ({text[:200]})"
-    if isinstance(err, RuntimeError) and "Error(s) in loading state_dict" in text:
-        return ("--ckpt_path holds weights of another model configuration (e.g. another class count or"
-                f" net_kwargs): {text[:300]}")
-    if type(err) in (ValueError, TypeError):
-        tb = err.__traceback__
-        while tb.tb_next is not None:
-            tb = tb.tb_next
-        origin = tb.tb_frame.f_code.co_filename.replace(os.sep, "/")
-        # TypeError only from Lightning's checks of Trainer arguments (a TypeError elsewhere is a bug)
-        checks = ("lightning/fabric/accelerators/", "lightning/pytorch/accelerators/",
-                  "lightning/fabric/utilities/device_parser", "/connectors/")
-        if (type(err) is ValueError and ("lightning" in origin or "torch/optim" in origin)) or (
-                "lightning" in origin and any(c in origin for c in checks)):
-            return _name_trainer_argument(text)
+        return f"file not found: {err.filename}" if err.filename else " ".join(str(err).split())
     return None
 
 
-def _name_trainer_argument(text: str) -> str:
+def name_trainer_argument(text: str) -> str:
     """Prefix Lightning's message with the ``--trainer.<name>`` it is about, when it names one in backquotes.
 
     Lightning names the argument as in ``Trainer(devices='0')`` or ``devices`` ... should be an int > 0.

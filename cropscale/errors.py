@@ -2,8 +2,24 @@
 
 :class:`CropScaleError` is the family: a bad input file, a bad argument or a bad configuration. Its
 message names the file, patch or argument at fault; the CLI prints it as one line
-(``cropscale: error: ...``) and exits with status 2 instead of showing a traceback.
-:func:`user_error_text` is that line, the same whether the error was raised in the main process or in a
+(``cropscale: error: ...``) and exits with the class's :attr:`~CropScaleError.exit_status` (2 for every
+class here) instead of showing a traceback. Each error is raised, typed, where the problem is found; a
+third-party exception about the user's input (Lightning's checks of Trainer arguments, ``torch.load`` of a
+file that is no checkpoint, a checkpoint's weights that do not fit the network) is converted into one of
+these at the one place the project calls that library, so the CLI maps types to exit statuses and never
+reads message text.
+
+=========================  ======  ==========================================================
+class                      status  raised for
+=========================  ======  ==========================================================
+:class:`CropScaleError`    2       bad input data (files, patches); the base of the family
+:class:`ConfigError`       2       a bad argument or configuration option (names the option)
+:class:`TrainerArgumentError`  2   a ``--trainer.*`` value that Lightning's Trainer refused
+:class:`CheckpointError`   2       a ``--ckpt_path`` that is missing, no Lightning checkpoint, or
+                                   of another network
+=========================  ======  ==========================================================
+
+:func:`user_error_text` is the one line, the same whether the error was raised in the main process or in a
 DataLoader worker (the CLI prints it; ``run.json`` records it).
 """
 
@@ -16,7 +32,28 @@ class CropScaleError(ValueError):
     """A user-facing error: bad input data, a bad argument or a bad configuration.
 
     The message names the file, patch or argument at fault. The CLI prints it as one paragraph
-    (``cropscale: error: ...``) and exits with status 2 instead of showing a traceback.
+    (``cropscale: error: ...``) and exits with :attr:`exit_status` instead of showing a traceback.
+    """
+
+    exit_status: int = 2
+    """Exit status of the command that ends with this error."""
+
+
+class ConfigError(CropScaleError):
+    """A bad command-line argument or configuration option; the message names the option."""
+
+
+class TrainerArgumentError(ConfigError):
+    """A ``--trainer.*`` value that Lightning's Trainer refused.
+
+    The message is Lightning's, prefixed with the option when Lightning names it.
+    """
+
+
+class CheckpointError(CropScaleError):
+    """A ``--ckpt_path`` that is missing, not a Lightning checkpoint, or holds weights of another network.
+
+    The message names the path.
     """
 
 

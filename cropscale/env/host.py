@@ -19,6 +19,7 @@ import shutil
 import socket
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -26,9 +27,11 @@ import torch
 
 import cropscale
 from cropscale.env.nvml import open_device_for
-from cropscale.errors import CropScaleError
+from cropscale.errors import ConfigError, CropScaleError
 
 __all__ = [
+    "ThreadChoice",
+    "choose_torch_threads",
     "cpu_bf16_units",
     "current_rss_bytes",
     "dataset_revision",
@@ -39,6 +42,7 @@ __all__ = [
     "library_versions",
     "load_average",
     "sha256_file",
+    "usable_cores",
     "utc_now",
 ]
 
@@ -182,6 +186,59 @@ def gpu_topology() -> dict[str, Any]:
 def host_record() -> dict[str, Any]:
     """``{"hostname", "platform", "cpu_count"}`` of this process's machine."""
     return {"hostname": socket.gethostname(), "platform": platform.platform(), "cpu_count": os.cpu_count()}
+
+
+def usable_cores() -> int:
+    """CPU cores this process may run on, at least 1.
+
+    ``len(os.sched_getaffinity(0))``: the CPU set that a container, ``taskset`` or SLURM gives the process,
+    which can be fewer than the machine's (``os.cpu_count()``, used where the platform has no affinity call).
+    """
+    if hasattr(os, "sched_getaffinity"):
+        return max(1, len(os.sched_getaffinity(0)))
+    return max(1, os.cpu_count() or 1)
+
+
+@dataclass(frozen=True)
+class ThreadChoice:
+    """Torch intra-op threads of one process and where the number comes from."""
+
+    threads: int
+    """``torch.set_num_threads`` value (>= 1)."""
+    why: str
+    """``"<cores> cores / <processes> processes"``, ``"--threads N"`` or ``"OMP_NUM_THREADS=N"``."""
+
+    def line(self) -> str:
+        """The one line a command prints: ``cropscale: torch threads per process: N (why); override with ...``."""
+        return (f"cropscale: torch threads per process: {self.threads} ({self.why}); override with --threads N"
+                " or OMP_NUM_THREADS")
+
+
+def choose_torch_threads(cores: int, processes: int, option: int | None = None,
+                         omp_num_threads: str | None = None) -> ThreadChoice:
+    """Torch threads per process on a CPU shared by ``processes`` local processes.
+
+    ``--threads`` (``option``) wins; then ``OMP_NUM_THREADS`` when it is a positive integer (what torch
+    itself starts with); else ``max(1, cores // processes)``, so that the processes of one machine (DDP
+    ranks on CPU) do not oversubscribe its cores (torch's default is every core in every process).
+
+    Args:
+        cores: usable cores (:func:`usable_cores`).
+        processes: processes on this machine sharing them (``LOCAL_WORLD_SIZE``, or the Trainer's devices).
+        option: the ``--threads`` value, or None.
+        omp_num_threads: the ``OMP_NUM_THREADS`` environment value, or None when unset.
+
+    Raises:
+        ConfigError: ``option`` < 1.
+    """
+    if option is not None:
+        if option < 1:
+            raise ConfigError(f"--threads must be >= 1; got {option}")
+        return ThreadChoice(int(option), f"--threads {option}")
+    text = (omp_num_threads or "").strip()
+    if text.isdigit() and int(text) >= 1:
+        return ThreadChoice(int(text), f"OMP_NUM_THREADS={int(text)}")
+    return ThreadChoice(max(1, cores // max(1, processes)), f"{cores} cores / {processes} processes")
 
 
 def current_rss_bytes() -> int | None:

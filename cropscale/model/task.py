@@ -28,7 +28,7 @@ from torch.optim.lr_scheduler import LambdaLR
 from typing_extensions import override
 
 from cropscale.batch import PLACEHOLDER_PATCH_ID, model_inputs
-from cropscale.errors import CropScaleError
+from cropscale.errors import CheckpointError, CropScaleError
 from cropscale.metrics import HighGridMetrics, ParcelMetrics, SegmentationMetrics, confusion_matrix_figure
 from cropscale.model.flops import flops_per_sample, flops_per_sample_by_class
 from cropscale.model.losses import MultiTaskLoss
@@ -465,6 +465,25 @@ class CropMappingTask(LightningModule):
         checkpoint["cropscale"] = {"best_miou": self.best_miou, "best_epoch": self.best_epoch}
 
     @override
+    def load_state_dict(self, state_dict: Any, strict: bool = True, assign: bool = False) -> Any:
+        """``torch.nn.Module.load_state_dict``; weights that do not fit this network are a :class:`CheckpointError`.
+
+        Raises:
+            CheckpointError: missing, unexpected or differently shaped weights (torch's ``RuntimeError``
+                ``Error(s) in loading state_dict``), naming ``--ckpt_path``.
+        """
+        try:
+            return super().load_state_dict(state_dict, strict=strict, assign=assign)
+        except RuntimeError as err:
+            raise CheckpointError(
+                f"--ckpt_path {self._ckpt_path() or ''} holds weights of another network (e.g. another class count"
+                f" or net_kwargs): {' '.join(str(err).split())[:300]}"
+            ) from err
+
+    def _ckpt_path(self) -> str | None:
+        return getattr(self._trainer, "ckpt_path", None) if self._trainer is not None else None
+
+    @override
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         self._check_architecture(checkpoint.get("hyper_parameters"))
         state = checkpoint.get("cropscale", {})
@@ -475,7 +494,7 @@ class CropMappingTask(LightningModule):
         """Refuse a checkpoint whose network differs (class count, ``net_kwargs``) from this task's.
 
         Raises:
-            CropScaleError: naming the settings that differ, with both values (from the command line, a
+            CheckpointError: naming the settings that differ, with both values (from the command line, a
                 ``--config`` file or ``data`` (class count) vs the checkpoint).
         """
         if not saved or "num_classes" not in saved:
@@ -484,11 +503,10 @@ class CropMappingTask(LightningModule):
         theirs = _architecture(saved["num_classes"], saved.get("net_kwargs"))
         differ = [k for k in ours if ours[k] != theirs.get(k)]
         if differ:
-            path = getattr(self._trainer, "ckpt_path", None) if self._trainer is not None else None
-            raise CropScaleError(
-                f"--ckpt_path {path or ''} holds a network with {_describe(theirs, differ)}, but this run asks for"
-                f" {_describe(ours, differ)} (command line, --config or the data's classes.json): a checkpoint's"
-                " architecture cannot change; drop those settings or train a new model"
+            raise CheckpointError(
+                f"--ckpt_path {self._ckpt_path() or ''} holds a network with {_describe(theirs, differ)}, but this"
+                f" run asks for {_describe(ours, differ)} (command line, --config or the data's classes.json): a"
+                " checkpoint's architecture cannot change; drop those settings or train a new model"
             )
 
 

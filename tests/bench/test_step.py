@@ -16,6 +16,7 @@ import torch
 
 from cropscale import CropScaleError
 from cropscale.bench import step as bm
+from cropscale.bench import step_config, step_mfu, step_run
 
 COMMAND = ["benchmark", "--precision", "32-true", "bf16-mixed", "--batch-sizes", "1", "2",
            "--warmup", "2", "--iterations", "5"]
@@ -185,7 +186,7 @@ def test_other_errors_are_recorded_and_exit_status_is_one(monkeypatch, tmp_path,
     def broken(*args, **kwargs):
         raise RuntimeError("kernel exploded")
 
-    monkeypatch.setattr(bm, "train_step", broken)
+    monkeypatch.setattr(step_run, "train_step", broken)
     status = bm.main(["--precision", "32-true", "--batch-sizes", "1", "--t2", "2", "--t1", "1", "--crop-size", "8",
                       "--warmup", "0", "--iterations", "1", "--device", "cpu", "--output", str(tmp_path / "b.json")])
     assert status == 1
@@ -297,7 +298,7 @@ def test_mfu_divides_by_the_attainable_peak_of_the_row(monkeypatch):
     """Issue 12, item 4, in the benchmark JSON: the row's dtypes come from torch's switches when it runs. With
     the benchmark's TF32-off rows, 32-true is FP32 throughout (67 TFLOP/s on an H200); were cuDNN TF32 on,
     convolutions would run in TF32: 1000 / (600 / 494.5 + 400 / 67) by hand. BF16: 989.5."""
-    monkeypatch.setattr(bm, "_device_name", lambda device: "NVIDIA H200")
+    monkeypatch.setattr(step_mfu, "_device_name", lambda device: "NVIDIA H200")
     split = {"convolution": 600.0, "matmul": 300.0, "attention": 100.0}
     config = bm.BenchmarkConfig(precisions=["32-true"], batch_sizes=[1], device="cpu")
     saved = (torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32)
@@ -307,7 +308,7 @@ def test_mfu_divides_by_the_attainable_peak_of_the_row(monkeypatch):
             torch.backends.cuda.matmul.allow_tf32 = False
             torch.backends.cudnn.allow_tf32 = cudnn
             row = {"median_step_ms": 10.0}
-            bm._mfu_figures(row, config, precision, 2, torch.device("cuda"), 1000.0, split)
+            step_mfu.mfu_figures(row, config, precision, 2, torch.device("cuda"), 1000.0, split)
             assert row["peak_tflops"] == pytest.approx(expected, rel=1e-12), (cudnn, precision)
             assert row["mfu"] == pytest.approx(row["achieved_tflops"] / expected, rel=1e-12)
             assert row["dtypes_by_class"]["convolution"] == {(False, "32-true"): "fp32", (True, "32-true"): "tf32",
@@ -357,7 +358,7 @@ def test_tf32_fused_and_compile_mode_reach_the_rows(monkeypatch):
         seen["model"] = model
         return bm.train_step(model, loss_fn, optimizer, scaler, batch, device_type, dtype)
 
-    monkeypatch.setattr(bm, "compile_unavailable_reason", lambda device_type: None)
+    monkeypatch.setattr(step_config, "compile_unavailable_reason", lambda device_type: None)
     monkeypatch.setattr(torch, "compile", lambda model, mode: seen.setdefault("mode", mode) and model)
     config = bm.BenchmarkConfig(precisions=["32-true"], batch_sizes=[1], tf32=True, fused=True, compile=True,
                                 compile_mode="max-autotune", **TINY)
@@ -370,7 +371,7 @@ def test_tf32_fused_and_compile_mode_reach_the_rows(monkeypatch):
 
 
 def test_compile_without_a_compiler_is_one_line(monkeypatch):
-    monkeypatch.setattr(bm, "compile_unavailable_reason", lambda device_type: "no C++ compiler (test)")
+    monkeypatch.setattr(step_config, "compile_unavailable_reason", lambda device_type: "no C++ compiler (test)")
     with pytest.raises(CropScaleError, match=r"^--compile: torch.compile is unavailable on cpu: no C\+\+ compiler"):
         bm.main(["--compile", "--device", "cpu", "--batch-sizes", "1"])
 

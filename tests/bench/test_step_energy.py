@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from cropscale.bench import step as bm
+from cropscale.bench import step_energy, step_rows
 
 
 class _FakeCounter:
@@ -23,12 +24,12 @@ class _FakeCounter:
 
 def test_energy_of_the_measured_window_by_hand(monkeypatch):
     dev = _FakeCounter([100.0, 130.0])
-    monkeypatch.setattr(bm.nvml, "open_device_for", lambda device: (dev, None))
+    monkeypatch.setattr(step_energy.nvml, "open_device_for", lambda device: (dev, None))
     clock = iter([10.0, 12.0])  # perf_counter at the start and at the end: a 2 s window
-    monkeypatch.setattr(bm.time, "perf_counter", lambda: next(clock))
-    row = bm._empty_row(bm.BenchmarkConfig(), "32-true", 2, torch.device("cpu"))
-    start = bm._energy_start(torch.device("cpu"), row)
-    bm._energy_end(start, row, samples=3 * 2)  # 3 measured steps of batch 2
+    monkeypatch.setattr(step_energy.time, "perf_counter", lambda: next(clock))
+    row = step_rows.empty_row(bm.BenchmarkConfig(), "32-true", 2, torch.device("cpu"))
+    start = step_energy.energy_start(torch.device("cpu"), row)
+    step_energy.energy_end(start, row, samples=3 * 2)  # 3 measured steps of batch 2
     # 30 J over 2 s for 6 samples: 5 J a sample, 15 W
     assert row["energy_j"] == 30.0 and row["energy_per_sample_j"] == 5.0 and row["avg_power_w"] == 15.0
     assert row["energy_window_s"] == 2.0 and row["energy_method"] == "nvml-counter" and row["energy_reason"] is None
@@ -36,9 +37,9 @@ def test_energy_of_the_measured_window_by_hand(monkeypatch):
 
 def test_counter_going_backwards_gives_no_energy_and_says_why(monkeypatch):
     dev = _FakeCounter([100.0, 50.0])
-    monkeypatch.setattr(bm.nvml, "open_device_for", lambda device: (dev, None))
-    row = bm._empty_row(bm.BenchmarkConfig(), "32-true", 2, torch.device("cpu"))
-    bm._energy_end(bm._energy_start(torch.device("cpu"), row), row, samples=6)
+    monkeypatch.setattr(step_energy.nvml, "open_device_for", lambda device: (dev, None))
+    row = step_rows.empty_row(bm.BenchmarkConfig(), "32-true", 2, torch.device("cpu"))
+    step_energy.energy_end(step_energy.energy_start(torch.device("cpu"), row), row, samples=6)
     assert row["energy_j"] is None and "backwards" in row["energy_reason"]
 
 
@@ -54,9 +55,9 @@ def test_a_cpu_row_has_no_energy_and_the_reason():
 @pytest.mark.parametrize("seconds,flagged", [(0.2, True), (1.5, False)])
 def test_a_window_under_a_second_is_flagged_coarse(monkeypatch, seconds, flagged):
     dev = _FakeCounter([0.0, 1.0])
-    monkeypatch.setattr(bm.nvml, "open_device_for", lambda device: (dev, None))
+    monkeypatch.setattr(step_energy.nvml, "open_device_for", lambda device: (dev, None))
     clock = iter([0.0, seconds])
-    monkeypatch.setattr(bm.time, "perf_counter", lambda: next(clock))
-    row = bm._empty_row(bm.BenchmarkConfig(), "32-true", 1, torch.device("cpu"))
-    bm._energy_end(bm._energy_start(torch.device("cpu"), row), row, samples=1)
+    monkeypatch.setattr(step_energy.time, "perf_counter", lambda: next(clock))
+    row = step_rows.empty_row(bm.BenchmarkConfig(), "32-true", 1, torch.device("cpu"))
+    step_energy.energy_end(step_energy.energy_start(torch.device("cpu"), row), row, samples=1)
     assert (row["energy_reason"] is not None) == flagged and row["energy_j"] == 1.0

@@ -39,11 +39,19 @@ def scalar_tags(run_dir: Path) -> set[str]:
     return tags
 
 
-def test_help_lists_subcommands(tmp_path):
-    res = run_cli(["--help"], cwd=tmp_path)
-    assert res.returncode == 0, res.stderr
-    for word in ("fit", "validate", "benchmark", "report", "study", "scaling", "summary"):
-        assert word in res.stdout
+#: Every subcommand, written out here (not read from the CLI's table): Lightning's four and the analysis ones.
+ALL_SUBCOMMANDS = ("fit", "validate", "test", "predict", "summary", "benchmark", "report", "study", "scaling",
+                   "loader-bench", "tiling-bench", "callback-bench", "lever-bench", "pipeline-bench")
+
+
+@pytest.mark.parametrize("args", [[], ["--help"], ["-h"]])
+def test_bare_command_and_help_list_every_subcommand(tmp_path, args):
+    """Issue 28: ``python -m cropscale`` alone lists every subcommand, one a line, and exits 0 with no error."""
+    res = run_cli(args, cwd=tmp_path, timeout=120)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "error" not in res.stderr.lower(), res.stderr[-3000:]
+    listed = [line.split()[0] for line in res.stdout.splitlines() if line.startswith("  ") and line.split()]
+    assert sorted(listed) == sorted(ALL_SUBCOMMANDS), res.stdout
 
 
 def test_print_config_resolves_default(tmp_path, flanders_root):
@@ -187,6 +195,24 @@ def test_bad_arguments_are_one_paragraph(tmp_path, flanders_root, args, needle):
     assert len(res.stderr.strip().splitlines()) <= 8, res.stderr
 
 
+THREADS_LINE = "cropscale: torch threads per process: "
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_getaffinity"), reason="no CPU affinity on this platform")
+def test_fit_on_cpu_sets_and_prints_the_threads_per_process(tmp_path, flanders_root):
+    """Issue 28: without OMP_NUM_THREADS, one process on CPU gets the usable cores; ``--threads`` overrides."""
+    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
+    cores = len(os.sched_getaffinity(0))
+    quick = ["fit", f"--data.root={flanders_root}", "--trainer.accelerator=cpu", "--trainer.devices=1", *TINY,
+             "--trainer.max_steps=1", "--trainer.limit_val_batches=0"]
+    for extra, count, why in (([], cores, f"{cores} cores / 1 processes"), (["--threads=1"], 1, "--threads 1")):
+        res = subprocess.run([sys.executable, "-m", "cropscale", *quick, *extra], cwd=tmp_path, env=env,
+                             capture_output=True, text=True, timeout=600)
+        lines = [line for line in (res.stdout + res.stderr).splitlines() if line.startswith(THREADS_LINE)]
+        assert lines == [f"{THREADS_LINE}{count} ({why}); override with --threads N or OMP_NUM_THREADS"], (
+            res.stderr[-3000:])
+
+
 def test_fit_ddp_two_cpu_processes(tmp_path, flanders_root):
     res = run_cli(
         ["fit", f"--data.root={flanders_root}", "--trainer.accelerator=cpu", "--trainer.devices=2",
@@ -198,6 +224,7 @@ def test_fit_ddp_two_cpu_processes(tmp_path, flanders_root):
     assert "val/mIoU" in scalar_tags(run_dir)
     assert "global batch 4 = local 2 x world size 2" in res.stdout + res.stderr
     assert res.stdout.count("cropscale fit summary") == 1  # rank 0 only (rank 1 shares the pipe)
+    assert (res.stdout + res.stderr).count(f"{THREADS_LINE}1 (OMP_NUM_THREADS=1)") == 1  # rank 0 only
     assert "FP32 on 2 device(s) (ddp)" in summary_lines(res.stdout)["ran"]
 
 
@@ -207,7 +234,7 @@ def test_checkpoint_is_checked_before_lightning_opens_it(tmp_path):
     from cropscale import CropScaleError
     from cropscale.cli import check_checkpoint
 
-    for keyword in (None, "", "last", "best", "hpc", "registry:model", "s3://bucket/x.ckpt"):
+    for keyword in (None, "", "last", "hpc", "registry:model", "s3://bucket/x.ckpt"):
         check_checkpoint(keyword)  # left to Lightning
     good = tmp_path / "good.ckpt"
     torch.save({"state_dict": {"w": torch.ones(2)}, "pytorch-lightning_version": "2.6.0"}, good)
