@@ -24,7 +24,7 @@ def test_study_speedup_is_the_samples_per_s_ratio_as_in_the_report():
     add_speedups(rows)
     assert rows[1].speedup == pytest.approx(1.25)
     assert rows[1].efficiency == pytest.approx(0.625)
-    assert rows[1].serial_fraction == pytest.approx((1 / 1.25 - 1 / 2) / (1 - 1 / 2))  # 0.6
+    assert rows[1].karp_flatt == pytest.approx((1 / 1.25 - 1 / 2) / (1 - 1 / 2))  # 0.6
 
 
 def test_the_one_speedup_definition():
