@@ -18,12 +18,13 @@ import dataclasses
 import math
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar, Union
 
 from cropscale.errors import CropScaleError
 from cropscale.evidence import MEASURED_RUN
+from cropscale.numbers import median_p95
 
 RUN_SCHEMA = "cropscale.run/1"
 """Schema id of ``run.json``."""
@@ -126,6 +127,11 @@ class WindowStats(Record):
     median: float | None = None
     p95: float | None = None
     n: int = 0
+
+    @classmethod
+    def of(cls, values: Sequence[float], scale: float = 1.0) -> WindowStats:
+        """The statistics of ``values`` multiplied by ``scale`` (1e3 for seconds -> ms); ``None`` for no value."""
+        return cls(**median_p95(values, scale=scale))
 
 
 @dataclass
