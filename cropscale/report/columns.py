@@ -17,6 +17,7 @@ COLUMNS: tuple[Column, ...] = columns(
     "name", "status", "kind", "precision", "strategy", "devices", "global_batch", "best_miou", "best_epoch",
     "final_train_loss", "median_step_ms", "p95_step_ms", "samples_per_s", "train_epoch_s", "val_epoch_s", "epoch_s",
     "energy_j", "energy_j_per_sample", "peak_memory_gib", "nonfinite", "skipped_steps", "data_warning_count",
+    "slowest_rank", "slowest_rank_step_ms",
 )
 """Columns of the runs table, in order."""
 
@@ -56,8 +57,9 @@ QUALITY_COLUMNS: tuple[Column, ...] = columns("name", "status", "best_miou", "be
 """Quality detail: macro IoU and the final training loss."""
 
 SPEED_COLUMNS: tuple[Column, ...] = columns("name", "kind", "strategy", "median_step_ms", "p95_step_ms",
-                                            "samples_per_s", "train_epoch_s", "val_epoch_s", "epoch_s")
-"""Speed detail: step latency, throughput, epoch times."""
+                                            "samples_per_s", "train_epoch_s", "val_epoch_s", "epoch_s",
+                                            "slowest_rank", "slowest_rank_step_ms")
+"""Speed detail: step latency, throughput, epoch times, and the slowest rank (every rank's median in its note)."""
 
 STEP_COLUMNS: tuple[Column, ...] = (
     *columns("name", *(f"share_{w}" for w in STEP_WINDOWS), "share_sum"),

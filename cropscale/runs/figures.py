@@ -113,6 +113,10 @@ FIGURES: dict[str, FigureSpec] = _specs(
     FigureSpec("val_epoch_s", "Val epoch (s)", "s", ",.2f", source=f"{_THROUGHPUT}.val_s", rule="rules.epoch_time"),
     FigureSpec("epoch_s", "End-to-end epoch (s)", "s", ",.2f", source=f"{_THROUGHPUT}.wall_s",
                rule="rules.epoch_time"),
+    FigureSpec("slowest_rank", "Slowest rank", fmt="d",
+               source="summary.step_timing.epochs[].step_ms_per_rank.per_rank", rule="rules.slowest_rank"),
+    FigureSpec("slowest_rank_step_ms", "Slowest rank's step (ms)", "ms", ",.1f",
+               source="summary.step_timing.epochs[].step_ms_per_rank.per_rank", rule="rules.slowest_rank"),
     # ---------------------------------------------------------------- step decomposition
     *(FigureSpec(f"share_{w}", f"{w.replace('_', ' ')} (%)", "%", ".1f",
                  source=f"summary.step_timing.epochs[].windows_ms.{w}.median", rule="rules.step_shares")
