@@ -72,6 +72,20 @@ RESOURCE_COLUMNS: tuple[Column, ...] = columns("name", "peak_memory_gib", "energ
                                                "nonfinite", "skipped_steps", "data_warning_count")
 """Memory, energy, numerics and data-check detail (the Data warnings note lists ``run.json`` ``data_warnings``)."""
 
+NONFINITE_COLUMNS: tuple[Column, ...] = (
+    column("name"),
+    Column("global_step", "Step", "d", figure=False),
+    Column("epoch", "Epoch", "d", figure=False),
+    Column("rank", "Rank", "d", figure=False),
+    Column("micro_batch", "Micro-batch", figure=False),
+    Column("part", "Not finite", figure=False),
+    Column("patch_id", "Sample ids (patch_id)", figure=False),
+    Column("input_patch_id", "Samples with non-finite inputs", figure=False),
+)
+"""One row per non-finite batch ``run.json`` records (``summary.nonfinite.records``): where (step, epoch, rank,
+micro-batch; ``all``: the gradients alone were non-finite, so the record names every micro-batch of the step),
+which part was not finite (loss, gradients, input tensors by key) and the samples it held."""
+
 SCALING_COLUMNS: tuple[Column, ...] = (
     Column("series", "Configuration", figure=False),
     column("devices"),

@@ -309,6 +309,15 @@ class NonFiniteRecord(Record):
     nonfinite_input_patch_id: list[int] | None = optional()
     nonfinite_input_crop_yx: list[list[int]] | None = optional()
 
+    @property
+    def part(self) -> str:
+        """Which part was not finite: ``loss``, ``gradients``, ``inputs (<keys>)``, comma-separated."""
+        parts = [name for name, finite in (("loss", self.loss_finite), ("gradients", self.grads_finite))
+                 if finite is False]
+        if self.input_finite is False:
+            parts.append(f"inputs ({', '.join(self.nonfinite_inputs or []) or '?'})")
+        return ", ".join(parts) or "not recorded"
+
 
 @dataclass
 class NonFiniteSummary(Record):

@@ -119,8 +119,8 @@ def fit_summary(record: RunRecord, report_command: str, stopped_at_step: int | N
         f"memory      peak {_num(f, 'peak_memory_gib')}"
         + (f" ({f['peak_memory_gib'].note})" if f["peak_memory_gib"].value is not None else ""),
         f"energy      {_num(f, 'energy_j_per_sample', 'J per training sample')}",
-        f"numerics    {_num(f, 'nonfinite')} non-finite batch(es), {_num(f, 'skipped_steps')} skipped"
-        f" step(s); {_loss_end(record)}",
+        f"numerics    {_num(f, 'nonfinite')} non-finite batch(es){_first_nonfinite(record)},"
+        f" {_num(f, 'skipped_steps')} skipped step(s); {_loss_end(record)}",
         f"data        {data_line(record)}",
         f"run folder  {record.path}",
         f"report      {report_command}",
@@ -142,6 +142,16 @@ def _over(record: RunRecord) -> str:
     several = len(record.epoch_seconds.get("train_s", [])) > 1
     shown = several and record.figures["median_step_ms"].value is not None
     return " (median over the measured epochs)" if shown else ""
+
+
+def _first_nonfinite(record: RunRecord) -> str:
+    """`` (first at step S, rank R: <part>, patch_id ...)`` for the earliest recorded non-finite batch, else ``""``."""
+    section = record.run_json.summary.nonfinite if record.run_json is not None else None
+    if section is None or not section.records:
+        return ""
+    rec = min(section.records, key=lambda x: (x.global_step, x.rank))
+    ids = ", ".join(str(i) for i in rec.nonfinite_input_patch_id or rec.patch_id or []) or "n/a"
+    return f" (first at step {rec.global_step}, rank {rec.rank}: {rec.part}, patch_id {ids}; the report lists all)"
 
 
 def _loss_end(record: RunRecord) -> str:
