@@ -52,7 +52,7 @@ from typing import Any, Protocol
 from cropscale.errors import CropScaleError
 from cropscale.evidence import MEASURED_RUN
 from cropscale.numbers import median
-from cropscale.runs.schema import RunJson, RunSummary, StepTimingEpoch, ThroughputEpoch
+from cropscale.runs.schema import STEP_WINDOWS, RunJson, RunSummary, StepTimingEpoch, ThroughputEpoch
 from cropscale.runs.tensorboard import Scalars, epoch_series
 
 
@@ -152,7 +152,25 @@ def slowest_rank(summary: RunSummary, warmup_epochs: int, no_json: str | None = 
     value, rank = max(known, key=lambda vr: (vr[0], -vr[1]))
     shown = ", ".join(f"rank {r} {'n/a' if v is None else format(v, '.1f') + ' ms'}" for r, v in enumerate(per_rank))
     note = f"per rank, median over {len(timing)} measured epoch(s) of its epoch median step: {shown}"
+    worst = _largest_excess(timing, rank, ranks)
+    if worst is not None:
+        note += f"; rank {rank}'s largest excess over the ranks' median: {worst[1]} {worst[0]:+.1f} ms"
     return Figure(rank, note=note), Figure(value, note=note)
+
+
+def _largest_excess(timing: list[StepTimingEpoch], rank: int, ranks: int) -> tuple[float, str] | None:
+    """``(ms, window)``: the step window in which ``rank``'s median exceeds the ranks' median most.
+
+    Per window and rank the median over ``timing`` of ``window_median_ms_per_rank``; None without those lists.
+    """
+    found = []
+    for window in STEP_WINDOWS:
+        rows = [e.window_median_ms_per_rank.get(window) or [] for e in timing]
+        per_rank = [median(row[r] for row in rows if r < len(row)) for r in range(ranks)]
+        mid = median(per_rank)
+        if per_rank[rank] is not None and mid is not None:
+            found.append((per_rank[rank] - mid, window))
+    return max(found) if found else None
 
 
 def host_windows(summary: RunSummary, warmup_epochs: int) -> dict[str, float]:

@@ -117,3 +117,17 @@ def test_slowest_rank_is_na_with_the_reason():
     assert none.value is None and "step_timing" in none.why
     gap, _ = rules.slowest_rank(_ranks([[None, None], [None, None]]), warmup_epochs=1)
     assert gap.value is None and "no per-rank step median" in gap.why
+
+
+def test_slowest_rank_note_names_the_window_where_it_loses_most():
+    summary = RunSummary.from_json({"step_timing": {"epochs": [
+        {"epoch": e, "step_ms_per_rank": {"per_rank": step},
+         "window_median_ms_per_rank": {"data_wait": wait, "forward": fwd, "step": step}}
+        for e, (step, wait, fwd) in enumerate([([9.0, 9.0], [9.0, 9.0], [9.0, 9.0]),
+                                                ([60.0, 70.0], [1.0, 10.0], [50.0, 52.0]),
+                                                ([60.0, 74.0], [1.0, 12.0], [50.0, 54.0])])]}})
+    rank, step = rules.slowest_rank(summary, warmup_epochs=1)
+    # rank 1: step median(70, 74) = 72; data_wait: rank 0 1, rank 1 11, ranks' median 6 -> +5.0;
+    # forward: 50 and 53, median 51.5 -> +1.5; so data_wait is where rank 1 loses most
+    assert rank.value == 1 and step.value == 72.0
+    assert step.note.endswith("; rank 1's largest excess over the ranks' median: data_wait +5.0 ms")
