@@ -77,6 +77,13 @@ class StudyRow:
     figure_notes: dict[str, str] = field(default_factory=dict)
 
 
+MEDIAN_OVER_SEEDS = ("median_step_ms", "p95_step_ms", "samples_per_s", "train_epoch_s", "val_epoch_s", "epoch_s",
+                     "energy_j_per_sample")
+"""Run figures a study row holds as the median over seeds (row field = record key, :mod:`cropscale.runs.figures`)."""
+MEAN_SD_OVER_SEEDS = ("final_miou", "best_miou")
+"""Run figures a study row holds as mean and sample sd over seeds (``<key>`` and ``<key>_sd``)."""
+
+
 def base_row(config: Configuration, evidence: str) -> StudyRow:
     """The planned (exact) columns of a configuration's row."""
     plan = config.plan
@@ -95,7 +102,7 @@ def run_notes(record: RunRecord) -> tuple[list[str], dict[str, str]]:
         notes.append(f"no run.json in {record.path} (fit without the scaling callbacks)")
     elif record.status != "finished":
         notes.append(f"run.json status {record.status!r}")
-    for key in ("energy_j_per_sample", "median_step_ms", "final_miou", "best_miou"):  # one name: record and row
+    for key in (*MEDIAN_OVER_SEEDS, *MEAN_SD_OVER_SEEDS):  # one name: the run's figure and the row's field
         if record.figures[key].value is None:
             why[key] = record.figures[key].why
     if record.exposed_comm_share is None and record.run_json is not None:
@@ -104,13 +111,6 @@ def run_notes(record: RunRecord) -> tuple[list[str], dict[str, str]]:
             "no gradient all-reduce on 1 rank" if record.devices == 1
             else f"not timed: {comm.get('reason') or comm or 'no comm_exposed window in run.json'}")
     return notes, why
-
-
-MEDIAN_OVER_SEEDS = ("median_step_ms", "p95_step_ms", "samples_per_s", "train_epoch_s", "val_epoch_s", "epoch_s",
-                     "energy_j_per_sample")
-"""Run figures a study row holds as the median over seeds (row field = record key, :mod:`cropscale.runs.figures`)."""
-MEAN_SD_OVER_SEEDS = ("final_miou", "best_miou")
-"""Run figures a study row holds as mean and sample sd over seeds (``<key>`` and ``<key>_sd``)."""
 
 
 def _seed_figures(row: StudyRow, runs: Sequence[RunRecord]) -> None:
