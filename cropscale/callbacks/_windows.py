@@ -24,8 +24,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from cropscale.numbers import median_p95
-from cropscale.runs.schema import COMM_FIGURES, STEP_WINDOWS
+from cropscale.runs.schema import COMM_FIGURES, STEP_WINDOWS, WindowStats
 
 __all__ = [
     "COMM_FIGURES",
@@ -35,7 +34,7 @@ __all__ = [
     "MicroBatchMarks",
     "StepMarks",
     "StepWindows",
-    "WindowStats",
+    "WindowAccumulator",
     "interval_union",
 ]
 
@@ -231,8 +230,8 @@ class StepMarks:
         return StepWindows(*sums, remainder=self.remainder(seconds), comm=comm, comm_exposed=exposed)
 
 
-class WindowStats:
-    """Interval means and epoch statistics of resolved steps.
+class WindowAccumulator:
+    """Interval means and epoch statistics of resolved steps (the statistics as ``run.json`` records).
 
     :meth:`update` per step, :meth:`interval_means_ms` at log steps, :meth:`epoch_stats_ms` at epoch
     ends, :meth:`start_epoch` when an epoch begins.
@@ -287,8 +286,8 @@ class WindowStats:
                 out[name] = 1e3 * sum(vals) / len(vals)
         return out
 
-    def epoch_stats_ms(self) -> dict[str, dict[str, float | None]]:
-        """``{figure: {"median", "p95", "n"}}`` over the epoch's measured steps, in ms."""
-        return {name: median_p95([r[i] for r in self._epoch if r[i] is not None], scale=1e3)
+    def epoch_stats_ms(self) -> dict[str, WindowStats]:
+        """``{figure: WindowStats(median, p95, n)}`` over the epoch's measured steps, in ms."""
+        return {name: WindowStats.of([r[i] for r in self._epoch if r[i] is not None], scale=1e3)
                 for i, name in enumerate(FIGURES)}
 

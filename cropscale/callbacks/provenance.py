@@ -23,8 +23,6 @@ The run folder is ``trainer.log_dir`` (the TensorBoardLogger version folder), el
 
 from __future__ import annotations
 
-import json
-import math
 import os
 import platform
 import socket
@@ -105,36 +103,23 @@ def _config(trainer: Trainer, pl_module: LightningModule, log_dir: str | None) -
                 pass
     hp: dict[str, Any] = {}
     try:
-        hp["model"] = _jsonable(dict(pl_module.hparams))
+        hp["model"] = dict(pl_module.hparams)  # made JSON-ready once, when run.json is written
         if trainer.datamodule is not None:
-            hp["data"] = _jsonable(dict(trainer.datamodule.hparams))
+            hp["data"] = dict(trainer.datamodule.hparams)
     except Exception:
         pass
     return (hp or None), ("hparams" if hp else None)
 
 
-def _jsonable(obj: Any) -> Any:
-    """A JSON-ready copy of ``obj``: unknown objects as ``str``, NaN / inf as ``None``."""
-    def clean(x: Any) -> Any:
-        if isinstance(x, float):
-            return x if math.isfinite(x) else None
-        if isinstance(x, dict):
-            return {str(k): clean(v) for k, v in x.items()}
-        if isinstance(x, list):
-            return [clean(v) for v in x]
-        return x
-
-    return clean(json.loads(json.dumps(obj, default=str)))
-
-
 def _section(key: str, summary: Any) -> Any:
     """A callback's summary as the record type of its ``run.json`` section.
 
-    A plain dict (from a callback that returns one) is read into that type; a key without a type stays JSON.
+    A plain dict (from a callback that returns one) is read into that type; a key without a type stays as it is
+    (made JSON-ready with the rest of the record when ``run.json`` is written).
     """
     if isinstance(summary, Record) or key not in SUMMARY_TYPES:
-        return summary if isinstance(summary, Record) else _jsonable(summary)
-    return SUMMARY_TYPES[key].from_json(_jsonable(summary))
+        return summary
+    return SUMMARY_TYPES[key].from_json(summary)
 
 
 def _data_root(trainer: Trainer, explicit: str | None) -> str | None:
@@ -257,7 +242,7 @@ class ProvenanceCallback(ScalingCallback):
                 "deterministic": torch.are_deterministic_algorithms_enabled(),
             },
             callbacks=[type(cb).__name__ for cb in iter_callbacks(trainer)],
-            extra=_jsonable(self.extra),
+            extra=dict(self.extra),
             data_warnings=_data_warnings(trainer),
         )
         self._write()
@@ -326,7 +311,7 @@ class ProvenanceCallback(ScalingCallback):
     def _write(self) -> None:
         assert self.path is not None and self.record is not None
         os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
-        atomic_write_json(self.path, _jsonable(self.record.to_json()))
+        atomic_write_json(self.path, self.record.to_json())  # to_json: the one JSON-ready pass
 
     @override
     def summary(self) -> dict[str, Any]:

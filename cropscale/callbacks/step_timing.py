@@ -66,7 +66,7 @@ validation run. Per-rank medians are gathered at epoch end (max, median, slowest
 
 The callback only records marks in its hooks; the window arithmetic and the statistics live in
 :mod:`cropscale.callbacks._windows` (:class:`~cropscale.callbacks._windows.StepMarks` ->
-:class:`~cropscale.callbacks._windows.StepWindows` -> :class:`~cropscale.callbacks._windows.WindowStats`).
+:class:`~cropscale.callbacks._windows.StepWindows` -> :class:`~cropscale.callbacks._windows.WindowAccumulator`).
 """
 
 from __future__ import annotations
@@ -94,14 +94,12 @@ from cropscale.callbacks._windows import (
     MicroBatchMarks,
     StepMarks,
     StepWindows,
-    WindowStats,
+    WindowAccumulator,
 )
 from cropscale.callbacks.base import ScalingCallback
 from cropscale.errors import CropScaleError
 from cropscale.evidence import MEASURED_RUN
-from cropscale.numbers import median_p95
-from cropscale.runs.schema import RankStats, StepTimingEpoch, StepTimingSummary
-from cropscale.runs.schema import WindowStats as WindowFigures
+from cropscale.runs.schema import RankStats, StepTimingEpoch, StepTimingSummary, WindowStats
 
 COMPONENTS: tuple[str, ...] = STEP_WINDOWS
 """The windows of one optimizer step, in order (:data:`cropscale.callbacks.STEP_WINDOWS`)."""
@@ -232,7 +230,7 @@ class StepTimingCallback(ScalingCallback):
         self._after_val = False
         self._steps_this_fit = 0
         self._pending: list[StepMarks] = []
-        self._stats = WindowStats()
+        self._stats = WindowAccumulator()
         self._epoch = 0
         self._comm_status: dict[str, Any] = {"available": False, "reason": "not a multi-process DDP run"}
         self._trace: TraceWriter | None = None
@@ -278,7 +276,7 @@ class StepTimingCallback(ScalingCallback):
         self._rank, self._world = trainer.global_rank, trainer.world_size
         self._steps_this_fit = 0
         self._pending.clear()
-        self._stats = WindowStats()
+        self._stats = WindowAccumulator()
         self._start_log_schedule(trainer)
         self._register_comm_hook(trainer)
         if self.trace_path:
@@ -500,7 +498,7 @@ class StepTimingCallback(ScalingCallback):
         self._resolve(block=True)
         self._hand_over_trace(wait=True)
         stats = self._stats.epoch_stats_ms()
-        medians = [stats[name]["median"] for name in ALL_FIGURES]
+        medians = [stats[name].median for name in ALL_FIGURES]
         per_rank = gather_vectors(trainer, pl_module, [*medians, self._stats.first_batch_wait])
         step_idx = ALL_FIGURES.index("step")
         step_ranks = rank_stats([row[step_idx] for row in per_rank])
@@ -508,17 +506,17 @@ class StepTimingCallback(ScalingCallback):
         self.epochs.append(StepTimingEpoch(
             epoch=trainer.current_epoch,
             steps_measured=self._stats.epoch_steps,
-            windows_ms={name: WindowFigures(**figures) for name, figures in stats.items()},
+            windows_ms=stats,
             step_ms_per_rank=RankStats(**step_ranks),
             window_median_ms_per_rank={name: [row[i] for row in per_rank] for i, name in enumerate(ALL_FIGURES)},
             first_batch_wait_ms_per_rank=first_wait,
-            host_windows_ms={name: WindowFigures(**median_p95([row[i] for row in self._host_epoch], scale=1e3))
+            host_windows_ms={name: WindowStats.of([row[i] for row in self._host_epoch], scale=1e3)
                              for i, name in enumerate(HOST_FIGURES)},
         ))
         metrics: dict[str, float | None] = {}
         for name in ALL_FIGURES:
-            metrics[f"perf/epoch/{name}_ms_median"] = stats[name]["median"]
-            metrics[f"perf/epoch/{name}_ms_p95"] = stats[name]["p95"]
+            metrics[f"perf/epoch/{name}_ms_median"] = stats[name].median
+            metrics[f"perf/epoch/{name}_ms_p95"] = stats[name].p95
         metrics["perf/epoch/step_ms_rank_max"] = step_ranks["max"]
         metrics["perf/epoch/step_ms_rank_median"] = step_ranks["median"]
         metrics["perf/epoch/slowest_rank"] = step_ranks["slowest_rank"]

@@ -56,7 +56,6 @@ from cropscale.callbacks.base import ScalingCallback
 from cropscale.env import peaks
 from cropscale.env.peaks import OPERATOR_CLASSES
 from cropscale.errors import CropScaleError
-from cropscale.numbers import median_p95
 from cropscale.runs.schema import ThroughputEpoch, ThroughputSummary, WindowStats
 
 
@@ -253,7 +252,7 @@ class ThroughputCallback(ScalingCallback):
         sps = total_samples / slowest_train if slowest_train else None
         steady_rows = [(r[4], r[5]) for r in rows if r[5]]
         sps_steady = (sum(n for n, _ in steady_rows) / max(s for _, s in steady_rows)) if steady_rows else None
-        lat = median_p95(self._lat, scale=1e3)
+        lat = WindowStats.of(self._lat, scale=1e3)
         flops, tflops, mfu, peak = self._flops_figures(pl_module, total_samples, slowest_train, trainer.world_size)
         record = ThroughputEpoch(
             epoch=trainer.current_epoch,
@@ -262,7 +261,7 @@ class ThroughputCallback(ScalingCallback):
             samples_per_s=sps,
             samples_per_s_per_rank=[(n / t) if t else None for n, t in zip(samples_rank, train_rank, strict=False)],
             samples_per_s_steady=sps_steady,
-            step_latency_ms=WindowStats(**lat),
+            step_latency_ms=lat,
             train_s=slowest_train,
             train_s_per_rank=train_rank,
             val_s=max((r[2] for r in rows if r[2] is not None), default=None),
@@ -277,7 +276,7 @@ class ThroughputCallback(ScalingCallback):
         self.total_train_s += slowest_train or 0.0
         log_metrics(trainer, {
             "perf/epoch/samples_per_s": sps, "perf/epoch/samples_per_s_steady": sps_steady,
-            "perf/epoch/step_latency_ms_median": lat["median"], "perf/epoch/step_latency_ms_p95": lat["p95"],
+            "perf/epoch/step_latency_ms_median": lat.median, "perf/epoch/step_latency_ms_p95": lat.p95,
             "perf/epoch/train_s": slowest_train, "perf/epoch/val_s": record.val_s,
             "perf/epoch/wall_s": record.wall_s,
             "perf/epoch/tflops_per_s": tflops, "perf/epoch/mfu": mfu,

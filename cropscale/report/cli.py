@@ -41,6 +41,7 @@ from cropscale.report.columns import (
     AMDAHL_COLUMNS,
     COLUMNS,
     COMPARISON_COLUMNS,
+    NONFINITE_COLUMNS,
     PAIR_COLUMNS,
     QUALITY_COLUMNS,
     RESOURCE_COLUMNS,
@@ -48,7 +49,15 @@ from cropscale.report.columns import (
     SPEED_COLUMNS,
     STEP_COLUMNS,
 )
-from cropscale.report.comparison import amdahl_rows, comparison_rows, scaling_rows, step_rows, with_status
+from cropscale.report.comparison import (
+    MAX_NONFINITE_ROWS,
+    amdahl_rows,
+    comparison_rows,
+    nonfinite_rows,
+    scaling_rows,
+    step_rows,
+    with_status,
+)
 from cropscale.report.pairs import precision_pairs
 from cropscale.report.plots import plot_by_precision_and_batch, plot_device_scaling
 from cropscale.report.scaling import device_series
@@ -92,6 +101,18 @@ COMPARISON_INTRO = (
 def _detail(title: str, rows: Sequence[TableRow], columns, intro: str | None = None) -> str:
     table = render_table(rows, columns, intro=intro)
     return f"### {title}\n\n{table.markdown}"
+
+
+def _nonfinite_detail(records: Sequence[RunRecord]) -> str:
+    rows, left_out = nonfinite_rows(records)
+    if not rows:
+        return ("### Non-finite batches\n\nNo run recorded a non-finite batch (run.json summary.nonfinite.records;"
+                " runs without NonFiniteCallback record none).\n")
+    more = (f" {left_out} more (beyond {MAX_NONFINITE_ROWS} per run) are in the runs' run.json." if left_out else "")
+    return _detail("Non-finite batches", rows, NONFINITE_COLUMNS, intro=(
+        "Each batch whose loss, gradients or inputs were not finite, as NonFiniteCallback recorded it (run.json"
+        " summary.nonfinite.records): the optimizer step, epoch, rank and micro-batch, the part that was not finite"
+        " and the patch ids of the batch's samples (those with non-finite inputs apart)." + more))
 
 
 def _scaling_section(records: Sequence[RunRecord], out: Path, stem: str, paths: dict[str, Path]) -> str:
@@ -161,6 +182,7 @@ def write_report(records: Sequence[RunRecord], out_dir: str | Path, stem: str = 
             " Medians do not add up, so the sum is about, not exactly, 100 %.")),
         _detail("Memory, energy and numerics", [TableRow.of(r, RESOURCE_COLUMNS) for r in records],
                 RESOURCE_COLUMNS),
+        _nonfinite_detail(runs),
     ]
     if pairs:
         table = render_table([TableRow.of(p, PAIR_COLUMNS) for p in pairs], PAIR_COLUMNS, title="Precision pairs",

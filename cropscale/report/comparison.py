@@ -120,6 +120,36 @@ def step_rows(records: Sequence[RunRecord]) -> list[TableRow]:
     return rows
 
 
+MAX_NONFINITE_ROWS = 20
+"""Non-finite batches listed per run (the rest stay in its ``run.json``)."""
+
+
+def _ids(ids: Sequence[int] | None, checked: bool | None = True) -> str | None:
+    if ids:
+        return ", ".join(str(i) for i in ids)
+    return "none" if checked else None
+
+
+def nonfinite_rows(records: Sequence[RunRecord]) -> tuple[list[TableRow], int]:
+    """The non-finite batches of every run (:data:`~cropscale.report.columns.NONFINITE_COLUMNS`), in step order.
+
+    At most :data:`MAX_NONFINITE_ROWS` per run; returns ``(rows, records left out)``.
+    """
+    rows, left_out = [], 0
+    for r in records:
+        section = r.run_json.summary.nonfinite if r.run_json is not None else None
+        found = sorted(section.records, key=lambda x: (x.global_step, x.rank)) if section is not None else []
+        left_out += max(0, len(found) - MAX_NONFINITE_ROWS)
+        for rec in found[:MAX_NONFINITE_ROWS]:
+            rows.append(TableRow(values={
+                "name": r.name, "global_step": rec.global_step, "epoch": rec.epoch, "rank": rec.rank,
+                "micro_batch": "all" if rec.micro_batch is None else rec.micro_batch, "part": rec.part,
+                "patch_id": _ids(rec.patch_id, None), "input_patch_id": _ids(rec.nonfinite_input_patch_id,
+                                                                             rec.input_finite is not None),
+            }, evidence=r.evidence))
+    return rows, left_out
+
+
 def scaling_rows(series: Sequence[DeviceSeries]) -> list[TableRow]:
     """One row per device count of each series (:data:`~cropscale.report.columns.SCALING_COLUMNS`)."""
     rows = []

@@ -43,6 +43,7 @@ from scipy import stats
 from cropscale.errors import CropScaleError
 from cropscale.evidence import MEASURED_RUN
 from cropscale.numbers import TARGET_FRACTION
+from cropscale.runs.figures import column
 from cropscale.runs.record import RunRecord
 from cropscale.runs.rules import Figure
 from cropscale.runs.tables import Column, TableRow
@@ -474,16 +475,16 @@ def compare_runs(kind: str, base_label: str, other_label: str, base: Sequence[tu
 # ------------------------------------------------------------------------------------ the table
 VERDICT_COLUMNS: tuple[Column, ...] = (
     Column("label", "Comparison", figure=False),
-    Column("kind", "Kind", figure=False),
+    column("kind"),
     Column("seeds", "Seeds base / other", figure=False),
     Column("best_diff", "Best mIoU change", "+.4f"),
     Column("best_ci", "95 % CI", figure=False),
     Column("best_verdict", "Quality verdict", figure=False),
     Column("final_diff", "Final mIoU change", "+.4f"),
     Column("final_verdict", "Final verdict", figure=False),
-    Column("speedup", "Speed-up (samples/s)", ".2f"),
+    column("speedup", "Speed-up (samples/s)"),
     Column("speedup_ci", "Speed-up 95 % CI", figure=False),
-    Column("efficiency", "Efficiency", ".2f"),
+    column("efficiency", "Efficiency"),
     Column("time_ratio", "Time to target (other / base)", ".2f"),
     Column("classes", "Classes moving > margin", figure=False),
 )

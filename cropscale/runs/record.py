@@ -245,6 +245,7 @@ def _figures(summary: RunSummary, scalars: Scalars, warmup: int, no_json: str | 
     median_step, p95_step = rules.step_time(summary, warmup, no_json)
     energy_j, energy_per_sample = rules.energy(summary, warmup, no_json)
     nonfinite, skipped = rules.nonfinite_and_skipped(summary, no_json)
+    slowest, slowest_step = rules.slowest_rank(summary, warmup, no_json)
     losses = scalars.get("train/loss_epoch", [])
     return {
         "best_miou": q.best, "best_epoch": q.best_epoch, "final_miou": q.final,
@@ -258,6 +259,7 @@ def _figures(summary: RunSummary, scalars: Scalars, warmup: int, no_json: str | 
         "energy_j": energy_j, "energy_j_per_sample": energy_per_sample,
         "peak_memory_gib": rules.peak_memory(summary, no_json),
         "nonfinite": nonfinite, "skipped_steps": skipped,
+        "slowest_rank": slowest, "slowest_rank_step_ms": slowest_step,
     }
 
 

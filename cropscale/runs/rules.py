@@ -15,6 +15,8 @@ median / p95 step (ms)     median over measured epochs of each epoch's median (p
                            ``step`` window (StepTimingCallback; one optimizer step, all micro-
                            batches); else of ThroughputCallback's step latency
 step windows (ms)          per window: median over measured epochs of the epoch medians
+slowest rank (ms)          per rank the median over measured epochs of its ``step`` median
+                           (gathered from every rank); the rank with the largest (:func:`slowest_rank`)
 loader wait / exposed      median over measured epochs of ``data_wait`` (``comm_exposed``) median /
 communication share        ``step`` median
 step decomposition (%)     the same per window (:func:`step_shares`): percent of the step; medians do
@@ -50,7 +52,7 @@ from typing import Any, Protocol
 from cropscale.errors import CropScaleError
 from cropscale.evidence import MEASURED_RUN
 from cropscale.numbers import median
-from cropscale.runs.schema import RunJson, RunSummary, StepTimingEpoch, ThroughputEpoch
+from cropscale.runs.schema import STEP_WINDOWS, RunJson, RunSummary, StepTimingEpoch, ThroughputEpoch
 from cropscale.runs.tensorboard import Scalars, epoch_series
 
 
@@ -124,6 +126,51 @@ def step_time(summary: RunSummary, warmup_epochs: int, no_json: str | None = Non
     note = f"{source}: median over {len(stats)} measured epoch(s) of the epoch statistics"
     p95 = median(s.p95 for s in stats)
     return Figure(median(s.median for s in stats), note=note), Figure(p95, why="p95 not recorded", note=note)
+
+
+def slowest_rank(summary: RunSummary, warmup_epochs: int, no_json: str | None = None) -> tuple[Figure, Figure]:
+    """The slowest rank and its median step (ms): per rank, the median over measured epochs of its epoch median.
+
+    From ``step_timing.epochs[].step_ms_per_rank.per_rank`` (StepTimingCallback gathers every rank's ``step``
+    median at each epoch end); the slowest is the rank with the largest median (the lowest rank on a tie). The
+    note lists every rank's median. n/a on one rank, or without per-rank medians.
+    """
+    timing = measured(summary.step_timing.epochs, warmup_epochs) if summary.step_timing else []
+    if not timing:
+        why = _why_no_epoch(summary.step_timing is not None, "step_timing", warmup_epochs, no_json)
+        return Figure(None, why=why), Figure(None, why=why)
+    ranks = max(len(e.step_ms_per_rank.per_rank) for e in timing)
+    if ranks <= 1:
+        why = f"{ranks} rank(s) recorded: no other rank to compare"
+        return Figure(None, why=why), Figure(None, why=why)
+    per_rank = [median(e.step_ms_per_rank.per_rank[r] for e in timing if r < len(e.step_ms_per_rank.per_rank))
+                for r in range(ranks)]
+    known = [(v, r) for r, v in enumerate(per_rank) if v is not None]
+    if not known:
+        why = "no per-rank step median in the measured epochs"
+        return Figure(None, why=why), Figure(None, why=why)
+    value, rank = max(known, key=lambda vr: (vr[0], -vr[1]))
+    shown = ", ".join(f"rank {r} {'n/a' if v is None else format(v, '.1f') + ' ms'}" for r, v in enumerate(per_rank))
+    note = f"per rank, median over {len(timing)} measured epoch(s) of its epoch median step: {shown}"
+    worst = _largest_excess(timing, rank, ranks)
+    if worst is not None:
+        note += f"; rank {rank}'s largest excess over the ranks' median: {worst[1]} {worst[0]:+.1f} ms"
+    return Figure(rank, note=note), Figure(value, note=note)
+
+
+def _largest_excess(timing: list[StepTimingEpoch], rank: int, ranks: int) -> tuple[float, str] | None:
+    """``(ms, window)``: the step window in which ``rank``'s median exceeds the ranks' median most.
+
+    Per window and rank the median over ``timing`` of ``window_median_ms_per_rank``; None without those lists.
+    """
+    found = []
+    for window in STEP_WINDOWS:
+        rows = [e.window_median_ms_per_rank.get(window) or [] for e in timing]
+        per_rank = [median(row[r] for row in rows if r < len(row)) for r in range(ranks)]
+        mid = median(per_rank)
+        if per_rank[rank] is not None and mid is not None:
+            found.append((per_rank[rank] - mid, window))
+    return max(found) if found else None
 
 
 def host_windows(summary: RunSummary, warmup_epochs: int) -> dict[str, float]:

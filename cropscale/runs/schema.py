@@ -18,12 +18,13 @@ import dataclasses
 import math
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar, Union
 
 from cropscale.errors import CropScaleError
 from cropscale.evidence import MEASURED_RUN
+from cropscale.numbers import median_p95
 
 RUN_SCHEMA = "cropscale.run/1"
 """Schema id of ``run.json``."""
@@ -45,17 +46,23 @@ def optional(default: Any = None) -> Any:
     return field(default=default, metadata={"omit_none": True})
 
 
-def _clean(value: Any) -> Any:
-    """JSON-ready copy: records to dicts, tuples to lists, NaN / inf to ``None``."""
+def jsonable(value: Any) -> Any:
+    """A JSON-ready copy: the one cleaning pass of ``run.json`` (:meth:`Record.to_json`).
+
+    Records to dicts, tuples to lists, keys to ``str``, NaN / inf to ``None``, any other object (a path, a
+    numpy integer) to its ``str``.
+    """
     if isinstance(value, Record):
         return value.to_json()
     if isinstance(value, float):
         return value if math.isfinite(value) else None
+    if value is None or isinstance(value, (bool, int, str)):
+        return value
     if isinstance(value, Mapping):
-        return {str(k): _clean(v) for k, v in value.items()}
+        return {str(k): jsonable(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_clean(v) for v in value]
-    return value
+        return [jsonable(v) for v in value]
+    return str(value)
 
 
 def _convert(hint: Any, value: Any) -> Any:
@@ -87,7 +94,7 @@ class Record:
     other: dict[str, Any] = field(default_factory=dict, repr=False, compare=False, kw_only=True)
 
     def to_json(self) -> dict[str, Any]:
-        """The record as a JSON-ready dict (field order, then :attr:`other`)."""
+        """The record as a JSON-ready dict (field order, then :attr:`other`; see :func:`jsonable`)."""
         out: dict[str, Any] = {}
         for f in dataclasses.fields(self):
             if f.name == "other":
@@ -95,8 +102,8 @@ class Record:
             value = getattr(self, f.name)
             if value is None and f.metadata.get("omit_none"):
                 continue
-            out[f.name] = _clean(value)
-        out.update({k: _clean(v) for k, v in self.other.items() if k not in out})
+            out[f.name] = jsonable(value)
+        out.update({k: jsonable(v) for k, v in self.other.items() if k not in out})
         return out
 
     @classmethod
@@ -126,6 +133,11 @@ class WindowStats(Record):
     median: float | None = None
     p95: float | None = None
     n: int = 0
+
+    @classmethod
+    def of(cls, values: Sequence[float], scale: float = 1.0) -> WindowStats:
+        """The statistics of ``values`` multiplied by ``scale`` (1e3 for seconds -> ms); ``None`` for no value."""
+        return cls(**median_p95(values, scale=scale))
 
 
 @dataclass
@@ -296,6 +308,15 @@ class NonFiniteRecord(Record):
     crop_yx: list[list[int]] | None = optional()
     nonfinite_input_patch_id: list[int] | None = optional()
     nonfinite_input_crop_yx: list[list[int]] | None = optional()
+
+    @property
+    def part(self) -> str:
+        """Which part was not finite: ``loss``, ``gradients``, ``inputs (<keys>)``, comma-separated."""
+        parts = [name for name, finite in (("loss", self.loss_finite), ("gradients", self.grads_finite))
+                 if finite is False]
+        if self.input_finite is False:
+            parts.append(f"inputs ({', '.join(self.nonfinite_inputs or []) or '?'})")
+        return ", ".join(parts) or "not recorded"
 
 
 @dataclass

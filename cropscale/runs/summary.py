@@ -17,6 +17,7 @@ the report command.
 from __future__ import annotations
 
 from cropscale.evidence import MEASURED_RUN
+from cropscale.runs.figures import FIGURES
 from cropscale.runs.record import RunRecord
 from cropscale.runs.rules import NOT_TRAINED, Figure, trained
 from cropscale.runs.schema import STEP_WINDOWS
@@ -26,11 +27,9 @@ WINDOW_NAMES = {"data_wait": "data wait", "transfer": "transfer", "forward": "fo
 """How the summary names the step windows."""
 
 
-def _num(fig: Figure, spec: str, unit: str = "") -> str:
-    if fig.value is None:
-        return f"n/a ({fig.why})"
-    text = format(fig.value, spec)
-    return f"{text} {unit}".rstrip()
+def _num(f: dict[str, Figure], key: str, unit: str | None = None) -> str:
+    """Figure ``key`` of ``f`` as ``value unit`` in its registry format (:mod:`cropscale.runs.figures`), or n/a."""
+    return FIGURES[key].text(f[key], unit)
 
 
 def _warmup(record: RunRecord) -> str:
@@ -106,22 +105,22 @@ def fit_summary(record: RunRecord, report_command: str, stopped_at_step: int | N
     if diverged:
         lines.append(diverged)
     best = f["best_miou"]
-    quality = _num(best, ".4f")
+    quality = _num(f, "best_miou")
     if best.value is not None:
-        quality = (f"best val/mIoU {quality} at epoch {_num(f['best_epoch'], 'd')}"
-                   f" (final {_num(f['final_miou'], '.4f')})")
+        quality = (f"best val/mIoU {quality} at epoch {_num(f, 'best_epoch')}"
+                   f" (final {_num(f, 'final_miou')})")
     else:
         quality = f"best val/mIoU {quality}"
     lines += [
         f"quality     {quality}",
-        f"speed       {_num(f['samples_per_s'], ',.2f', 'training samples/s')};"
-        f" median step {_num(f['median_step_ms'], ',.0f', 'ms')}{_over(record)}",
+        f"speed       {_num(f, 'samples_per_s', 'training samples/s')};"
+        f" median step {_num(f, 'median_step_ms')}{_over(record)}",
         f"step        {step_line(record)}",
-        f"memory      peak {_num(f['peak_memory_gib'], '.2f', 'GiB')}"
+        f"memory      peak {_num(f, 'peak_memory_gib')}"
         + (f" ({f['peak_memory_gib'].note})" if f["peak_memory_gib"].value is not None else ""),
-        f"energy      {_num(f['energy_j_per_sample'], ',.3f', 'J per training sample')}",
-        f"numerics    {_num(f['nonfinite'], 'd')} non-finite batch(es), {_num(f['skipped_steps'], 'd')} skipped"
-        f" step(s); {_loss_end(record)}",
+        f"energy      {_num(f, 'energy_j_per_sample', 'J per training sample')}",
+        f"numerics    {_num(f, 'nonfinite')} non-finite batch(es){_first_nonfinite(record)},"
+        f" {_num(f, 'skipped_steps')} skipped step(s); {_loss_end(record)}",
         f"data        {data_line(record)}",
         f"run folder  {record.path}",
         f"report      {report_command}",
@@ -143,6 +142,16 @@ def _over(record: RunRecord) -> str:
     several = len(record.epoch_seconds.get("train_s", [])) > 1
     shown = several and record.figures["median_step_ms"].value is not None
     return " (median over the measured epochs)" if shown else ""
+
+
+def _first_nonfinite(record: RunRecord) -> str:
+    """`` (first at step S, rank R: <part>, patch_id ...)`` for the earliest recorded non-finite batch, else ``""``."""
+    section = record.run_json.summary.nonfinite if record.run_json is not None else None
+    if section is None or not section.records:
+        return ""
+    rec = min(section.records, key=lambda x: (x.global_step, x.rank))
+    ids = ", ".join(str(i) for i in rec.nonfinite_input_patch_id or rec.patch_id or []) or "n/a"
+    return f" (first at step {rec.global_step}, rank {rec.rank}: {rec.part}, patch_id {ids}; the report lists all)"
 
 
 def _loss_end(record: RunRecord) -> str:

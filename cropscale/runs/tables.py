@@ -10,6 +10,7 @@ qualifies them; numbers unrounded. Files are written atomically.
 from __future__ import annotations
 
 import csv
+import dataclasses
 import io
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -37,6 +38,10 @@ class Column:
     fmt: str = ""
     figure: bool = True
     qualifiers: bool = True
+
+    def with_key(self, key: str) -> Column:
+        """The same column reading the row's ``key`` (e.g. the base run's figure under the figure's header)."""
+        return dataclasses.replace(self, key=key)
 
 
 @dataclass

@@ -50,23 +50,23 @@ class StudyRow:
     updates_per_epoch: float | None
     seeds: int = 0
     optimizer: str = "adamw"
-    step_median_ms: float | None = None
-    step_p95_ms: float | None = None
+    median_step_ms: float | None = None
+    p95_step_ms: float | None = None
     samples_per_s: float | None = None
     train_epoch_s: float | None = None
     train_epoch_cv: float | None = None
     val_epoch_s: float | None = None
-    e2e_epoch_s: float | None = None
+    epoch_s: float | None = None
     speedup: float | None = None
     efficiency: float | None = None
-    serial_fraction: float | None = None
+    karp_flatt: float | None = None
     loader_wait_share: float | None = None
     exposed_comm_share: float | None = None
-    energy_per_sample_j: float | None = None
-    miou_final: float | None = None
-    miou_final_sd: float | None = None
-    miou_best: float | None = None
-    miou_best_sd: float | None = None
+    energy_j_per_sample: float | None = None
+    final_miou: float | None = None
+    final_miou_sd: float | None = None
+    best_miou: float | None = None
+    best_miou_sd: float | None = None
     speedup_low: float | None = None
     speedup_high: float | None = None
     train_epoch_s_low: float | None = None
@@ -75,6 +75,13 @@ class StudyRow:
     notes: list[str] = field(default_factory=list)
     why: dict[str, str] = field(default_factory=dict)
     figure_notes: dict[str, str] = field(default_factory=dict)
+
+
+MEDIAN_OVER_SEEDS = ("median_step_ms", "p95_step_ms", "samples_per_s", "train_epoch_s", "val_epoch_s", "epoch_s",
+                     "energy_j_per_sample")
+"""Run figures a study row holds as the median over seeds (row field = record key, :mod:`cropscale.runs.figures`)."""
+MEAN_SD_OVER_SEEDS = ("final_miou", "best_miou")
+"""Run figures a study row holds as mean and sample sd over seeds (``<key>`` and ``<key>_sd``)."""
 
 
 def base_row(config: Configuration, evidence: str) -> StudyRow:
@@ -95,10 +102,9 @@ def run_notes(record: RunRecord) -> tuple[list[str], dict[str, str]]:
         notes.append(f"no run.json in {record.path} (fit without the scaling callbacks)")
     elif record.status != "finished":
         notes.append(f"run.json status {record.status!r}")
-    for key, column in (("energy_j_per_sample", "energy_per_sample_j"), ("median_step_ms", "step_median_ms"),
-                        ("final_miou", "miou_final"), ("best_miou", "miou_best")):
+    for key in (*MEDIAN_OVER_SEEDS, *MEAN_SD_OVER_SEEDS):  # one name: the run's figure and the row's field
         if record.figures[key].value is None:
-            why[column] = record.figures[key].why
+            why[key] = record.figures[key].why
     if record.exposed_comm_share is None and record.run_json is not None:
         comm = record.run_json.summary.step_timing.comm_timing if record.run_json.summary.step_timing else {}
         why["exposed_comm_share"] = (
@@ -108,18 +114,15 @@ def run_notes(record: RunRecord) -> tuple[list[str], dict[str, str]]:
 
 
 def _seed_figures(row: StudyRow, runs: Sequence[RunRecord]) -> None:
-    """Median over seeds of each run's figure (each itself over the measured epochs)."""
-    row.step_median_ms = median(r.figures["median_step_ms"].value for r in runs)
-    row.step_p95_ms = median(r.figures["p95_step_ms"].value for r in runs)
-    row.samples_per_s = median(r.figures["samples_per_s"].value for r in runs)
-    row.train_epoch_s = median(r.figures["train_epoch_s"].value for r in runs)
-    row.val_epoch_s = median(r.figures["val_epoch_s"].value for r in runs)
-    row.e2e_epoch_s = median(r.figures["epoch_s"].value for r in runs)
+    """Median over seeds of each run's figure (each itself over the measured epochs); macro IoU as mean and sd."""
+    for key in MEDIAN_OVER_SEEDS:
+        setattr(row, key, median(r.figures[key].value for r in runs))
+    for key in MEAN_SD_OVER_SEEDS:
+        mean, sd = mean_sd(r.figures[key].value for r in runs)
+        setattr(row, key, mean)
+        setattr(row, f"{key}_sd", sd)
     row.loader_wait_share = median(r.loader_wait_share for r in runs)
     row.exposed_comm_share = median(r.exposed_comm_share for r in runs)
-    row.energy_per_sample_j = median(r.figures["energy_j_per_sample"].value for r in runs)
-    row.miou_final, row.miou_final_sd = mean_sd(r.figures["final_miou"].value for r in runs)
-    row.miou_best, row.miou_best_sd = mean_sd(r.figures["best_miou"].value for r in runs)
 
 
 def measured_row(config: Configuration, runs: Sequence[RunRecord], train_samples: int | None,
@@ -137,8 +140,8 @@ def measured_row(config: Configuration, runs: Sequence[RunRecord], train_samples
         row.train_epoch_cv = statistics.stdev(pooled) / statistics.fmean(pooled)
     elif len(pooled) == 1:
         row.why["train_epoch_cv"] = "one measured epoch in all: no dispersion"
-    if row.energy_per_sample_j is not None:
-        row.figure_notes["energy_per_sample_j"] = (
+    if row.energy_j_per_sample is not None:
+        row.figure_notes["energy_j_per_sample"] = (
             "GPU board energy (NVML) of the measured epochs, their validation included, per training sample;"
             " excludes CPU, storage, network, cooling")
     measured_updates = median(r.updates_per_epoch for r in runs)
@@ -158,8 +161,8 @@ def measured_row(config: Configuration, runs: Sequence[RunRecord], train_samples
         for key, text in why.items():
             row.why.setdefault(key, text)
     if len(runs) < 2:
-        row.why.setdefault("miou_final_sd", "one seed: no spread")
-        row.why.setdefault("miou_best_sd", "one seed: no spread")
+        row.why.setdefault("final_miou_sd", "one seed: no spread")
+        row.why.setdefault("best_miou_sd", "one seed: no spread")
     return row
 
 
@@ -181,7 +184,7 @@ def add_speedups(rows: list[StudyRow]) -> None:
         r.speedup = speedup(r.samples_per_s, base)
         r.efficiency = P.efficiency(r.speedup, r.world_size)
         if r.world_size > 1:
-            r.serial_fraction = karp_flatt(r.speedup, r.world_size)
+            r.karp_flatt = karp_flatt(r.speedup, r.world_size)
 
 
 def add_speedup_intervals(rows: Sequence[StudyRow], records: dict[str, Sequence[RunRecord]]) -> None:
@@ -271,13 +274,13 @@ class SweepSummary:
 
 
 def _verdict(curve: SweepCurve, baseline: StudyRow, tolerance: float, not_run: Sequence[int]) -> str:
-    floor = baseline.miou_best - tolerance
+    floor = baseline.best_miou - tolerance
     by_g = {r.global_batch: r for r in curve.rows}
     text = (f"holds to G = {curve.holds_to}; at G = {curve.stops_at}" if curve.holds_to is not None
             else f"does not hold even at its smallest G = {curve.stops_at}:")
     if curve.stops_at is not None:
         row = by_g.get(curve.stops_at)
-        value = None if row is None else row.miou_best
+        value = None if row is None else row.best_miou
         text += " no measured macro IoU" if value is None else f" best macro IoU {value:.4f} < {floor:.4f}"
     else:
         text = f"holds to G = {curve.holds_to}"
@@ -305,7 +308,7 @@ def sweep_summary(rows: Sequence[StudyRow], configs: Sequence[Configuration], ba
     opt, rule, g0 = baseline
     base = next((r for r in sweep_rows if (r.optimizer, r.lr_scaling, r.global_batch) == (opt, rule, g0)), None)
     summary = SweepSummary(base, tolerance, [], not_run)
-    if base is None or base.miou_best is None:
+    if base is None or base.best_miou is None:
         summary.baseline = None
         summary.why = f"the baseline ({opt}, {rule}, G = {g0}) has no measured best macro IoU"
     keys = list(dict.fromkeys((c.plan.optimizer, c.plan.lr_scaling, PRECISION_LABELS[c.precision]) for c in configs
@@ -317,8 +320,8 @@ def sweep_summary(rows: Sequence[StudyRow], configs: Sequence[Configuration], ba
             continue
         curve = SweepCurve(optimizer, lr_scaling, precision, mine)
         if summary.baseline is not None:
-            curve.holds_to, curve.stops_at = holds_to([(r.global_batch, r.miou_best) for r in mine],
-                                                      summary.baseline.miou_best, tolerance)
+            curve.holds_to, curve.stops_at = holds_to([(r.global_batch, r.best_miou) for r in mine],
+                                                      summary.baseline.best_miou, tolerance)
             skipped = [g for _, g, o, lr, _ in not_run if (o, lr) == (optimizer, lr_scaling)]
             curve.verdict = _verdict(curve, summary.baseline, tolerance, skipped)
         else:

@@ -15,6 +15,7 @@ from pathlib import Path
 from cropscale.evidence import ANALYTICAL_SCENARIO, MEASURED_RUN
 from cropscale.files import atomic_write_text
 from cropscale.runs.equivalence import VERDICT_COLUMNS, Comparison, verdict_intro, verdict_row
+from cropscale.runs.figures import column, columns
 from cropscale.runs.plots import plot_iou_by_epoch, plot_step_decomposition, plot_verdicts, pyplot, save
 from cropscale.runs.record import RunRecord
 from cropscale.runs.rules import Figure
@@ -26,37 +27,26 @@ from cropscale.study.spec import BatchSweepSpec, StudySpec
 
 COLUMNS: tuple[Column, ...] = (
     Column("protocol", "Protocol", figure=False),
-    Column("precision", "Precision", figure=False),
-    Column("world_size", "N", "d", figure=False),
+    column("precision"),
+    column("devices", "N").with_key("world_size"),
     Column("local_batch", "L", "d", figure=False),
     Column("accumulation", "A", "d", figure=False),
-    Column("global_batch", "G", "d", figure=False),
+    column("global_batch", "G"),
     Column("lr", "LR", ".4g", figure=False),
     Column("updates_per_epoch", "Updates/epoch", "g", figure=False),
     Column("seeds", "Seeds", "d", figure=False),
-    Column("step_median_ms", "Median step (ms)", ".1f"),
-    Column("step_p95_ms", "p95 step (ms)", ".1f"),
-    Column("samples_per_s", "Samples/s", ".3f"),
-    Column("train_epoch_s", "Train epoch (s)", ".2f"),
-    Column("train_epoch_cv", "Train epoch CV", ".1%"),
-    Column("val_epoch_s", "Val epoch (s)", ".2f"),
-    Column("e2e_epoch_s", "End-to-end epoch (s)", ".2f"),
-    Column("speedup", "S_N", ".3f"),
-    Column("speedup_low", "S_N low (95 %)", ".3f"),
-    Column("speedup_high", "S_N high (95 %)", ".3f"),
-    Column("efficiency", "E_N", ".1%"),
-    Column("serial_fraction", "Karp-Flatt e", ".3f"),
-    Column("loader_wait_share", "Loader wait share", ".1%"),
-    Column("exposed_comm_share", "Exposed comm share", ".1%"),
-    Column("energy_per_sample_j", "J/sample", ".3f"),
-    Column("miou_final", "Final mIoU", ".4f"),
-    Column("miou_final_sd", "Final mIoU sd", ".4f"),
-    Column("miou_best", "Best mIoU", ".4f"),
-    Column("miou_best_sd", "Best mIoU sd", ".4f"),
+    *columns("median_step_ms", "p95_step_ms", "samples_per_s", "train_epoch_s", "train_epoch_cv", "val_epoch_s",
+             "epoch_s"),
+    column("speedup", "S_N"),
+    *columns("speedup_low", "speedup_high"),
+    column("efficiency", "E_N"),
+    column("karp_flatt", "Karp-Flatt e"),
+    *columns("loader_wait_share", "exposed_comm_share", "energy_j_per_sample", "final_miou", "final_miou_sd",
+             "best_miou", "best_miou_sd"),
 )
 """Columns of the study table, in order."""
 
-PREDICTED = ("train_epoch_s", "samples_per_s", "speedup", "efficiency", "serial_fraction", "speedup_low",
+PREDICTED = ("train_epoch_s", "samples_per_s", "speedup", "efficiency", "karp_flatt", "speedup_low",
              "speedup_high")
 """The figures an analytical-scenario row predicts (the others stay n/a)."""
 
@@ -64,13 +54,13 @@ PREDICTED = ("train_epoch_s", "samples_per_s", "speedup", "efficiency", "serial_
 def _why_missing(row: StudyRow, key: str) -> str:
     if row.evidence == ANALYTICAL_SCENARIO and key not in PREDICTED:
         return "not run: only epoch time, samples/s, S_N, E_N are predicted"
-    if key == "serial_fraction" and row.world_size == 1:
+    if key == "karp_flatt" and row.world_size == 1:
         return "Karp-Flatt e is undefined at N = 1"
     if key in ("speedup_low", "speedup_high") and row.world_size == 1:
         return "the 1-rank base"
     if key in ("speedup_low", "speedup_high") and row.speedup is not None:
         return "fewer than 2 measured epochs x seeds on a side: no interval"
-    if key in ("speedup", "efficiency", "serial_fraction"):
+    if key in ("speedup", "efficiency", "karp_flatt"):
         return "no measured 1-rank training-epoch time of this protocol and precision"
     return "not recorded by the run(s)"
 
@@ -197,7 +187,7 @@ def _plot_group(axes, rows: Sequence[StudyRow], label: str, color: str) -> None:
         if len(pred) > len(last):
             ax.plot(*zip(*pred, strict=True), "o--", color=color, markerfacecolor="none",
                     label=f"{label} [{ANALYTICAL_SCENARIO}]")
-    iou = [(r.world_size, r.miou_final, r.miou_final_sd or 0.0) for r in measured if r.miou_final is not None]
+    iou = [(r.world_size, r.final_miou, r.final_miou_sd or 0.0) for r in measured if r.final_miou is not None]
     if iou:
         x, y, e = zip(*iou, strict=True)
         axes[2].errorbar(x, y, yerr=e, fmt="o-", color=color, capsize=3, label=f"{label} [{MEASURED_RUN}]")
@@ -236,21 +226,18 @@ def plot_scaling(rows: Sequence[StudyRow], path: Path) -> Path:
 SWEEP_COLUMNS: tuple[Column, ...] = (
     Column("optimizer", "Optimizer", figure=False),
     Column("lr_scaling", "LR rule", figure=False),
-    Column("precision", "Precision", figure=False),
-    Column("global_batch", "G", "d", figure=False),
+    column("precision"),
+    column("global_batch", "G"),
     Column("local_batch", "L", "d", figure=False),
-    Column("world_size", "N", "d", figure=False),
+    column("devices", "N").with_key("world_size"),
     Column("accumulation", "A", "d", figure=False),
     Column("lr", "LR", ".4g", figure=False),
     Column("updates_per_epoch", "Updates/epoch", "g", figure=False),
     Column("updates_total", "Updates in run", "g", figure=False),
     Column("seeds", "Seeds", "d", figure=False),
-    Column("miou_best", "Best mIoU", ".4f"),
-    Column("miou_best_sd", "Best mIoU sd", ".4f"),
-    Column("miou_delta", "vs baseline", "+.4f"),
+    *columns("best_miou", "best_miou_sd", "best_miou_delta"),
     Column("holds", "Holds", figure=False),
-    Column("samples_per_s", "Samples/s", ".3f"),
-    Column("train_epoch_s", "Train epoch (s)", ".2f"),
+    *columns("samples_per_s", "train_epoch_s"),
 )
 """Columns of the batch-sweep table, in order (``vs baseline``: mean best macro IoU minus the baseline's)."""
 
@@ -263,13 +250,13 @@ def sweep_table_row(row: StudyRow, sweep: SweepSummary, epochs: int) -> TableRow
     base = table_row(row)
     values = {c.key: getattr(row, c.key, None) for c in SWEEP_COLUMNS if not c.figure}
     values["updates_total"] = row.updates_per_epoch * epochs if row.updates_per_epoch is not None else None
-    figures = {k: base.figures[k] for k in ("miou_best", "miou_best_sd", "samples_per_s", "train_epoch_s")}
-    if sweep.baseline is None or row.miou_best is None:
-        figures["miou_delta"] = Figure(None, MEASURED_RUN, sweep.why or "no measured best macro IoU")
+    figures = {k: base.figures[k] for k in ("best_miou", "best_miou_sd", "samples_per_s", "train_epoch_s")}
+    if sweep.baseline is None or row.best_miou is None:
+        figures["best_miou_delta"] = Figure(None, MEASURED_RUN, sweep.why or "no measured best macro IoU")
         values["holds"] = None
     else:
-        delta = row.miou_best - sweep.baseline.miou_best
-        figures["miou_delta"] = Figure(delta, MEASURED_RUN)
+        delta = row.best_miou - sweep.baseline.best_miou
+        figures["best_miou_delta"] = Figure(delta, MEASURED_RUN)
         values["holds"] = "yes" if delta >= -sweep.tolerance else "no"
     return TableRow(values=values, figures=figures, evidence=MEASURED_RUN)
 
@@ -281,12 +268,12 @@ def sweep_block(rows: Sequence[TableRow], sweep: SweepSummary, spec: StudySpec) 
     if b is None:
         lines.append(f"No baseline: {sweep.why}.")
     else:
-        sd = "n/a (one seed)" if b.miou_best_sd is None else f"{b.miou_best_sd:.4f}"
+        sd = "n/a (one seed)" if b.best_miou_sd is None else f"{b.best_miou_sd:.4f}"
         lines.append(
-            f"Baseline: {b.optimizer}, LR rule {b.lr_scaling}, G = {b.global_batch}: best macro IoU {b.miou_best:.4f}"
+            f"Baseline: {b.optimizer}, LR rule {b.lr_scaling}, G = {b.global_batch}: best macro IoU {b.best_miou:.4f}"
             f" (mean over {b.seeds} seed(s), sd {sd}) [{MEASURED_RUN}]. A point holds when its mean best macro IoU"
             f" is at least the baseline's minus the tolerance {sweep.tolerance:g},"
-            f" i.e. >= {b.miou_best - sweep.tolerance:.4f}.")
+            f" i.e. >= {b.best_miou - sweep.tolerance:.4f}.")
     lines.append("")
     for c in sweep.curves:
         lines.append(f"- {c.optimizer}, LR rule {c.lr_scaling}, {c.precision}: {c.verdict}")
@@ -314,14 +301,14 @@ def plot_batch_sweep(sweep: SweepSummary, path: Path) -> Path:
     gs = sorted({r.global_batch for c in sweep.curves for r in c.rows} | {g for _, g, *_ in sweep.not_run})
     b = sweep.baseline
     if b is not None:
-        sd = b.miou_best_sd or 0.0
-        axes[0].axhspan(b.miou_best - sd, b.miou_best + sd, color="grey", alpha=0.25,
+        sd = b.best_miou_sd or 0.0
+        axes[0].axhspan(b.best_miou - sd, b.best_miou + sd, color="grey", alpha=0.25,
                         label=f"baseline {b.optimizer} {b.lr_scaling} G={b.global_batch}: mean +- sd")
-        axes[0].axhline(b.miou_best - sweep.tolerance, color="grey", ls="--", lw=1,
+        axes[0].axhline(b.best_miou - sweep.tolerance, color="grey", ls="--", lw=1,
                         label=f"baseline - tolerance {sweep.tolerance:g}")
     for i, c in enumerate(sweep.curves):
         label = f"{c.optimizer} {c.lr_scaling} {c.precision}"
-        iou = [(r.global_batch, r.miou_best, r.miou_best_sd or 0.0) for r in c.rows if r.miou_best is not None]
+        iou = [(r.global_batch, r.best_miou, r.best_miou_sd or 0.0) for r in c.rows if r.best_miou is not None]
         if iou:
             x, y, e = zip(*iou, strict=True)
             axes[0].errorbar(x, y, yerr=e, fmt="o-", color=f"C{i}", capsize=3, label=label)

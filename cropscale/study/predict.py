@@ -118,12 +118,12 @@ def analytical_rows(
             row.notes.append("no prediction: the 1-rank configuration has no measured training-epoch time")
             rows.append(row)
             continue
-        refs = [r for r in same if r.world_size > 1 and r.serial_fraction is not None]
+        refs = [r for r in same if r.world_size > 1 and r.karp_flatt is not None]
         ref = max(refs, key=lambda r: r.world_size) if refs else None
-        e, n_ref = (ref.serial_fraction, ref.world_size) if ref else (0.0, 1)
+        e, n_ref = (ref.karp_flatt, ref.world_size) if ref else (0.0, 1)
         refused = _refusal(e, n_ref)
         if refused:
-            row.serial_fraction = e
+            row.karp_flatt = e
             row.notes.append(f"not run ({config.reason}); {refused}")
             rows.append(row)
             continue
@@ -147,7 +147,7 @@ def analytical_rows(
         row.train_epoch_s = t_n
         row.speedup = P.speedup(one.train_epoch_s, t_n)
         row.efficiency = P.efficiency(row.speedup, config.world_size)
-        row.serial_fraction = e
+        row.karp_flatt = e
         if one.samples_per_s is not None:
             row.samples_per_s = one.samples_per_s * row.speedup
         _predict_interval(row, one, ref, e, config, (updates or 0, comm_n, comm_ref))

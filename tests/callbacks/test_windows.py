@@ -14,9 +14,10 @@ from cropscale.callbacks._windows import (
     MicroBatchMarks,
     StepMarks,
     StepWindows,
-    WindowStats,
+    WindowAccumulator,
     interval_union,
 )
+from cropscale.runs.schema import WindowStats
 
 
 def seconds(a: float, b: float) -> float:
@@ -123,7 +124,7 @@ def test_an_unresolved_mark_raises_out_of_windows():
 
 
 def test_window_stats_interval_means_and_epoch_statistics():
-    stats = WindowStats()
+    stats = WindowAccumulator()
     stats.start_epoch()
     steps = [  # (flags, windows in s)
         ({"warmup": True}, StepWindows(forward=0.010, remainder=0.001)),
@@ -149,11 +150,11 @@ def test_window_stats_interval_means_and_epoch_statistics():
     epoch = stats.epoch_stats_ms()
     assert set(epoch) == set(FIGURES)
     # forward 1, 3, 5 ms: median 3; p95 at rank 0.95 * 2 = 1.9 -> 3 + 0.9 * (5 - 3) = 4.8
-    assert epoch["forward"]["median"] == pytest.approx(3.0) and epoch["forward"]["p95"] == pytest.approx(4.8)
+    assert epoch["forward"].median == pytest.approx(3.0) and epoch["forward"].p95 == pytest.approx(4.8)
     # step 2, 4, 6 ms: median 4, p95 4 + 0.9 * 2 = 5.8
-    assert epoch["step"]["median"] == pytest.approx(4.0) and epoch["step"]["p95"] == pytest.approx(5.8)
-    assert epoch["step"]["n"] == 3
-    assert epoch["data_wait"] == {"median": None, "p95": None, "n": 0}
+    assert epoch["step"].median == pytest.approx(4.0) and epoch["step"].p95 == pytest.approx(5.8)
+    assert epoch["step"].n == 3
+    assert epoch["data_wait"] == WindowStats(None, None, 0)
 
     stats.start_epoch()
     assert stats.epoch_steps == 0 and stats.first_batch_wait is None

@@ -120,7 +120,7 @@ def test_fit_end_to_end_on_real_sample(tmp_path, flanders_root):
     (st,) = s["step_timing"]["epochs"]
     assert st["windows_ms"]["step"]["n"] == 1
     step = st["windows_ms"]["step"]["median"]
-    assert lines["speed"] == (f"{tp['samples'] / tp['train_s']:,.2f} training samples/s; median step {step:,.0f} ms")
+    assert lines["speed"] == (f"{tp['samples'] / tp['train_s']:,.2f} training samples/s; median step {step:,.1f} ms")
     shares = {w: 100 * st["windows_ms"][w]["median"] / step for w in
               ("data_wait", "transfer", "forward", "backward", "optimizer", "remainder")}
     names = ("data wait", "transfer", "forward", "backward", "optimizer", "remainder")

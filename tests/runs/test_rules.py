@@ -93,3 +93,41 @@ def test_loss_tail_counts_as_the_series_grows():
     for step, value in [(1, 1.0), (2, NAN), (3, 0.5), (4, INF), (5, NAN)]:
         tail.add(step, value)
     assert (tail.logged, tail.trailing, tail.trailing_first, tail.last_step, tail.last_finite_step) == (5, 2, 4, 5, 3)
+
+
+def _ranks(per_epoch: list[list[float | None]]) -> RunSummary:
+    return RunSummary.from_json({"step_timing": {"epochs": [
+        {"epoch": e, "step_ms_per_rank": {"per_rank": ranks}} for e, ranks in enumerate(per_epoch)]}})
+
+
+def test_slowest_rank_is_the_rank_with_the_largest_median_over_measured_epochs():
+    # epoch 0 is the warm-up; rank 0: median(110, 120) = 115 ms, rank 1: median(105, 130) = 117.5 ms
+    rank, step = rules.slowest_rank(_ranks([[100.0, 150.0], [110.0, 105.0], [120.0, 130.0]]), warmup_epochs=1)
+    assert rank.value == 1 and step.value == pytest.approx(117.5)
+    assert "rank 0 115.0 ms, rank 1 117.5 ms" in step.note
+    # all epochs: rank 0 median(100, 110, 120) = 110, rank 1 median(150, 105, 130) = 130
+    rank0, step0 = rules.slowest_rank(_ranks([[100.0, 150.0], [110.0, 105.0], [120.0, 130.0]]), warmup_epochs=0)
+    assert (rank0.value, step0.value) == (1, 130.0)
+
+
+def test_slowest_rank_is_na_with_the_reason():
+    one, _ = rules.slowest_rank(_ranks([[100.0], [90.0]]), warmup_epochs=1)
+    assert one.value is None and "1 rank" in one.why
+    none, _ = rules.slowest_rank(RunSummary(), warmup_epochs=0)
+    assert none.value is None and "step_timing" in none.why
+    gap, _ = rules.slowest_rank(_ranks([[None, None], [None, None]]), warmup_epochs=1)
+    assert gap.value is None and "no per-rank step median" in gap.why
+
+
+def test_slowest_rank_note_names_the_window_where_it_loses_most():
+    summary = RunSummary.from_json({"step_timing": {"epochs": [
+        {"epoch": e, "step_ms_per_rank": {"per_rank": step},
+         "window_median_ms_per_rank": {"data_wait": wait, "forward": fwd, "step": step}}
+        for e, (step, wait, fwd) in enumerate([([9.0, 9.0], [9.0, 9.0], [9.0, 9.0]),
+                                                ([60.0, 70.0], [1.0, 10.0], [50.0, 52.0]),
+                                                ([60.0, 74.0], [1.0, 12.0], [50.0, 54.0])])]}})
+    rank, step = rules.slowest_rank(summary, warmup_epochs=1)
+    # rank 1: step median(70, 74) = 72; data_wait: rank 0 1, rank 1 11, ranks' median 6 -> +5.0;
+    # forward: 50 and 53, median 51.5 -> +1.5; so data_wait is where rank 1 loses most
+    assert rank.value == 1 and step.value == 72.0
+    assert step.note.endswith("; rank 1's largest excess over the ranks' median: data_wait +5.0 ms")

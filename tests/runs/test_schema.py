@@ -5,6 +5,7 @@ fields are left out while unset; unknown keys survive."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -96,3 +97,18 @@ def test_benchmark_rows_are_named_with_their_own_label_and_compile(tmp_path):
                                 "environment": {"device": {"name": "NVIDIA H200"}}}))
     names = [r.name for r in load_benchmark(path)]
     assert names == ["bench_tf32.json: TF32 b4 compiled", "bench_tf32.json: AMP BF16 b8"]
+
+
+def test_to_json_is_the_one_cleaning_pass_before_the_file():
+    """run.json is written straight from ``to_json()``: NaN / inf -> null, tuples -> lists, keys -> str and any other
+    object -> its ``str`` (a path, a numpy integer), so ``json.dumps(allow_nan=False)`` needs no second pass."""
+    class Opaque:
+        def __str__(self) -> str:
+            return "opaque-object"
+
+    record = RunJson(config={"model": {"lr": float("nan"), "root": Path("/data/x"), "sizes": (64, 32), 3: Opaque()}},
+                     extra={"loss": float("-inf")})
+    out = record.to_json()
+    assert out["config"] == {"model": {"lr": None, "root": "/data/x", "sizes": [64, 32], "3": "opaque-object"}}
+    assert out["extra"] == {"loss": None}
+    assert json.loads(json.dumps(out, allow_nan=False)) == out

@@ -27,8 +27,8 @@ def test_summary_lines_by_hand(tmp_path):
     body = {line[:12].strip(): line[12:] for line in lines[2:]}
     assert body["ran"] == "FP32 on 1 device(s) (SingleDeviceStrategy), global batch 4"
     assert body["quality"] == "best val/mIoU 0.3500 at epoch 1 (final 0.3000)"
-    # epochs 1, 2: 420 samples in 42 s; the step window's median in epoch 1 is 100 ms
-    assert body["speed"] == "10.00 training samples/s; median step 100 ms (median over the measured epochs)"
+    # epochs 1, 2: 420 samples in 42 s; the step window's median in epoch 1 is 100 ms (format ,.1f)
+    assert body["speed"] == "10.00 training samples/s; median step 100.0 ms (median over the measured epochs)"
     # windows 1, 0.5, 30, 50, 18.5, 0 ms of 100 (0.5 and 18.5 round half to even)
     assert body["step"].startswith("data wait 1 %, transfer 0 %, forward 30 %, backward 50 %, optimizer 18 %,"
                                    " remainder 0 % of the median step (window medians; sum 100 %)")

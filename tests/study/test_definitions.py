@@ -7,7 +7,9 @@ import pytest
 from cropscale.evidence import MEASURED_RUN
 from cropscale.numbers import speedup
 from cropscale.precision import LABELS, STUDY_CONFIGS
-from cropscale.study.aggregate import StudyRow, add_speedups
+from cropscale.runs.record import RunRecord
+from cropscale.runs.rules import Figure
+from cropscale.study.aggregate import MEAN_SD_OVER_SEEDS, MEDIAN_OVER_SEEDS, StudyRow, add_speedups, run_notes
 from cropscale.study.spec import PRECISION_LABELS
 
 
@@ -24,7 +26,7 @@ def test_study_speedup_is_the_samples_per_s_ratio_as_in_the_report():
     add_speedups(rows)
     assert rows[1].speedup == pytest.approx(1.25)
     assert rows[1].efficiency == pytest.approx(0.625)
-    assert rows[1].serial_fraction == pytest.approx((1 / 1.25 - 1 / 2) / (1 - 1 / 2))  # 0.6
+    assert rows[1].karp_flatt == pytest.approx((1 / 1.25 - 1 / 2) / (1 - 1 / 2))  # 0.6
 
 
 def test_the_one_speedup_definition():
@@ -37,3 +39,13 @@ def test_one_precision_label_table():
     for lightning, study in STUDY_CONFIGS.items():
         assert PRECISION_LABELS[study] == LABELS[lightning]
     assert PRECISION_LABELS["bf16"] == "AMP BF16"  # bf16-mixed, not pure bf16 ("BF16" = bf16-true)
+
+
+def test_a_figure_no_seed_measured_keeps_the_runs_reason():
+    """The study row keeps each run figure's reason for n/a (one name: the record's key is the row's field)."""
+    figures = {k: Figure(1.0) for k in (*MEDIAN_OVER_SEEDS, *MEAN_SD_OVER_SEEDS)}
+    figures["p95_step_ms"] = Figure(None, why="p95 not recorded")
+    figures["val_epoch_s"] = Figure(None, why="no val_s in the measured epochs")
+    record = RunRecord(name="r", kind="run", path="runs/r", evidence=MEASURED_RUN, figures=figures)
+    _, why = run_notes(record)
+    assert why == {"p95_step_ms": "p95 not recorded", "val_epoch_s": "no val_s in the measured epochs"}

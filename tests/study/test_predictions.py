@@ -34,7 +34,7 @@ def _setup(s2: float, s2_ci: tuple[float, float] | None, t1_ci=(90.0, 110.0)):
         if n == 1:
             r.train_epoch_s_low, r.train_epoch_s_high = t1_ci
         else:
-            r.serial_fraction = karp_flatt(s, 2)
+            r.karp_flatt = karp_flatt(s, 2)
             r.speedup_low, r.speedup_high = s2_ci or (None, None)
         rows.append(r)
     return spec, configs, rows

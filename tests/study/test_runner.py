@@ -191,16 +191,16 @@ def test_configuration_beyond_the_machine_is_not_launched(tmp_path):
         assert rows[(proto, 4)]["evidence"] == "analytical-scenario"
         assert rows[(proto, 4)]["seeds"] == 0
         assert "not run (needs 4 device(s), 2 available" in rows[(proto, 4)]["notes"][0]
-        assert rows[(proto, 4)]["step_median_ms"] is None  # nothing measured is invented
+        assert rows[(proto, 4)]["median_step_ms"] is None  # nothing measured is invented
     # measured rows first, then the analytical block
     evidence = [r["evidence"] for r in doc["rows"]]
     assert evidence == sorted(evidence, key=lambda e: e != "measured-run")
     eg2 = rows[("equal-global", 2)]
     assert eg2["train_epoch_s"] == pytest.approx(60.0)  # the warm-up epoch (3x slower) is left out
     assert eg2["speedup"] == pytest.approx(100 / 60) and eg2["efficiency"] == pytest.approx(100 / 120)
-    assert eg2["serial_fraction"] == pytest.approx(0.2)  # Karp-Flatt (0.6 - 0.5) / 0.5
+    assert eg2["karp_flatt"] == pytest.approx(0.2)  # Karp-Flatt (0.6 - 0.5) / 0.5
     assert eg2["loader_wait_share"] == pytest.approx(0.1) and eg2["exposed_comm_share"] == pytest.approx(0.1)
-    assert eg2["step_median_ms"] == pytest.approx(20.0) and eg2["step_p95_ms"] == pytest.approx(24.0)
+    assert eg2["median_step_ms"] == pytest.approx(20.0) and eg2["p95_step_ms"] == pytest.approx(24.0)
     assert eg2["samples_per_s"] == pytest.approx(16 / 60)
     # T_4 = T_1 (e + (1 - e)/4) + U_4 (t_c(4) - t_c(2)); ring all-reduce with alpha 0, B_eff 1 GB/s:
     # t_c(N) = 2 (N - 1)/N x M / B_eff with M = 1,947,456 x 4 bytes; U_4 = 4 (equal-global, G = 4, S = 16)
@@ -253,8 +253,8 @@ def test_cpu_study_end_to_end(tmp_path, flanders_root):
         for n in (1, 2):
             row = rows[(proto, n)]
             assert row["evidence"] == "measured-run"
-            assert row["train_epoch_s"] > 0 and row["samples_per_s"] > 0 and row["step_median_ms"] > 0
-            assert 0 <= row["miou_final"] <= 1
+            assert row["train_epoch_s"] > 0 and row["samples_per_s"] > 0 and row["median_step_ms"] > 0
+            assert 0 <= row["final_miou"] <= 1
             assert row["updates_per_epoch"] == P.optimizer_updates_per_epoch(32, row["local_batch"], n,
                                                                                 row["accumulation"])
             assert not any("optimizer updates/epoch, planned" in note for note in row["notes"]), row["notes"]
@@ -263,7 +263,7 @@ def test_cpu_study_end_to_end(tmp_path, flanders_root):
                                                             / rows[(proto, 1)]["samples_per_s"])
         for n in (4, 8):
             assert rows[(proto, n)]["evidence"] == "analytical-scenario"
-            assert rows[(proto, n)]["train_epoch_s"] > 0 and rows[(proto, n)]["miou_final"] is None
+            assert rows[(proto, n)]["train_epoch_s"] > 0 and rows[(proto, n)]["final_miou"] is None
     table = (tmp_path / "study" / "study_table.md").read_text()
     assert "measured-run" in table and "analytical-scenario" in table
     assert "measured-run" in res.stdout  # the table is printed

@@ -195,10 +195,10 @@ def test_sweep_end_to_end_with_a_mocked_fit(tmp_path):
     for g, updates in ((4, 8), (8, 4), (16, 2), (32, 1)):
         row = rows[("adamw", "sqrt", g)]
         assert row["evidence"] == "measured-run" and row["updates_per_epoch"] == updates
-        assert row["miou_best"] == pytest.approx(MIOU[g]) and row["miou_best_sd"] == pytest.approx(0.02 / math.sqrt(2))
+        assert row["best_miou"] == pytest.approx(MIOU[g]) and row["best_miou_sd"] == pytest.approx(0.02 / math.sqrt(2))
         assert not any("planned" in n for n in row["notes"]), row["notes"]  # measured global_step = plan
         assert row["speedup"] is None  # no device-scaling figures on sweep rows
-    assert rows[("adamw", "none", 4)]["miou_best"] == pytest.approx(0.50)  # the shared runs
+    assert rows[("adamw", "none", 4)]["best_miou"] == pytest.approx(0.50)  # the shared runs
     sweep = doc["batch_sweep"]
     assert sweep["baseline"]["optimizer"] == "adamw" and sweep["baseline"]["global_batch"] == 4
     curves = {(c["optimizer"], c["lr_scaling"]): c for c in sweep["curves"]}
@@ -218,7 +218,7 @@ def test_sweep_end_to_end_with_a_mocked_fit(tmp_path):
         csv_rows = list(csv.DictReader(f))
     assert len(csv_rows) == 12 and {r["evidence"] for r in csv_rows} == {"measured-run"}
     g16 = next(r for r in csv_rows if (r["optimizer"], r["lr_scaling"], r["global_batch"]) == ("adamw", "sqrt", "16"))
-    assert float(g16["miou_delta"]) == pytest.approx(-0.08) and g16["holds"] == "no"
+    assert float(g16["best_miou_delta"]) == pytest.approx(-0.08) and g16["holds"] == "no"
     assert g16["updates_total"] == "6"  # 2 per epoch x 3 epochs
     assert (tmp_path / "s" / "figures" / "batch_sweep.png").stat().st_size > 10_000
     assert not (tmp_path / "s" / "figures" / "scaling.png").exists()
@@ -256,6 +256,6 @@ def test_cpu_batch_sweep_end_to_end(tmp_path, flanders_root):
     assert (rows[32]["accumulation"], rows[32]["updates_per_epoch"]) == (8, 1)
     for row in rows.values():
         assert not any("planned" in n for n in row["notes"]), row["notes"]  # the run's global step agrees
-        assert 0 <= row["miou_best"] <= 1 and row["samples_per_s"] > 0
+        assert 0 <= row["best_miou"] <= 1 and row["samples_per_s"] > 0
     assert [n[1] for n in doc["batch_sweep"]["not_run"]] == [64]
     assert "## Batch sweep" in res.stdout and (tmp_path / "s" / "figures" / "batch_sweep.png").is_file()
