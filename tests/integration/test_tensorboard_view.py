@@ -20,6 +20,7 @@ from cropscale.env import nvml
 from cropscale.runs.record import find_runs, load_run
 from cropscale.runs.tensorboard import LAYOUT, custom_scalars_layout
 from cropscale.testing.toy import ToyTask
+from tests.callbacks.test_fit import CountingNvml
 from tests.integration.test_cli import run_cli
 
 # one epoch of 6 steps on the real sample (the CLI test's smallest measured run)
@@ -90,26 +91,6 @@ def _toy_trainer(root: Path, **kw) -> Trainer:
                    enable_checkpointing=False, num_sanity_val_steps=0, **kw)
 
 
-class _Nvml:
-    """A fake NVML: the energy counter advances 5 J a read, power 312.5 W."""
-
-    def __init__(self):
-        self.mj = 0
-
-    def nvmlDeviceGetTotalEnergyConsumption(self, h):
-        self.mj += 5000
-        return self.mj
-
-    def nvmlDeviceGetPowerUsage(self, h):
-        return 312_500
-
-    def nvmlDeviceGetName(self, h):
-        return "NVIDIA H200"
-
-    def nvmlDeviceGetEnforcedPowerLimit(self, h):
-        return 700_000
-
-
 @pytest.mark.filterwarnings("ignore:.*LeafSpec", "ignore:The number of training batches")
 def test_amp_energy_and_mfu_charts_match_tags_logged_by_the_callbacks(tmp_path, monkeypatch, cli_runs):
     """Every chart of :data:`LAYOUT` but the GPU-memory one (CUDA only) matches tags that real fits log: the CLI
@@ -119,7 +100,8 @@ def test_amp_energy_and_mfu_charts_match_tags_logged_by_the_callbacks(tmp_path, 
     amp = _toy_trainer(tmp_path / "amp", callbacks=[CallbackGroup(all_scaling_callbacks())],
                        plugins=[MixedPrecision("16-mixed", "cpu", scaler)])
     amp.fit(ToyTask(n_train=16, overflow_steps={1}))
-    monkeypatch.setattr(nvml, "open_device_for", lambda device: (nvml.NvmlDevice(_Nvml(), ("dev", 0), "uuid"), None))
+    device = nvml.NvmlDevice(CountingNvml(), ("dev", 0), "uuid")  # energy counter +5 J a read, 312.5 W
+    monkeypatch.setattr(nvml, "open_device_for", lambda _: (device, None))
     cbs = all_scaling_callbacks()
     cbs[1] = ThroughputCallback(peak_tflops=1e-6, warmup_steps=0)
     gpu_like = _toy_trainer(tmp_path / "energy", callbacks=[CallbackGroup(cbs)])
