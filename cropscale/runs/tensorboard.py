@@ -6,6 +6,7 @@ The scalars are read with tensorboard's ``EventAccumulator``; a run writes the c
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -186,3 +187,16 @@ def hparams_summaries(settings: dict[str, str | float | int], metrics: tuple[Hpa
              (metadata.SESSION_END_INFO_TAG, plugin_data_pb2.HParamsPluginData(session_end_info=end)))
     return [summary_pb2.Summary(value=[summary_pb2.Summary.Value(
         tag=tag, metadata=metadata.create_summary_metadata(data), tensor=metadata.NULL_TENSOR)]) for tag, data in parts]
+
+
+#: The charts pinned at the top of the Time Series tab by :func:`first_screen_url` (TensorBoard expands only the
+#: first two tag groups by name, ``epoch`` and ``lr-*`` in a CPU run, and keeps the tags' names).
+FIRST_SCREEN: tuple[str, ...] = ("train/loss_step", "val/mIoU", "perf/epoch/step_ms_median", "memory/host_rss_gib")
+
+
+def first_screen_url(host: str = "localhost", port: int = 6006, tags: tuple[str, ...] = FIRST_SCREEN) -> str:
+    """The TensorBoard address whose Time Series tab opens with ``tags`` pinned at the top (``pinnedCards``)."""
+    from urllib.parse import quote
+
+    cards = json.dumps([{"plugin": "scalars", "tag": t} for t in tags], separators=(",", ":"))
+    return f"http://{host}:{port}/?pinnedCards={quote(cards)}#timeseries"

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import re
 import statistics
+import urllib.parse
 from pathlib import Path
 
 import pytest
@@ -18,7 +19,7 @@ from lightning.pytorch.plugins import MixedPrecision
 from cropscale.callbacks import CallbackGroup, ThroughputCallback, all_scaling_callbacks
 from cropscale.env import nvml
 from cropscale.runs.record import find_runs, load_run
-from cropscale.runs.tensorboard import LAYOUT, custom_scalars_layout
+from cropscale.runs.tensorboard import LAYOUT, custom_scalars_layout, first_screen_url
 from cropscale.testing.toy import ToyTask
 from tests.callbacks.test_fit import CountingNvml
 from tests.integration.test_cli import run_cli
@@ -125,6 +126,11 @@ def test_first_screen_opens_on_changing_curves(cli_runs):
     first_two = list(groups)[:2]
     for group in first_two:
         assert all(len(scalars[t]) > 1 for t in groups[group]), (group, {t: scalars[t] for t in groups[group]})
+    # the address make tensorboard prints pins loss, mIoU, step time and memory: tags this run logged
+    query = urllib.parse.parse_qs(urllib.parse.urlsplit(first_screen_url()).query)
+    pinned = [card["tag"] for card in json.loads(query["pinnedCards"][0])]
+    assert pinned == ["train/loss_step", "val/mIoU", "perf/epoch/step_ms_median", "memory/host_rss_gib"]
+    assert all(len(scalars[t]) > 1 for t in pinned)
 
 
 def _hparams(folder: Path):
