@@ -480,7 +480,7 @@ class CropMappingTask(LightningModule):
         writer.flush()
 
     def compared_settings(self, record: RunRecord | None = None) -> dict[str, str | int | float]:
-        """The settings a user compares across runs, for HPARAMS, in display order (TensorBoard shows five first).
+        """The settings a user compares across runs, for HPARAMS, the five shown first leading.
 
         Args:
             record: the run folder's record: its ``run.json`` gives ``amp/scaler_in_use`` and ``energy/available``.

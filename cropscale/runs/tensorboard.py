@@ -151,13 +151,18 @@ HPARAMS_METRICS: tuple[HparamsMetric, ...] = (
 
 
 def hparams_summaries(settings: dict[str, str | float | int], metrics: tuple[HparamsMetric, ...] = HPARAMS_METRICS,
-                      ) -> list[Any]:
+                      lead: int = 5) -> list[Any]:
     """The three summaries of TensorBoard's HPARAMS tab (experiment, session start, session end) for one run.
 
+    TensorBoard orders the settings by ``(not differs, name)`` and shows the first five: the first ``lead``
+    settings are marked ``differs`` (the ones compared across runs), so they are the five shown.
+
     Args:
-        settings: ``{name: value}`` in display order (TensorBoard shows the first five); a bool is refused
-            (TensorBoard would show it as 0.0000 or 1.0000: pass ``"true"`` / ``"false"``).
-        metrics: the metric columns; their values are the scalars of the same tags in the run.
+        settings: ``{name: value}``, the compared ones first; a bool is refused (TensorBoard would show it as
+            0.0000 or 1.0000: pass ``"true"`` / ``"false"``).
+        metrics: the metric columns in display order (TensorBoard keeps it and shows the first five); their
+            values are the scalars of the same tags in the run.
+        lead: how many of the first settings lead the table.
 
     Returns:
         Three ``Summary`` protos, for ``SummaryWriter._get_file_writer().add_summary``.
@@ -178,7 +183,7 @@ def hparams_summaries(settings: dict[str, str | float | int], metrics: tuple[Hpa
         else:
             start.hparams[name].number_value = float(value)
         kind = api_pb2.DATA_TYPE_STRING if isinstance(value, str) else api_pb2.DATA_TYPE_FLOAT64
-        infos.append(api_pb2.HParamInfo(name=name, type=kind))
+        infos.append(api_pb2.HParamInfo(name=name, type=kind, differs=len(infos) < lead))
     experiment = api_pb2.Experiment(time_created_secs=time.time(), hparam_infos=infos, metric_infos=[
         api_pb2.MetricInfo(name=api_pb2.MetricName(tag=m.tag), display_name=m.display_name) for m in metrics])
     end = plugin_data_pb2.SessionEndInfo(status=api_pb2.STATUS_SUCCESS, end_time_secs=time.time())
