@@ -70,7 +70,9 @@ test-all: install data
 lint: install
 	$(PY) -m ruff check cropscale tests
 
+# Prints the address that opens on loss, mIoU, step time and memory (pinned), then serves runs/.
 tensorboard: install
+	@$(PY) -c "from cropscale.runs.tensorboard import first_screen_url as u; print('open', u(), '(loss, mIoU, step, memory pinned)')"
 	$(VENV)/bin/tensorboard --logdir runs
 
 # The GPU check (scripts/gpu_check.sh): needs no install; on the lent H200 it runs from the carry.

@@ -294,6 +294,18 @@ def run_version(ckpt_path: str | os.PathLike, save_dir: str | os.PathLike, name:
     return int(match.group(1)) if match else None
 
 
+def next_eval_folder(run_folder: str | os.PathLike, subcommand: str) -> str:
+    """``<subcommand>_K``, the first such name not yet in ``run_folder``: where an evaluation of that run logs.
+
+    Every rank finds the same K: they list the folder before rank 0 writes into it (the ranks parse their
+    arguments before the process group forms, and rank 0 writes only after it has).
+    """
+    k = 0
+    while (Path(run_folder) / f"{subcommand}_{k}").exists():
+        k += 1
+    return f"{subcommand}_{k}"
+
+
 def find_last_checkpoint(save_dir: str | os.PathLike, name: str, exists: Callable[[Path], bool] = Path.is_file,
                          ) -> Path:
     """The newest ``last.ckpt`` (modification time) under ``<save_dir>/<name>/version_*/checkpoints/``.

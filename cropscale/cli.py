@@ -84,6 +84,7 @@ from cropscale.checkpointing import (
     check_fit_start,
     find_last_checkpoint,
     find_resume_state,
+    next_eval_folder,
     run_version,
     stop_line,
 )
@@ -405,6 +406,8 @@ class CropScaleCLI(LightningCLI):
         ckpt = check_checkpoint(cfg.get("ckpt_path"))
         if sub == "fit" and ckpt is not None:
             self._continue_in_run_folder(cfg, ckpt)
+        if sub != "fit":
+            self._eval_run_folder(cfg, sub)
 
     def _find_last(self, cfg: Any) -> str | None:
         """``--ckpt_path last|auto``: this run's newest state by training progress (auto: None when there is none)."""
@@ -446,6 +449,26 @@ class CropScaleCLI(LightningCLI):
             # TensorBoard drops the interrupted run's events after the checkpoint's step
             init.purge_step = int(ckpt.get("global_step", 0)) + 1
         rank_zero_info(f"cropscale: resuming in {Path(*where) / f'version_{version}'}")
+
+    def _eval_run_folder(self, cfg: Any, sub: str) -> None:
+        """Log ``validate`` / ``test`` / ``predict`` apart from the training runs of the logger's name.
+
+        From a checkpoint of ``<save_dir>/<name>/version_N``: into ``version_N/<sub>_K`` (the logger's ``sub_dir``,
+        :func:`~cropscale.checkpointing.next_eval_folder`); else into ``<save_dir>/<name>/<sub>/version_K``. A logger
+        whose ``version`` or ``sub_dir`` is configured is left as it is.
+        """
+        logger = cfg.trainer.get("logger")
+        where = logger_location(logger, cfg.trainer.get("default_root_dir"))
+        init = logger.get("init_args") if where is not None and hasattr(logger, "get") else None
+        if init is None or "sub_dir" not in init or init.get("version") is not None or init.get("sub_dir") is not None:
+            return
+        version = run_version(cfg.ckpt_path, *where) if cfg.get("ckpt_path") else None
+        if version is None:
+            init.name = f"{where[1]}/{sub}"
+            rank_zero_info(f"cropscale: {sub} logs under {Path(where[0]) / init.name} (no checkpoint of a run there)")
+        else:
+            init.version, init.sub_dir = version, next_eval_folder(Path(*where) / f"version_{version}", sub)
+            rank_zero_info(f"cropscale: {sub} logs into {Path(*where) / f'version_{version}' / init.sub_dir}")
 
     @override
     def before_instantiate_classes(self) -> None:

@@ -15,6 +15,7 @@ rounding for the high-grid error sums). Never average an already-computed score 
 from __future__ import annotations
 
 import math
+import textwrap
 from collections.abc import Sequence
 
 import numpy as np
@@ -145,9 +146,18 @@ def scores_from_confusion_matrix(confmat: Tensor, ignore_index: int | None = Non
             "confusion_matrix": confmat.clone()}
 
 
+#: Width (px) at which TensorBoard shows an image card by default (Images and Time Series tabs, 1600 px window).
+TENSORBOARD_CARD_PX = 360
+
+
 def confusion_matrix_figure(cm: Tensor | np.ndarray, class_names: Sequence[str] | None = None,
-                            title: str = "confusion matrix (rows normalised: recall)") -> Figure:
-    """Row-normalised confusion matrix as a matplotlib figure (Agg canvas, no pyplot state).
+                            title: str = "% of each target class (rows)") -> Figure:
+    """Row-normalised confusion matrix as a matplotlib figure (Agg canvas, no pyplot state), readable in TensorBoard.
+
+    The target axis names each class (``name (id)``, on at most two lines), the prediction axis gives the
+    ids; each cell holds its row share in percent. The fonts are sized so that, with up to 12 classes, the
+    text is at least 9 px tall when TensorBoard scales the image to its card width
+    (:data:`TENSORBOARD_CARD_PX`).
 
     Args:
         cm: ``[C, C]`` counts, rows = target, columns = prediction.
@@ -156,7 +166,7 @@ def confusion_matrix_figure(cm: Tensor | np.ndarray, class_names: Sequence[str] 
 
     Returns:
         A :class:`matplotlib.figure.Figure` (e.g. for ``SummaryWriter.add_figure``); rows with no
-        target pixel are drawn blank (NaN). Cell ``(i, j)`` is ``cm[i, j] / sum_j cm[i, j]``.
+        target pixel are drawn blank (NaN) and without numbers. Cell ``(i, j)`` is ``cm[i, j] / sum_j cm[i, j]``.
 
     Raises:
         CropScaleError: ``cm`` not square, or ``class_names`` of the wrong length.
@@ -171,22 +181,24 @@ def confusion_matrix_figure(cm: Tensor | np.ndarray, class_names: Sequence[str] 
     rows = m.sum(axis=1, keepdims=True)
     with np.errstate(invalid="ignore", divide="ignore"):
         norm = np.where(rows > 0, m / np.where(rows > 0, rows, 1.0), np.nan)
-    size = 2.5 + 0.45 * c
-    fig = Figure(figsize=(size + 1.5, size))
+    width_in = 3.5 + 0.5 * c  # 3.5 in of class names, 0.5 in per cell
+    font = 1.85 * width_in  # points: 9 px tall once the image is scaled to the card (1.8 * width_in is the limit)
+    fig = Figure(figsize=(width_in, 1.2 + 0.5 * c), dpi=100)
     FigureCanvasAgg(fig)
     ax = fig.add_subplot(1, 1, 1)
-    image = ax.imshow(norm, vmin=0.0, vmax=1.0, cmap="Blues", interpolation="nearest")
-    fig.colorbar(image, ax=ax, fraction=0.046, pad=0.04, label="fraction of the target class")
-    ax.set_xticks(range(c), labels=names, rotation=90, fontsize=7)
-    ax.set_yticks(range(c), labels=names, fontsize=7)
-    ax.set_xlabel("prediction")
-    ax.set_ylabel("target")
-    ax.set_title(title, fontsize=9)
+    ax.imshow(norm, vmin=0.0, vmax=1.0, cmap="Blues", interpolation="nearest")
+    ax.set_xticks(range(c), labels=[str(i) for i in range(c)], fontsize=font)
+    labels = [textwrap.fill(f"{n[:36]} ({i})", 18, max_lines=2, placeholder="...") for i, n in enumerate(names)]
+    ax.set_yticks(range(c), labels=labels, fontsize=font)
+    ax.set_xlabel("prediction (class id)", fontsize=font)
+    ax.set_ylabel("target", fontsize=font)
+    ax.set_title(title, fontsize=font)
     if c <= 25:
+        cell_font = min(font, 20.0)  # three digits fit in a 0.5 in cell
         for i in range(c):
             for j in range(c):
-                if np.isfinite(norm[i, j]) and norm[i, j] >= 0.005:
-                    ax.text(j, i, f"{norm[i, j]:.2f}", ha="center", va="center", fontsize=5,
+                if np.isfinite(norm[i, j]):
+                    ax.text(j, i, f"{100 * norm[i, j]:.0f}", ha="center", va="center", fontsize=cell_font,
                             color="white" if norm[i, j] > 0.6 else "black")
     fig.tight_layout()
     return fig

@@ -106,7 +106,8 @@ def test_confusion_matrix_figure_is_row_normalised():
     shown = np.ma.filled(fig.axes[0].images[0].get_array().astype(float), np.nan)
     np.testing.assert_allclose(shown[:2], [[0.8, 0.2, 0, 0], [0.25, 0.5, 0.25, 0]])
     assert np.isnan(shown[2:]).all()  # no target pixel: blank row
-    assert [t.get_text() for t in fig.axes[0].get_yticklabels()] == ["background", "meadow", "wheat", "corn"]
+    labels = [t.get_text() for t in fig.axes[0].get_yticklabels()]
+    assert labels == ["background (0)", "meadow (1)", "wheat (2)", "corn (3)"]
     fig.canvas.draw()  # renders with the Agg canvas, no pyplot
     with pytest.raises(CropScaleError, match="3 class names for 4 classes"):
         confusion_matrix_figure(cm, ["a", "b", "c"])
@@ -163,3 +164,37 @@ def test_high_grid_metrics_match_torchmetrics():
     c = HighGridMetrics()
     c.update(torch.full((1, 3, 2, 2), 1.5), torch.ones(1, 3, 2, 2))
     assert float(c.compute()["hr_L1"]) == 0.0 and math.isinf(float(c.compute()["hr_PSNR"]))
+
+
+
+
+#: TensorBoard shows an image card about 360 px wide by default (Images tab, 1600 px window, seen in a screenshot).
+CARD_PX = 360
+
+
+def test_confusion_matrix_figure_reads_at_tensorboards_card_width(flanders_root):
+    """The 10 real class names of the bundled sample: names on the target axis, each cell's row share as a
+    percentage in the cell, and every text at least 9 px tall once TensorBoard scales the image to its card."""
+    import json
+
+    names = [v["name"] for _, v in sorted(json.loads((flanders_root / "classes.json").read_text()).items(),
+                                             key=lambda kv: int(kv[0]))]
+    c = len(names)
+    rng = np.random.default_rng(0)
+    cm = rng.integers(0, 50, size=(c, c))
+    cm[3] = 0  # a class without target pixels
+    fig = confusion_matrix_figure(torch.as_tensor(cm), names)
+    fig.canvas.draw()
+    width_px = fig.get_figwidth() * fig.dpi
+    ax = fig.axes[0]
+    labels = [" ".join(t.get_text().split()) for t in ax.get_yticklabels()]
+    assert all(name in label for name, label in zip(names, labels, strict=True)), labels
+    cells = {(round(t.get_position()[1]), round(t.get_position()[0])): t.get_text() for t in ax.texts}
+    for i in range(c):
+        row = cm[i].sum()
+        for j in range(c):
+            expected = f"{100 * cm[i, j] / row:.0f}" if row else None
+            assert cells.get((i, j)) == expected, (i, j, cells.get((i, j)), expected)
+    texts = [*ax.get_xticklabels(), *ax.get_yticklabels(), *ax.texts, ax.xaxis.label, ax.yaxis.label]
+    smallest_px = min(t.get_fontsize() for t in texts) * fig.dpi / 72
+    assert smallest_px * CARD_PX / width_px >= 9.0, (smallest_px, width_px)

@@ -89,9 +89,10 @@ class EnergyCallback(ScalingCallback):
         sample_interval_s: power sampling period (s) of the fallback when the energy counter is
             unsupported.
 
-    Logged (TensorBoard): ``energy/available`` once; at log steps ``energy/power_w`` (rank 0's GPU,
+    Logged (TensorBoard): at log steps ``energy/power_w`` (rank 0's GPU,
     interval average); at epoch end ``energy/epoch_j`` and ``energy/epoch_avg_w`` (sums over all
-    GPUs), ``energy/j_per_sample``, ``energy/epoch_cost``.
+    GPUs), ``energy/j_per_sample``, ``energy/epoch_cost``. Whether power is measured is ``run.json``
+    ``summary.energy.available`` and a setting of the HPARAMS tab, not a scalar.
 
     ``state_dict`` keeps the totals and per-epoch summaries.
     """
@@ -208,7 +209,6 @@ class EnergyCallback(ScalingCallback):
         self._device_info = gather_objects(trainer, local_info)
         # every rank joins the epoch-end gathers when any rank measures (no rank may skip a collective)
         self._participate = any(info.get("available") for info in self._device_info)
-        log_metrics(trainer, {"energy/available": 1.0 if self._dev is not None else 0.0})
         self._start_log_schedule(trainer)
         if not self._participate:
             return

@@ -61,8 +61,9 @@ class LossScaleCallback(ScalingCallback):
 
     Logged (TensorBoard, at log steps): ``amp/loss_scale``, ``amp/backoff_events``,
     ``amp/growth_events``, ``amp/skipped_steps``, ``amp/overflow_skips``,
-    ``amp/lr_scheduler_steps_on_skipped`` (cumulative counts over the run); ``amp/scaler_in_use``
-    (0 or 1) once at the start of training.
+    ``amp/lr_scheduler_steps_on_skipped`` (cumulative counts over the run). Whether a scaler is in use is
+    ``run.json`` ``summary.loss_scale.scaler_in_use`` and a setting of the HPARAMS tab, not a scalar (a constant
+    scalar would be one dot on TensorBoard's first screen).
 
     Counts are global: DDP ranks share one scale (the scaler's inf check sees all-reduced gradients),
     so rank 0's counts stand for the run. ``state_dict`` keeps the counts (read from the device when
@@ -139,7 +140,6 @@ class LossScaleCallback(ScalingCallback):
                 self._initial_scale = self._replay[0]
             self._fused = any(getattr(o, "_step_supports_amp_scaling", False) for o in trainer.optimizers)
             self._hooks = [o.register_step_post_hook(self._on_optimizer_step) for o in trainer.optimizers]
-        log_metrics(trainer, {"amp/scaler_in_use": 0.0 if self._scaler is None else 1.0})
         self._start_log_schedule(trainer)
         self._epoch_start_counts = dict(self.counts)
 

@@ -47,6 +47,8 @@ from cropscale.model.optim import (
 from cropscale.model.speed import COMPILE_MODES, choose_fused, compile_network
 from cropscale.model.synthetic import synthetic_batch
 from cropscale.numbers import TARGET_FRACTION, time_to_target
+from cropscale.runs.record import RunRecord, load_run
+from cropscale.runs.tensorboard import HPARAMS_METRICS, custom_scalars_layout, hparams_summaries
 from cropscale.tiling import sliding_window_inference
 
 #: Settings whose effect a resumed ``fit`` takes from the checkpoint's optimiser and LR-schedule state.
@@ -445,19 +447,60 @@ class CropMappingTask(LightningModule):
             )
 
     @override
+    def on_fit_start(self) -> None:
+        """Write the custom-scalars layout of this run (:func:`~cropscale.runs.tensorboard.custom_scalars_layout`)."""
+        if isinstance(self.logger, TensorBoardLogger) and self.trainer.is_global_zero:
+            scaler = getattr(self.trainer.precision_plugin, "scaler", None) is not None
+            cuda = self.trainer.strategy.root_device.type == "cuda"
+            self.logger.experiment.add_custom_scalars(custom_scalars_layout(scaler, cuda))
+
+    @override
     def on_fit_end(self) -> None:
-        if isinstance(self.logger, TensorBoardLogger):
-            metrics = {"hp/val_mIoU_best": self.best_miou, "hp/best_epoch": float(self.best_epoch)}
-            final = self.trainer.callback_metrics
-            if "val/mIoU" in final:
-                metrics["hp/val_mIoU_final"] = float(final["val/mIoU"])
-            if self._last_train_loss is not None:
-                metrics["hp/train_loss_final"] = self._last_train_loss
-            # time from training start until the best-so-far val/mIoU reached TARGET_FRACTION of this run's best
-            reached = time_to_target(self._miou_by_time, TARGET_FRACTION * self.best_miou)
-            if reached is not None:
-                metrics["hp/time_to_target_s"] = reached
-            self.logger.log_hyperparams(self.hparams, metrics=metrics)
+        """HPARAMS: the compared settings and the run's final figures (``run/<figure>`` scalars at the last step).
+
+        The figures are the run folder's (:func:`~cropscale.runs.record.load_run`: ``run.json``, written by
+        :class:`~cropscale.callbacks.ProvenanceCallback` before this hook, and the events), the same as the
+        end-of-fit summary's; ``run/time_to_target_s`` is the time from training start until the best-so-far
+        ``val/mIoU`` reached :data:`~cropscale.numbers.TARGET_FRACTION` of the run's best. A figure that is
+        n/a is not written.
+        """
+        if not isinstance(self.logger, TensorBoardLogger) or not self.trainer.is_global_zero:
+            return
+        writer = self.logger.experiment
+        writer.flush()  # the events load_run reads
+        record = load_run(self.logger.log_dir)
+        values = {f"run/{key}": fig.value for key, fig in record.figures.items()}
+        values["run/time_to_target_s"] = time_to_target(self._miou_by_time, TARGET_FRACTION * self.best_miou)
+        for metric in HPARAMS_METRICS:
+            value = values.get(metric.tag)
+            if isinstance(value, int | float) and math.isfinite(value):
+                writer.add_scalar(metric.tag, float(value), self.global_step)
+        for summary in hparams_summaries(self.compared_settings(record)):
+            writer._get_file_writer().add_summary(summary)  # as Lightning's log_hyperparams writes them
+        writer.flush()
+
+    def compared_settings(self, record: RunRecord | None = None) -> dict[str, str | int | float]:
+        """The settings a user compares across runs, for HPARAMS, the five shown first leading.
+
+        Args:
+            record: the run folder's record: its ``run.json`` gives ``amp/scaler_in_use`` and ``energy/available``.
+
+        Returns:
+            ``{name: value}``; booleans as ``"true"`` / ``"false"``; settings that are not known (None) left out.
+        """
+        trainer, hp = self.trainer, self.hparams
+        dm = getattr(trainer, "datamodule", None)
+        summary = record.run_json.summary if record is not None and record.run_json is not None else None
+        settings: dict[str, Any] = {
+            "precision": str(trainer.precision), "strategy": type(trainer.strategy).__name__,
+            "devices": trainer.world_size, "global_batch": self.global_batch, "lr": hp.lr,
+            "local_batch": getattr(dm, "batch_size", None), "accumulate_grad_batches": trainer.accumulate_grad_batches,
+            "compile": hp.get("compile", False), "optimizer": hp.optimizer, "lr_scaling": hp.lr_scaling,
+            "lr_scaled": self.lr_effective, "num_nodes": trainer.num_nodes,
+            "amp/scaler_in_use": summary.loss_scale.scaler_in_use if summary and summary.loss_scale else None,
+            "energy/available": summary.energy.available if summary and summary.energy else None,
+        }
+        return {k: (str(v).lower() if isinstance(v, bool) else v) for k, v in settings.items() if v is not None}
 
     # ------------------------------------------------------------- checkpoint
     @override

@@ -322,7 +322,7 @@ def test_three_processes_on_two_validation_patches(tmp_path, flanders_root, chec
             extra.append("--trainer.strategy=ddp")
         res = _evaluate(tmp_path / f"v{devices}", checkpoint, f"--data.root={flanders_root}", *extra)
         assert res.returncode == 0, res.stderr[-3000:]
-        metrics.append(_val_miou(tmp_path / f"v{devices}" / "runs" / "default" / "version_0"))
+        metrics.append(_val_miou(tmp_path / f"v{devices}" / "runs" / "default" / "validate" / "version_0"))
     assert metrics[0] == metrics[1] and metrics[0]
 
 

@@ -47,7 +47,7 @@ def test_validation_metrics_identical_on_one_and_two_processes(tmp_path, pastis_
             args.append("--trainer.strategy=ddp")
         res = run_cli(args, cwd=cwd, env_extra={"OMP_NUM_THREADS": "1"})
         assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-4000:]
-        run_dir = next((cwd / "runs" / "default").glob("version_*"))
+        run_dir = next((cwd / "runs" / "default" / "validate").glob("version_*"))  # no checkpoint: apart
         assert "val/mIoU" in scalar_tags(run_dir)
         results[devices] = _metrics(run_dir)
     one, two = results[1], results[2]
