@@ -14,6 +14,10 @@ of the run folder, the same rules as the report). A run that diverged (:func:`cr
 ends with ``cropscale: error: training diverged ...`` and exit status 1; so does a run that did not train
 (:func:`cropscale.runs.rules.trained`: ``cropscale: error: the run did not train: ...``).
 
+``predict --output DIR`` adds a :class:`~cropscale.predictions.PredictionWriter`: one class map per patch
+(GeoTIFF where the data is georeferenced, else ``.npz``) and ``predictions.json``; a non-empty or unwritable
+``DIR`` is refused before the checkpoint is read.
+
 The other subcommands are plain functions ``main(argv) -> int`` listed in :data:`EXTRA_COMMANDS`.
 
 User errors (:class:`cropscale.CropScaleError`, Lightning's ``MisconfigurationException``) are

@@ -219,7 +219,8 @@ class PredictionWriter(BasePredictionWriter):
         name = f"PRED_{patch_id}.{'tif' if geo is not None else 'npz'}"
         target = self.output_dir / name
         if target.exists() or any(w.patch_id == patch_id for w in self.written):
-            raise CropScaleError(f"patch {patch_id} predicted twice: {target} exists (patch ids repeat in the data?)")
+            raise CropScaleError(f"patch {patch_id} predicted twice: {target} exists (written earlier by this or"
+                                 " another rank: the patch ids repeat, or the predict sampler gave it to two ranks)")
         data = geotiff_bytes(class_map, geo, names, ignore) if geo is not None else npz_bytes(class_map, patch_id,
                                                                                                names)
         atomic_write(target, lambda f: f.write(data), binary=True)

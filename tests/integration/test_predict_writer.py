@@ -101,8 +101,13 @@ def _independent_class_map(ckpt: Path, root: Path, data_kwargs: dict, folds: lis
     return torch.cat(bands, dim=-2).argmax(dim=1)[0].numpy()
 
 
-def _index(output: Path) -> dict:
-    return json.loads((output / INDEX_NAME).read_text())
+def _predicted(tmp_path: Path, ckpt: Path, root: Path, data_kwargs: dict, folds: list[int], *extra: str,
+               timeout: int = 600) -> tuple[Path, dict]:
+    """``predict --output tmp_path/maps``, which must succeed: the folder and its ``predictions.json``."""
+    output = tmp_path / "maps"
+    res = _predict(tmp_path, ckpt, root, data_kwargs, folds, output, *extra, timeout=timeout)
+    assert res.returncode == 0, res.stderr[-3000:]
+    return output, json.loads((output / INDEX_NAME).read_text())
 
 
 def test_predict_writes_georeferenced_geotiffs_from_a_trained_checkpoint(tmp_path, flanders_root, flanders_ckpt):
@@ -110,10 +115,7 @@ def test_predict_writes_georeferenced_geotiffs_from_a_trained_checkpoint(tmp_pat
     from rasterio.transform import Affine
 
     data_kwargs, folds = FLANDERS
-    output = tmp_path / "maps"
-    res = _predict(tmp_path, flanders_ckpt, flanders_root, data_kwargs, folds, output)
-    assert res.returncode == 0, res.stderr[-3000:]
-    index = _index(output)
+    output, index = _predicted(tmp_path, flanders_ckpt, flanders_root, data_kwargs, folds)
     expected_ids = _fold_patches(flanders_root, folds)
     assert expected_ids == [1002, 2002]
     assert [p["patch_id"] for p in index["patches"]] == expected_ids  # every patch of the folds, once
@@ -141,10 +143,7 @@ def test_predict_writes_georeferenced_geotiffs_from_a_trained_checkpoint(tmp_pat
 
 def test_predict_writes_npz_for_patches_without_georeference(tmp_path, pastis_mini_root, pastis_ckpt):
     data_kwargs, folds = PASTIS
-    output = tmp_path / "maps"
-    res = _predict(tmp_path, pastis_ckpt, pastis_mini_root, data_kwargs, folds, output)
-    assert res.returncode == 0, res.stderr[-3000:]
-    index = _index(output)
+    output, index = _predicted(tmp_path, pastis_ckpt, pastis_mini_root, data_kwargs, folds)
     assert [p["patch_id"] for p in index["patches"]] == _fold_patches(pastis_mini_root, folds) == [20213, 30336]
     names = json.loads((pastis_mini_root / "classes.json").read_text())
     assert index["class_names"] == [names[str(i)] for i in range(len(names))] and index["ignore_index"] == 19
@@ -191,11 +190,8 @@ def test_check_output_folder(tmp_path):
 @pytest.mark.slow
 def test_predict_under_two_gloo_processes_writes_each_patch_once(tmp_path, pastis_mini_root, pastis_ckpt):
     data_kwargs, folds = dict(PASTIS[0]), [1, 3]  # 5 patches over 2 ranks: rank 1 also runs a placeholder
-    output = tmp_path / "maps"
-    res = _predict(tmp_path, pastis_ckpt, pastis_mini_root, data_kwargs, folds, output, "--trainer.accelerator=cpu",
-                   "--trainer.devices=2", "--trainer.strategy=ddp", timeout=900)
-    assert res.returncode == 0, res.stderr[-3000:]
-    index = _index(output)
+    output, index = _predicted(tmp_path, pastis_ckpt, pastis_mini_root, data_kwargs, folds, "--trainer.accelerator=cpu",
+                               "--trainer.devices=2", "--trainer.strategy=ddp", timeout=900)
     expected = _fold_patches(pastis_mini_root, folds)
     assert len(expected) == 5
     assert [p["patch_id"] for p in index["patches"]] == expected
