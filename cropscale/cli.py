@@ -14,6 +14,10 @@ of the run folder, the same rules as the report). A run that diverged (:func:`cr
 ends with ``cropscale: error: training diverged ...`` and exit status 1; so does a run that did not train
 (:func:`cropscale.runs.rules.trained`: ``cropscale: error: the run did not train: ...``).
 
+``predict --output DIR`` adds a :class:`~cropscale.predictions.PredictionWriter`: one class map per patch
+(GeoTIFF where the data is georeferenced, else ``.npz``) and ``predictions.json``; a non-empty or unwritable
+``DIR`` is refused before the checkpoint is read.
+
 The other subcommands are plain functions ``main(argv) -> int`` listed in :data:`EXTRA_COMMANDS`.
 
 User errors are told apart by type, never by message text: :class:`cropscale.CropScaleError` and its
@@ -106,6 +110,7 @@ from cropscale.errors import CheckpointError, ConfigError, CropScaleError, Train
 from cropscale.files import check_writable_folder
 from cropscale.model.task import RESUME_FIXED_SETTINGS, CropMappingTask
 from cropscale.precision import cpu_precision_line
+from cropscale.predictions import PredictionWriter, check_output_folder
 from cropscale.runs.record import is_run_folder, load_run
 from cropscale.runs.summary import fit_summary, not_trained_reason
 
@@ -384,6 +389,15 @@ class CropScaleCLI(LightningCLI):
         parser.link_arguments("data.ignore_index", "model.ignore_index")
 
     @override
+    def _prepare_subcommand_parser(self, klass: type, subcommand: str, **kwargs: Any) -> LightningArgumentParser:
+        parser = super()._prepare_subcommand_parser(klass, subcommand, **kwargs)
+        if subcommand == "predict":
+            parser.add_argument("--output", type=str | None, default=None,
+                                help="new or empty folder for the per-patch class maps (GeoTIFF where the patch is"
+                                     " georeferenced, else .npz) and predictions.json (cropscale.predictions)")
+        return parser
+
+    @override
     def parse_arguments(self, parser: LightningArgumentParser, args) -> None:
         super().parse_arguments(parser, args)
         sub = self.config.get("subcommand")
@@ -403,6 +417,10 @@ class CropScaleCLI(LightningCLI):
             cfg.ckpt_path = self._find_last(cfg)
         if sub == "fit":
             self._check_fit_start(cfg)
+        if sub == "predict" and cfg.get("output"):
+            check_output_folder(cfg.output)  # before the checkpoint and the data are read
+            if cfg.get("return_predictions") is None:  # the writer has them: Lightning need not keep every patch
+                cfg.return_predictions = False
         ckpt = check_checkpoint(cfg.get("ckpt_path"))
         if sub == "fit" and ckpt is not None:
             self._continue_in_run_folder(cfg, ckpt)
@@ -557,8 +575,13 @@ class CropScaleCLI(LightningCLI):
         self._check_outputs()
 
     def before_predict(self) -> None:
-        """Check the output folders before predicting."""
+        """Check the output folders before predicting; ``--output``: add the :class:`PredictionWriter`."""
         self._check_outputs()
+        output = self.config_init[self.subcommand].get("output")
+        if output:
+            self.trainer.callbacks.append(PredictionWriter(output))
+        else:
+            rank_zero_warn("cropscale predict: no --output folder given, so no prediction is written")
 
     def after_fit(self) -> None:
         """Print the end-of-fit summary on global rank 0 (:func:`end_of_fit`); a divergence goes to ``fit_error``."""

@@ -17,7 +17,7 @@ LAYERS: tuple[tuple[int, tuple[str, ...]], ...] = (
          "cropscale.batch", "cropscale.files")),
     (1, ("cropscale.env", "cropscale.scaling", "cropscale.runs")),
     (2, ("cropscale.data", "cropscale.model", "cropscale.tiling", "cropscale.metrics", "cropscale.distributed",
-         "cropscale.checkpointing")),
+         "cropscale.checkpointing", "cropscale.predictions")),
     (3, ("cropscale.callbacks",)),
     (4, ("cropscale.testing",)),
     (5, ("cropscale.cli", "cropscale.config_errors", "cropscale.__main__", "cropscale.bench", "cropscale.report",
