@@ -527,8 +527,8 @@ def _fail(message: str, status: int = 2) -> None:
     that failed first is what the line names (:class:`~cropscale.distributed.RankFailure`); the children
     still running are stopped before the line is printed. Under torchrun or srun the ranks meet in the run's
     store instead (:func:`~cropscale.distributed.peer_line`): rank 0's line names the rank that left. With a
-    process group alive the process ends
-    with ``os._exit`` (gloo's threads can abort an orderly interpreter exit after the line).
+    process group alive the process ends with ``os._exit`` (gloo's threads can abort an orderly interpreter
+    exit after the line).
     """
     import torch.distributed as dist
 
