@@ -49,12 +49,14 @@ from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from typing_extensions import override
 
+from cropscale.distributed import launcher_name
 from cropscale.errors import CheckpointError, CropScaleError
 from cropscale.files import atomic_write
 
 __all__ = ["RESUME_AUTO", "STOP_SIGNALS", "AtomicCheckpointIO", "ResumableCheckpoint", "StopOnSignal", "StopOnSigterm",
            "TrainingState", "check_fit_start", "completed_run", "find_last_checkpoint", "find_resume_state",
-           "hpc_checkpoints_in", "requeue_slurm_job", "resume_command", "run_version", "stop_line", "training_state"]
+           "hpc_checkpoints_in", "launch_resume_command", "requeue_slurm_job", "resume_command", "run_version",
+           "stop_line", "training_state"]
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
@@ -144,7 +146,7 @@ class ResumableCheckpoint(ModelCheckpoint):
             saved = (f"the newest checkpoint is {os.path.relpath(state.path)} (epoch {state.epoch}, global step"
                      f" {state.global_step})" if state is not None else "no checkpoint was saved")
             print(f"cropscale: interrupted at epoch {trainer.current_epoch}, global step {trainer.global_step},"
-                  f" without a save; {saved}; resume with: {resume_command(sys.argv[1:])}", file=sys.stderr,
+                  f" without a save; {saved}; resume with{launch_resume_command(sys.argv[1:])}", file=sys.stderr,
                   flush=True)
 
     def _save_last_if_behind(self, trainer: Trainer) -> None:
@@ -443,6 +445,61 @@ def resume_command(argv: list[str], program: str = "python -m cropscale") -> str
     return " ".join([program, *map(shlex.quote, out), "--ckpt_path", RESUME_AUTO])
 
 
+def _parent_cmdline() -> list[str]:
+    """The command line of this process's parent (``/proc/<ppid>/cmdline``; empty where it cannot be read)."""
+    try:
+        raw = Path(f"/proc/{os.getppid()}/cmdline").read_bytes()
+    except OSError:
+        return []
+    return [a.decode(errors="replace") for a in raw.split(b"\0") if a]
+
+
+def _torchrun_program(cmdline: list[str]) -> tuple[str, list[str]] | None:
+    """``(program, its arguments)`` for a torchrun agent's ``cmdline`` (``torchrun``, ``-m torch.distributed.run``)."""
+    for i, arg in enumerate(cmdline[:3]):
+        if Path(arg).name == "torchrun":
+            return "torchrun", cmdline[i + 1:]
+        if arg == "-m" and cmdline[i + 1:i + 2] == ["torch.distributed.run"]:
+            return "python -m torch.distributed.run", cmdline[i + 2:]
+    return None
+
+
+def launch_resume_command(argv: list[str], env: dict[str, str] | None = None,
+                          parent_cmdline: list[str] | None = None) -> str:
+    """What follows ``resume with`` for the launcher that started this process: the command, ``--ckpt_path auto``.
+
+    - torchrun (``TORCHELASTIC_RUN_ID`` set): the agent's own command (this process's parent), e.g. ``: torchrun
+      --nnodes=2 ... -m cropscale fit ... --ckpt_path auto``; on several nodes it says that each node reruns its
+      own. When the agent's command cannot be read: the same torchrun command with these script arguments.
+    - SLURM (``SLURM_JOB_ID`` set): the job script's command, ``srun`` in front for more than one task.
+    - otherwise ``: python -m cropscale ... --ckpt_path auto`` (:func:`resume_command`).
+
+    Args:
+        argv: this process's arguments (``sys.argv[1:]``: ``fit --data.root ...``).
+        env: the environment (default ``os.environ``).
+        parent_cmdline: the parent's command line (default: read from ``/proc``).
+
+    Returns:
+        E.g. ``" (the job script's command, then sbatch it): srun python -m cropscale fit ... --ckpt_path auto"``.
+    """
+    env = os.environ if env is None else env
+    launcher = launcher_name(env)
+    if launcher == "torchrun":
+        agent = _torchrun_program(_parent_cmdline() if parent_cmdline is None else parent_cmdline)
+        nodes = int(env.get("WORLD_SIZE", "1") or 1) > int(env.get("LOCAL_WORLD_SIZE", "1") or 1)
+        each = "; every node reruns its own torchrun command so" if nodes else ""
+        if agent is None:
+            script = resume_command(argv, program="python -m cropscale")
+            return f": the same torchrun command{each}, with the script arguments of {script}"
+        note = f" (this node's torchrun command{each})" if nodes else ""
+        return f"{note}: {resume_command(agent[1], program=agent[0])}"
+    if launcher == "srun":
+        tasks = int(env.get("SLURM_NTASKS", "1") or 1)
+        program = "srun python -m cropscale" if tasks > 1 else "python -m cropscale"
+        return f" (the job script's command, then sbatch it): {resume_command(argv, program=program)}"
+    return f": {resume_command(argv)}"
+
+
 def requeue_slurm_job(timeout_s: float = 60.0) -> str:
     """``scontrol requeue`` this SLURM job (array task included); a few words saying what happened.
 
@@ -505,8 +562,10 @@ def stop_line(trainer: Trainer, argv: list[str]) -> str:
 
     After SIGUSR1 under SLURM (``SLURM_JOB_ID`` set) the job is requeued first (:func:`requeue_slurm_job`).
     E.g. ``cropscale: stopped by SIGUSR1 at epoch 1, global step 5; resumable checkpoint
-    runs/default/version_0/checkpoints/last.ckpt; SLURM job 4242 requeued; resume with: python -m cropscale
-    fit ... --ckpt_path auto``.
+    runs/default/version_0/checkpoints/last.ckpt; SLURM job 4242 requeued; resume with (the job script's
+    command, then sbatch it): srun python -m cropscale fit ... --ckpt_path auto``; the command follows the
+    launcher (:func:`launch_resume_command`). A requeued job whose command lacks ``--ckpt_path auto`` is
+    said to start afresh.
 
     Args:
         trainer: the stopped Trainer.
@@ -517,5 +576,9 @@ def stop_line(trainer: Trainer, argv: list[str]) -> str:
     last = [cb.last_model_path for cb in trainer.checkpoint_callbacks if getattr(cb, "last_model_path", "")]
     where = f"resumable checkpoint {last[0]}" if last else "no checkpoint saved (no ModelCheckpoint with save_last)"
     requeued = f"; {requeue_slurm_job()}" if name == "SIGUSR1" and os.environ.get("SLURM_JOB_ID") else ""
+    auto = any(a == f"--ckpt_path={RESUME_AUTO}" or (a, b) == ("--ckpt_path", RESUME_AUTO)
+               for a, b in zip(argv, [*argv[1:], ""], strict=True))
+    if requeued.endswith(" requeued") and not auto:
+        requeued += " (it reruns the job script as it is: without --ckpt_path auto a fresh run)"
     return (f"cropscale: stopped by {name} at epoch {trainer.current_epoch}, global step {trainer.global_step};"
-            f" {where}{requeued}; resume with: {resume_command(argv)}")
+            f" {where}{requeued}; resume with{launch_resume_command(argv)}")

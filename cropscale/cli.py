@@ -101,6 +101,7 @@ from cropscale.distributed import (
     cleanup_rank_reports,
     elastic_restart_hazard,
     finish_distributed,
+    peer_line,
     prepare_rank_reports,
     report_rank_error,
     stop_child_ranks,
@@ -629,8 +630,10 @@ def _fail(message: str, status: int = 2) -> None:
     On a child rank (``LOCAL_RANK`` > 0) the line names the rank and is also left for the launching rank
     (:func:`~cropscale.distributed.report_rank_error`). On the launching rank with child ranks, a child
     that failed first is what the line names (:class:`~cropscale.distributed.RankFailure`); the children
-    still running are stopped before the line is printed. With a process group alive the process ends
-    with ``os._exit`` (gloo's threads can abort an orderly interpreter exit after the line).
+    still running are stopped before the line is printed. Under torchrun or srun the ranks meet in the run's
+    store instead (:func:`~cropscale.distributed.peer_line`): rank 0's line names the rank that left. With a
+    process group alive the process ends with ``os._exit`` (gloo's threads can abort an orderly interpreter
+    exit after the line).
     """
     import torch.distributed as dist
 
@@ -639,7 +642,7 @@ def _fail(message: str, status: int = 2) -> None:
     trainer = _ACTIVE.get("trainer")
     if local_rank > 0:
         report_rank_error(local_rank, text)
-        text = f"rank {getattr(trainer, 'global_rank', local_rank)}: {text}"
+        text = peer_line(f"rank {getattr(trainer, 'global_rank', local_rank)}: {text}", trainer)
     elif child_rank_processes(trainer):
         for cb in getattr(trainer, "callbacks", []):
             if isinstance(cb, ChildRankWatch):
@@ -649,6 +652,8 @@ def _fail(message: str, status: int = 2) -> None:
         if failed:
             text, status = " ".join(failed[0].describe().split()), 1
         cleanup_rank_reports()
+    else:  # ranks started by torchrun or srun: the store tells rank 0 which rank left
+        text = peer_line(text, trainer, wait_s=_PEER_WAIT_S)
     print(f"cropscale: error: {text}", file=sys.stderr, flush=True)
     if dist.is_available() and dist.is_initialized():
         sys.stdout.flush()

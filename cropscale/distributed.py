@@ -21,14 +21,22 @@ Three gaps of Lightning 2.6 that this closes:
   (:func:`stop_child_ranks`) and prints one line naming the failed rank, its exit status and its
   own error message (:func:`report_rank_error`, written by the child to a file), as the last line.
   A rank that hangs instead of failing is bounded by the watch's grace period.
+- Under an external launcher (torchrun, ``srun``) every rank is a process of its own and rank 0 has no handle on
+  the others: a rank killed outright (SIGKILL, the OOM killer) shows on rank 0 only as a collective's error
+  ("Connection closed by peer"). :class:`PeerRanks` gives rank 0 the name: each rank leaves its host and pid in
+  the run's TCP store (the process group's rendezvous store at ``MASTER_ADDR:MASTER_PORT``) at setup, and its
+  one-line error when it fails; rank 0 then names the rank that left without a word (its pid gone, on rank 0's
+  host; or no word within a wait elsewhere) or the one that failed with an error.
 """
 
 from __future__ import annotations
 
 import atexit
+import datetime
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -46,6 +54,8 @@ from typing_extensions import override
 CHILD_RANK_TIMEOUT_S = 120.0
 #: Environment variable naming the folder where ranks leave their one-line errors for the launching rank.
 RANK_ERRORS_ENV = "CROPSCALE_RANK_ERRORS"
+#: How a rank's line begins when it stops because another rank left (a consequence, not a cause).
+PEER_LEFT = "stopped: another rank left the run"
 
 
 def elastic_restart_hazard(env: Mapping[str, str] | None = None) -> str | None:
@@ -120,6 +130,7 @@ def finish_distributed(trainer: Any | None, timeout_s: float = CHILD_RANK_TIMEOU
         TimeoutError: a child rank still runs after ``timeout_s`` (its local rank is named).
     """
     destroy_process_group()
+    _PEERS.clear()
     failed = []
     for local_rank, proc in enumerate(child_rank_processes(trainer), start=1):
         try:
@@ -249,7 +260,9 @@ class ChildRankWatch(Callback):
     ``poll_s``. Rank 0 itself normally notices a dead child first (its next collective fails) and the
     CLI reports it (:func:`child_failures`); when rank 0 is still running ``grace_s`` after a child
     failed (stuck), the thread prints the one line itself, SIGKILLs the other children and ends the
-    process with status 1. Nothing happens on child ranks or without children.
+    process with status 1. Nothing of this happens on child ranks or without children. On every rank of
+    a multi-process run (whatever launched it) ``setup`` also joins :class:`PeerRanks`
+    (:func:`register_peer_ranks`).
 
     Args:
         grace_s: time left to rank 0 to end by itself after a child failed (s).
@@ -265,6 +278,7 @@ class ChildRankWatch(Callback):
 
     @override
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        register_peer_ranks(getattr(trainer, "global_rank", 0), getattr(trainer, "world_size", 1))
         procs = child_rank_processes(trainer)
         if not procs or self._thread is not None:
             return
@@ -294,3 +308,187 @@ class ChildRankWatch(Callback):
             print(f"cropscale: error: {failed[0].describe()}; rank 0 did not end within {self.grace_s:g} s and"
                   " was stopped", file=sys.stderr, flush=True)
             os._exit(1)
+
+
+def launcher_name(env: Mapping[str, str] | None = None) -> str:
+    """``torchrun``, ``srun`` or ``its launcher``: what started this process, from the variables each one sets.
+
+    torchrun sets ``TORCHELASTIC_RUN_ID`` for its workers, ``srun`` sets ``SLURM_STEP_ID`` / ``SLURM_JOB_ID`` (a
+    torchrun inside a SLURM job is named torchrun: it is the workers' parent).
+    """
+    env = os.environ if env is None else env
+    if env.get("TORCHELASTIC_RUN_ID"):
+        return "torchrun"
+    if env.get("SLURM_JOB_ID"):
+        return "srun"
+    return "its launcher"
+
+
+def _pid_gone(pid: int) -> bool:
+    """True when no process ``pid`` runs on this host (none, or a zombie not yet reaped by its parent)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[-1].split()[:1] == ["Z"]
+
+
+class PeerRanks:
+    """The ranks of a multi-process run as its TCP store knows them: who runs where, and who said what at the end.
+
+    Keys (under ``cropscale/ranks/<torchrun attempt>/``: torchrun's shared store outlives a restart):
+    ``rank<r>`` = ``"<host> <pid>"`` (written by :meth:`register`) and ``rank<r>/said`` = ``"own|<line>"`` (the
+    rank failed) or ``"peer|<line>"`` (it stopped because another rank left) (:meth:`report`).
+
+    Args:
+        store: a :class:`torch.distributed.Store` shared by the ranks (a ``TCPStore`` client; a ``HashStore`` in tests).
+        rank: this process's global rank.
+        world_size: the number of ranks.
+        launcher: what started the ranks (:func:`launcher_name`), for the lines.
+    """
+
+    def __init__(self, store: Any, rank: int, world_size: int, launcher: str = "its launcher") -> None:
+        self.store, self.rank, self.world_size, self.launcher = store, int(rank), int(world_size), launcher
+
+    @classmethod
+    def connect(cls, rank: int, world_size: int, timeout_s: float = 5.0) -> PeerRanks | None:
+        """A client of the store at ``MASTER_ADDR:MASTER_PORT`` (set under torchrun, srun and Lightning's launcher).
+
+        Returns None when the variables are missing or the store does not answer within ``timeout_s``.
+        """
+        import torch.distributed as dist
+
+        addr, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
+        if not addr or not port:
+            return None
+        try:
+            client = dist.TCPStore(addr, int(port), is_master=False, wait_for_workers=False,
+                                   timeout=datetime.timedelta(seconds=timeout_s))
+        except (RuntimeError, ValueError):  # DistNetworkError, DistStoreError are RuntimeErrors
+            return None
+        attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+        return cls(dist.PrefixStore(f"cropscale/ranks/{attempt}", client), rank, world_size, launcher_name())
+
+    def register(self) -> None:
+        """Leave this rank's host and pid in the store (call on every rank once the process group is up)."""
+        self.store.set(f"rank{self.rank}", f"{socket.gethostname()} {os.getpid()}")
+
+    def report(self, line: str) -> None:
+        """Leave this rank's last line (best effort); one beginning with :data:`PEER_LEFT` is marked a consequence."""
+        kind = "peer" if line.startswith(PEER_LEFT) else "own"
+        try:
+            self.store.set(f"rank{self.rank}/said", f"{kind}|{line}")
+        except RuntimeError:
+            pass
+
+    def _read(self, key: str) -> str | None:
+        try:
+            return self.store.get(key).decode() if self.store.check([key]) else None
+        except RuntimeError:
+            return None
+
+    def departed(self, wait_s: float = 10.0, poll_s: float = 0.2) -> list[str]:
+        """On rank 0 after a collective failed: one text per other rank that caused it, the failed ones first.
+
+        A rank that reported its own error is named with it; a rank on this host whose process is gone without a
+        word was killed by a signal (SIGKILL, the OOM killer: nothing to report); a rank elsewhere that said
+        nothing within ``wait_s`` is named as silent. Ranks that stopped because a peer left are not named.
+
+        Args:
+            wait_s: how long to wait for the ranks not yet accounted for (s).
+            poll_s: the polling period (s).
+
+        Returns:
+            E.g. ``["rank 1 (pid 4242, host n1) left the run without a word: killed by a signal (its exit status is
+            with srun; SIGKILL and the OOM killer leave no message)"]``; empty when every other rank is accounted
+            for by a peer's departure or the store does not answer.
+        """
+        deadline = time.monotonic() + wait_s
+        here = socket.gethostname()
+        while True:
+            failed, silent, waiting = [], [], False
+            for r in range(self.world_size):
+                if r == self.rank:
+                    continue
+                who = (self._read(f"rank{r}") or "").split()
+                host, pid = (who[0], int(who[1])) if len(who) == 2 and who[1].isdigit() else ("?", 0)
+                name = f"rank {r} (pid {pid}, host {host})" if pid else f"rank {r}"
+                said = self._read(f"rank{r}/said")
+                if said is not None:
+                    kind, _, line = said.partition("|")
+                    if kind == "own":
+                        failed.append(f"{name} failed: {line.removeprefix(f'rank {r}: ')}")
+                elif pid and host == here and _pid_gone(pid):
+                    silent.append(f"{name} left the run without a word: killed by a signal (its exit status is with"
+                                  f" {self.launcher}; SIGKILL and the OOM killer leave no message)")
+                elif time.monotonic() < deadline:
+                    waiting = True
+                else:
+                    silent.append(f"{name} said nothing within {wait_s:g} s: killed, or its host lost (its exit"
+                                  f" status is with {self.launcher})")
+            if not waiting:
+                return failed + silent
+            time.sleep(poll_s)
+
+
+_PEERS: list[PeerRanks] = []
+
+
+def register_peer_ranks(rank: int, world_size: int) -> PeerRanks | None:
+    """On every rank of a multi-process run, once its process group is up: join :class:`PeerRanks` (best effort).
+
+    Replaces this process's previous registration. Returns the registration (also kept for :func:`peer_ranks`),
+    or None (and none is kept) for one process or without a store.
+    """
+    _PEERS.clear()
+    if world_size < 2:
+        return None
+    peers = PeerRanks.connect(rank, world_size)
+    if peers is None:
+        return None
+    try:
+        peers.register()
+    except RuntimeError:
+        return None
+    _PEERS[:] = [peers]
+    return peers
+
+
+def peer_ranks() -> PeerRanks | None:
+    """This process's :class:`PeerRanks` (None before :func:`register_peer_ranks` or without one)."""
+    return _PEERS[0] if _PEERS else None
+
+
+def peer_line(text: str, trainer: Any | None = None, wait_s: float = 10.0) -> str:
+    """The last line of a failing rank, with :class:`PeerRanks`: left for rank 0, or on rank 0 naming who left.
+
+    On a rank other than 0: leaves ``text`` in the store and returns it. On rank 0, when ``text`` begins with
+    :data:`PEER_LEFT` (a collective failed because another rank left): the line naming that rank
+    (:meth:`PeerRanks.departed`) and where rank 0 stopped. Otherwise, or without :func:`register_peer_ranks`,
+    ``text`` unchanged.
+
+    Args:
+        text: the rank's one-line error (without ``cropscale: error:``).
+        trainer: the Trainer that ran (for rank 0's epoch and global step), or None.
+        wait_s: how long rank 0 waits for a rank to be accounted for (s).
+    """
+    peers = peer_ranks()
+    if peers is None:
+        return text
+    if peers.rank != 0:
+        peers.report(text)
+        return text
+    if not text.startswith(PEER_LEFT):
+        return text
+    departed = peers.departed(wait_s=wait_s)
+    if not departed:
+        return text
+    where = (f" at epoch {trainer.current_epoch}, global step {trainer.global_step}"
+             if trainer is not None and hasattr(trainer, "global_step") else "")
+    return f"{departed[0]}; rank 0 stopped{where}"

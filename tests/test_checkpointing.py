@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -17,7 +18,7 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from torch.utils.data import DataLoader
 
-from cropscale import CropScaleError
+from cropscale import CropScaleError, checkpointing
 from cropscale.checkpointing import (
     AtomicCheckpointIO,
     ResumableCheckpoint,
@@ -26,6 +27,7 @@ from cropscale.checkpointing import (
     completed_run,
     find_last_checkpoint,
     find_resume_state,
+    launch_resume_command,
     resume_command,
     run_version,
 )
@@ -252,6 +254,58 @@ def test_the_resume_command_replaces_any_ckpt_path_by_auto():
     assert resume_command(["fit", "--ckpt_path", "last", "--data.root=a b"]) == (
         "python -m cropscale fit '--data.root=a b' --ckpt_path auto")
     assert resume_command(["fit", "--ckpt_path=x.ckpt"]) == "python -m cropscale fit --ckpt_path auto"
+
+
+def _stopped_trainer() -> SimpleNamespace:
+    """What :func:`stop_line` reads of a Trainer that SIGTERM stopped at epoch 1, global step 5 (no checkpoint)."""
+    return SimpleNamespace(callbacks=[], checkpoint_callbacks=[], current_epoch=1, global_step=5)
+
+
+AGENT = ["/usr/bin/python3", "-m", "torch.distributed.run", "--nnodes=1", "--nproc-per-node=2", "--max-restarts=1",
+         "-m", "cropscale", "fit", "--ckpt_path", "last", "--data.root=a b"]
+
+
+def _launcher_env(monkeypatch, env: dict[str, str]) -> None:
+    for name in [n for n in os.environ if n.startswith(("SLURM_", "TORCHELASTIC_"))]:
+        monkeypatch.delenv(name)
+    for name in ("WORLD_SIZE", "LOCAL_WORLD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+
+
+@pytest.mark.parametrize(("env", "expected"), [
+    ({}, "resume with: python -m cropscale fit '--data.root=a b' --ckpt_path auto"),
+    ({"SLURM_JOB_ID": "7", "SLURM_NTASKS": "4"},
+     "resume with (the job script's command, then sbatch it): srun python -m cropscale fit '--data.root=a b'"
+     " --ckpt_path auto"),
+    ({"SLURM_JOB_ID": "7", "SLURM_NTASKS": "1"},
+     "resume with (the job script's command, then sbatch it): python -m cropscale fit '--data.root=a b'"
+     " --ckpt_path auto"),
+])
+def test_the_stop_line_gives_the_resume_command_of_the_launcher(monkeypatch, env, expected):
+    _launcher_env(monkeypatch, env)
+    line = checkpointing.stop_line(_stopped_trainer(), ["fit", "--ckpt_path", "last", "--data.root=a b"])
+    assert line == ("cropscale: stopped by SIGTERM at epoch 1, global step 5; no checkpoint saved (no ModelCheckpoint"
+                    f" with save_last); {expected}")
+
+
+@pytest.mark.parametrize(("env", "parent", "expected"), [
+    # one node: the agent's own command (the worker's parent), --ckpt_path auto at its end
+    ({"WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2"}, AGENT,
+     ": python -m torch.distributed.run --nnodes=1 --nproc-per-node=2 --max-restarts=1 -m cropscale fit"
+     " '--data.root=a b' --ckpt_path auto"),
+    ({"WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2"},
+     ["/opt/venv/bin/torchrun", "--nnodes=2", "--node-rank=0", "-m", "cropscale", "fit"],
+     " (this node's torchrun command; every node reruns its own torchrun command so): torchrun --nnodes=2"
+     " --node-rank=0 -m cropscale fit --ckpt_path auto"),
+    ({}, [],  # the agent's command line not readable
+     ": the same torchrun command, with the script arguments of python -m cropscale fit '--data.root=a b'"
+     " --ckpt_path auto"),
+])
+def test_under_torchrun_the_resume_command_is_the_agents(monkeypatch, env, parent, expected):
+    _launcher_env(monkeypatch, {"TORCHELASTIC_RUN_ID": "j", **env})
+    assert launch_resume_command(["fit", "--ckpt_path", "last", "--data.root=a b"], parent_cmdline=parent) == expected
 
 
 class SendSignal(Callback):

@@ -3,15 +3,27 @@ rank waits for (and reports) the child ranks Lightning's subprocess launcher sta
 
 from __future__ import annotations
 
+import os
+import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch.distributed as dist
 
-from cropscale.distributed import child_rank_processes, destroy_process_group, finish_distributed
+from cropscale.distributed import (
+    PEER_LEFT,
+    PeerRanks,
+    child_rank_processes,
+    destroy_process_group,
+    finish_distributed,
+    peer_line,
+    peer_ranks,
+    register_peer_ranks,
+)
 
 
 def _trainer_with_children(*codes: str):
@@ -113,3 +125,69 @@ def test_elastic_restart_hazard_names_the_setting_only_for_restarts_on_the_share
     assert elastic_restart_hazard({**shared, "TORCHELASTIC_MAX_RESTARTS": "0"}) is None  # no restart to go wrong
     assert elastic_restart_hazard({**shared, "TORCHELASTIC_USE_AGENT_STORE": "False"}) is None  # store per round
     assert elastic_restart_hazard({}) is None  # not under torchrun
+
+
+# ------------------------------------------------------------------ ranks started by torchrun / srun (issue 26)
+def _dead_pid() -> int:
+    """The pid of a process of this host that has ended (reaped)."""
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+def test_rank_0_names_the_rank_that_left_and_not_those_that_followed():
+    store, here = dist.HashStore(), socket.gethostname()
+    dead = _dead_pid()
+    store.set("rank1", f"{here} {dead}")                 # killed: gone from this host without a word
+    store.set("rank2", f"{here} {os.getpid()}")          # failed with its own error
+    store.set("rank2/said", "own|rank 2: data.root /x: no such folder")
+    store.set("rank3", f"{here} {os.getpid()}")          # stopped because another rank left: not a cause
+    store.set("rank3/said", f"peer|{PEER_LEFT} (RuntimeError: Connection closed by peer)")
+    store.set("rank4", f"elsewhere {os.getpid()}")       # another host, silent: named after the wait
+    started = time.monotonic()
+    named = PeerRanks(store, rank=0, world_size=5, launcher="srun").departed(wait_s=0.5, poll_s=0.05)
+    assert time.monotonic() - started >= 0.5
+    assert named == [
+        f"rank 2 (pid {os.getpid()}, host {here}) failed: data.root /x: no such folder",
+        f"rank 1 (pid {dead}, host {here}) left the run without a word: killed by a signal (its exit status is with"
+        " srun; SIGKILL and the OOM killer leave no message)",
+        f"rank 4 (pid {os.getpid()}, host elsewhere) said nothing within 0.5 s: killed, or its host lost (its exit"
+        " status is with srun)",
+    ]
+
+
+def test_a_zombie_counts_as_gone_and_a_live_process_does_not():
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    deadline = time.monotonic() + 30
+    while Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[-1].split()[0] != "Z":  # ended, not reaped
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    store = dist.HashStore()
+    store.set("rank1", f"{socket.gethostname()} {proc.pid}")
+    assert "left the run without a word" in PeerRanks(store, 0, 2).departed(wait_s=5.0)[0]
+    proc.wait()
+    store.set("rank1", f"{socket.gethostname()} {os.getpid()}")  # alive and silent: named only after the wait
+    assert "said nothing within 0.2 s" in PeerRanks(store, 0, 2).departed(wait_s=0.2)[0]
+
+
+def test_peer_line_through_the_run_store(monkeypatch):
+    """Ranks 0 and 1 register in a real TCPStore (MASTER_ADDR:MASTER_PORT); rank 1's own error reaches rank 0."""
+    server = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(server.port))
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "job")
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
+    try:
+        one = register_peer_ranks(1, 2)
+        assert peer_line("rank 1: injected failure", None) == "rank 1: injected failure"  # left for rank 0
+        key = "cropscale/ranks/1/rank1/said"  # PrefixStore joins with "/"
+        assert server.check([key]) and server.get(key) == b"own|rank 1: injected failure"
+        assert register_peer_ranks(0, 2) is not None and peer_ranks() is not one
+        trainer = SimpleNamespace(current_epoch=1, global_step=4)
+        assert peer_line(f"{PEER_LEFT} (RuntimeError: Broken pipe)", trainer, wait_s=0.0) == (
+            f"rank 1 (pid {os.getpid()}, host {socket.gethostname()}) failed: injected failure; rank 0 stopped at"
+            " epoch 1, global step 4")
+        assert peer_line("rank 0's own error", trainer) == "rank 0's own error"  # not a peer's departure
+    finally:
+        register_peer_ranks(0, 1)
+    assert peer_ranks() is None

@@ -80,7 +80,8 @@ class ThroughputCallback(ScalingCallback):
     (per GPU), ``perf/epoch/mfu``.
 
     ``state_dict`` keeps the totals and per-epoch summaries, and inside an epoch the samples trained so far
-    in it, so that an epoch resumed from a mid-epoch checkpoint counts each of its samples once.
+    in it and their train, validation and wall time (s), so that an epoch resumed from a mid-epoch checkpoint
+    counts each of its samples once and their time with them (run-level samples/s stays samples / train time).
     """
 
     summary_key = "throughput"
@@ -138,8 +139,10 @@ class ThroughputCallback(ScalingCallback):
     def state_dict(self) -> dict[str, Any]:
         state = {"total_samples": self.total_samples, "total_train_s": self.total_train_s,
                  "epochs": [e.to_json() for e in self.epochs]}
-        if self._epoch_now is not None:  # a checkpoint inside an epoch: the samples trained so far (global rank 0's)
-            state["in_epoch"] = {"epoch": self._epoch_now, "samples": self._samples}
+        if self._epoch_now is not None:  # a checkpoint inside an epoch: the samples and train time so far (rank 0's)
+            state["in_epoch"] = {"epoch": self._epoch_now, "samples": self._samples, "train_s": self._train_s,
+                                 "val_s": self._val_s,
+                                 "wall_s": perf_counter() - self._epoch_t0 if self._epoch_t0 is not None else None}
         return state
 
     @override
@@ -149,7 +152,8 @@ class ThroughputCallback(ScalingCallback):
         self.epochs = [ThroughputEpoch.from_json(e) for e in state_dict.get("epochs", [])]
         self._resumed_in_epoch = resumed = state_dict.get("in_epoch")
         if resumed:  # Lightning does not call on_train_epoch_start again for an epoch resumed in its middle
-            self._epoch_now, self._samples = int(resumed["epoch"]), int(resumed.get("samples", 0))
+            self._epoch_now = int(resumed["epoch"])
+            self._resume_clocks(resumed)
 
     # ------------------------------------------------------------------ hooks
     def _sync(self) -> None:
@@ -166,6 +170,9 @@ class ThroughputCallback(ScalingCallback):
         self._dtype = self._class_dtypes["matmul"]
         self._steps_this_fit = 0
         self._start_log_schedule(trainer)
+        if self._resumed_in_epoch and self._epoch_t0 is None:
+            self._epoch_t0 = self._log_t0 = perf_counter()
+            self._resume_clocks(self._resumed_in_epoch)
 
     @override
     def on_train_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
@@ -179,8 +186,18 @@ class ThroughputCallback(ScalingCallback):
         self._epoch_now = trainer.current_epoch
         resumed, self._resumed_in_epoch = self._resumed_in_epoch, None
         if resumed and int(resumed.get("epoch", -1)) == trainer.current_epoch:
-            # resumed inside this epoch: its samples before the checkpoint count once (equal per rank mid-epoch)
-            self._samples = int(resumed.get("samples", 0))
+            self._resume_clocks(resumed)
+
+    def _resume_clocks(self, resumed: dict[str, Any]) -> None:
+        """Resumed inside an epoch: its samples and times before the checkpoint count once (rank 0's, on every rank).
+
+        The epoch's clocks go on from the checkpoint's; the time between the stop and the restart is not counted.
+        """
+        self._samples = int(resumed.get("samples", 0))
+        self._train_s = float(resumed.get("train_s") or 0.0)
+        self._val_s = float(resumed.get("val_s") or 0.0)
+        if self._epoch_t0 is not None and resumed.get("wall_s") is not None:
+            self._epoch_t0 -= float(resumed["wall_s"])
 
     @override
     def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
