@@ -7,7 +7,8 @@ commands share are declared here once (:class:`SampleShape`, :class:`CropSize`, 
 needs another default redeclares the field with its default only (the docstring is found on the base).
 
 :func:`parse_options` builds a ``jsonargparse.ArgumentParser`` from the dataclass (option ``--crop-size``
-for field ``crop_size``; ``list[X]`` fields take one or more values, ``--workers 0 2``; a ``bool`` field
+for field ``crop_size``; ``list[X]`` fields take one or more values, ``--workers 0 2``, or, when the default
+is empty, are repeatable, ``--speedup 2:1.6 --speedup 4:2.9``; a ``bool`` field
 defaulting to False is a flag, one defaulting to None or True has a ``--no-`` form), lets jsonargparse check
 every value against its type, then builds the dataclass, whose ``__post_init__`` checks the ranges.
 
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import inspect
 import re
 import types
 import typing
@@ -208,8 +210,9 @@ def _add_field(parser: Any, f: dataclasses.Field, tp: Any, doc: str, positional:
         return
     kwargs: dict[str, Any] = {"help": help_text}
     if typing.get_origin(inner) in (list, tuple, Sequence):
-        # an empty default list: the option may be given without values
-        kwargs.update(nargs="*" if default == [] else "+", type=typing.get_args(inner)[0])
+        kwargs.update(nargs="+", type=typing.get_args(inner)[0])
+        if default == []:  # repeatable, each use adds its values (none, too)
+            kwargs.update(nargs="*", action="extend")
     else:
         kwargs["type"] = tp if optional else inner
     if positional:
@@ -233,7 +236,7 @@ def options_parser(cls: type, prog: str, description: str | None = None, epilog:
     """
     from jsonargparse import ArgumentParser
 
-    parser = ArgumentParser(prog=prog, description=description or (cls.__doc__ or "").split("\n\n")[0],
+    parser = ArgumentParser(prog=prog, description=description or inspect.cleandoc(cls.__doc__ or ""),
                             epilog=epilog, exit_on_error=False, allow_abbrev=False)
     docs = _field_docs(cls)
     hints = typing.get_type_hints(cls)
