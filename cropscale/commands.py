@@ -45,11 +45,13 @@ class OptionError(CropScaleError):
 class Options:
     """The base of every command's options: range checks from ``AT_LEAST``, then :meth:`check`.
 
-    Class attributes (not options): ``POSITIONAL``, fields given without ``--`` (in order); ``AT_LEAST``,
-    ``{field: lowest value}``, merged over the bases.
+    Class attributes (not options): ``POSITIONAL``, fields given without ``--`` (in order); ``ALIASES``,
+    ``{field: short option}`` (``{"output": "-o"}``); ``AT_LEAST``, ``{field: lowest value}``, merged over the
+    bases.
     """
 
     POSITIONAL: ClassVar[tuple[str, ...]] = ()
+    ALIASES: ClassVar[dict[str, str]] = {}
     AT_LEAST: ClassVar[dict[str, float]] = {}
 
     def __post_init__(self) -> None:
@@ -198,15 +200,16 @@ def describe_type(tp: Any) -> str:
     return {int: "an integer", float: "a number", str: "a string", bool: "true or false"}.get(tp, str(tp))
 
 
-def _add_field(parser: Any, f: dataclasses.Field, tp: Any, doc: str, positional: bool) -> None:
-    """Add the option (or positional argument) of the field ``f`` of type ``tp`` with help ``doc``."""
+def _add_field(parser: Any, f: dataclasses.Field, tp: Any, doc: str, positional: bool, alias: str | None) -> None:
+    """Add the option (or positional argument, or option with a short ``alias``) of the field ``f``."""
     default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
     required = default is dataclasses.MISSING
     inner, optional = _without_none(tp)
     help_text = doc or f.name.replace("_", " ")
+    names = (flag(f.name), alias) if alias else (flag(f.name),)
     if inner is bool:
         action = "store_true" if default is False else argparse.BooleanOptionalAction
-        parser.add_argument(flag(f.name), action=action, default=default, help=help_text)
+        parser.add_argument(*names, action=action, default=default, help=help_text)
         return
     kwargs: dict[str, Any] = {"help": help_text}
     if typing.get_origin(inner) in (list, tuple, Sequence):
@@ -218,9 +221,9 @@ def _add_field(parser: Any, f: dataclasses.Field, tp: Any, doc: str, positional:
     if positional:
         parser.add_argument(f.name, **kwargs)
     elif required:
-        parser.add_argument(flag(f.name), required=True, **kwargs)
+        parser.add_argument(*names, required=True, **kwargs)
     else:
-        parser.add_argument(flag(f.name), default=default, **kwargs)
+        parser.add_argument(*names, default=default, **kwargs)
 
 
 def _base_fields(cls: type) -> set[str]:
@@ -245,7 +248,8 @@ def options_parser(cls: type, prog: str, description: str | None = None, epilog:
     # the command's own options first, then the shared ones
     for f in sorted(dataclasses.fields(cls), key=lambda f: f.name not in own or f.name in _base_fields(cls)):
         if f.init:
-            _add_field(parser, f, hints[f.name], docs.get(f.name, ""), f.name in positional)
+            _add_field(parser, f, hints[f.name], docs.get(f.name, ""), f.name in positional,
+                       getattr(cls, "ALIASES", {}).get(f.name))
     return parser
 
 
