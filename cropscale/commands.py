@@ -256,6 +256,10 @@ def options_parser(cls: type, prog: str, description: str | None = None, epilog:
 def _one_line(err: Exception, parser: Any, cls: type) -> str:
     """The (multi-line) jsonargparse error as one line naming the option and what its value must be."""
     text = str(err)
+    required = re.match(r"the following arguments are required: (.*)", text)
+    if required:
+        names = [n.strip() for n in required.group(1).split(",")]
+        return "missing " + ", ".join(n if n in getattr(cls, "POSITIONAL", ()) else flag(n) for n in names)
     key = re.search(r'Parser key "([^"]+)"', text)
     if key:
         name = key.group(1)
