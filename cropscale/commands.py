@@ -25,7 +25,7 @@ import inspect
 import re
 import types
 import typing
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, ClassVar, Literal, TypeVar
 
 from cropscale.errors import CropScaleError
@@ -253,21 +253,29 @@ def options_parser(cls: type, prog: str, description: str | None = None, epilog:
     return parser
 
 
-def _one_line(err: Exception, parser: Any, cls: type) -> str:
-    """The (multi-line) jsonargparse error as one line naming the option and what its value must be."""
+def error_line(err: Exception, cls: type, show: Callable[[str], str] = flag) -> str:
+    """A jsonargparse error about the fields of the dataclass ``cls`` as one line naming the field.
+
+    ``show`` writes a field's name (default :func:`flag`: ``--crop-size``; positional fields as they are).
+    Examples: ``--t2: expected an integer, got 'x'``; ``missing --config``.
+    """
+    positional = getattr(cls, "POSITIONAL", ())
+
+    def shown(name: str) -> str:
+        return name if name in positional else show(name)
+
     text = str(err)
     required = re.match(r"the following arguments are required: (.*)", text)
     if required:
-        names = [n.strip() for n in required.group(1).split(",")]
-        return "missing " + ", ".join(n if n in getattr(cls, "POSITIONAL", ()) else flag(n) for n in names)
+        return "missing " + ", ".join(shown(n.strip()) for n in required.group(1).split(","))
     key = re.search(r'Parser key "([^"]+)"', text)
     if key:
         name = key.group(1)
         got = re.search(r"(?:Got|Given) value: (.*)$", text, re.M)
-        shown = flag(name) if name not in getattr(cls, "POSITIONAL", ()) else name.upper()
         what = describe_type(typing.get_type_hints(cls).get(name, str))
-        return f"{shown}: expected {what}, got {got.group(1).strip()!r}" if got else f"{shown}: " + " ".join(
-            text.split("\n", 1)[-1].split())
+        if got:
+            return f"{shown(name)}: expected {what}, got {got.group(1).strip()!r}"
+        return f"{shown(name)}: " + " ".join(text.split("\n", 1)[-1].split())
     return " ".join(text.split())
 
 
@@ -285,6 +293,6 @@ def parse_options(cls: type[T], argv: Sequence[str] | None, prog: str, descripti
     try:
         namespace = parser.parse_args(list(argv) if argv is not None else None)
     except ArgumentError as err:
-        raise OptionError(f"{_one_line(err, parser, cls)} (see: {prog} --help)") from None
+        raise OptionError(f"{error_line(err, cls)} (see: {prog} --help)") from None
     values = {k: v for k, v in namespace.as_dict().items() if not k.startswith("__")}
     return cls(**values)
