@@ -20,8 +20,8 @@ LAYERS: tuple[tuple[int, tuple[str, ...]], ...] = (
          "cropscale.checkpointing", "cropscale.predictions")),
     (3, ("cropscale.callbacks",)),
     (4, ("cropscale.testing",)),
-    (5, ("cropscale.cli", "cropscale.config_errors", "cropscale.__main__", "cropscale.bench", "cropscale.report",
-         "cropscale.study")),
+    (5, ("cropscale.cli", "cropscale.commands", "cropscale.config_errors", "cropscale.__main__", "cropscale.bench",
+         "cropscale.report", "cropscale.study")),
 )
 #: layer 5 packages that must not import each other (nothing imports an app but the CLI's command table)
 APPS = ("cropscale.bench", "cropscale.report", "cropscale.study")
@@ -32,7 +32,7 @@ THIRD_PARTY_LIMITS = {
 }
 #: third-party modules that may be imported inside a function (optional or heavy)
 LAZY_OK = ("matplotlib", "tensorboard", "rasterio", "yaml", "pynvml", "pytest", "scipy", "torch", "lightning",
-           "jsonargparse", "triton", "pytorch_optimizer")
+           "jsonargparse", "docstring_parser", "triton", "pytorch_optimizer")
 
 
 def _module_name(path: Path) -> str:

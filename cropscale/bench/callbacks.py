@@ -49,7 +49,7 @@ cost of a step, which is what the callbacks add to.
 
 from __future__ import annotations
 
-import argparse
+import dataclasses
 import importlib
 import importlib.util
 import logging
@@ -61,7 +61,7 @@ import time
 import warnings
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import lightning.pytorch.callbacks as lightning_callbacks
 import torch
@@ -75,6 +75,7 @@ from typing_extensions import override
 import cropscale.callbacks as cropscale_callbacks
 from cropscale.bench.counts import FIGURES, HookCostCounter
 from cropscale.callbacks import CallbackGroup, StepTimingCallback, all_scaling_callbacks
+from cropscale.commands import CropSize, JsonOut, OptionError, SampleShape, Threads, Warmup, parse_options
 from cropscale.errors import CropScaleError
 from cropscale.evidence import COUNT, MEASURED_MICROBENCHMARK
 from cropscale.files import atomic_write_json
@@ -172,7 +173,70 @@ class Interleaver(Callback):
         self._last = self._now()  # the swap is in no period
 
 
-def _network(args: argparse.Namespace, steps: int) -> tuple[Any, Any]:
+@dataclasses.dataclass(kw_only=True)
+class CallbackBenchOptions(SampleShape, CropSize, Warmup, Threads, JsonOut):
+    """Per-step overhead of the scaling callbacks (``None`` defaults depend on ``--model``, see ``_DEFAULTS``)."""
+
+    steps: int | None = None
+    """optimizer steps per configuration and repeat, rounded up to whole blocks (default 1000; 30 with --model
+    network; 300 with --count)"""
+    warmup: int | None = None
+    """warm-up steps left out (default 100; 5 with --model network)"""
+    repeats: int = 3
+    """alternating runs per configuration"""
+    threads: int | None = 1
+    model: Literal["linear", "network"] = "linear"
+    """linear: one nn.Linear, where host overhead shows; network: the study's CropMappingNet with AdamW and
+    clipping, where the ratio to a real step shows"""
+    features: int = 16
+    """input features of the nn.Linear"""
+    crop_size: int = 16
+    batch: int = 1
+    """batch size"""
+    log_every: int | None = None
+    """trainer.log_every_n_steps (default 50; 10 with --model network)"""
+    block: int | None = None
+    """optimizer steps per block of one configuration (default 20; 5 with --model network; at least 3)"""
+    separate: bool = False
+    """also run the callbacks as 8 separate callbacks"""
+    lightning: bool | None = None
+    """also interleave Lightning's ThroughputMonitor + LearningRateMonitor + DeviceStatsMonitor in the same fits
+    and print the ratio of the mean overheads, group / Lightning (default: on with --model linear, off with
+    --model network)"""
+    trace: bool = False
+    """also interleave the group with the step trace on (StepTimingCallback trace_path), to weigh the trace
+    against the rest of the group"""
+    count: bool = False
+    """count instead of timing: per callback, ordinary and log steps apart, Python calls, C calls, torch ops and
+    device-to-host reads, for the group and Lightning's monitors, under 32-true and 16-mixed with a GradScaler"""
+    clock: Literal["wall", "cpu"] = "wall"
+    """wall: time.perf_counter; cpu: CPU time of the process, steadier on a loaded machine"""
+    device: Literal["cpu", "cuda"] = "cpu"
+    """where the fits run; cuda: one GPU, step periods on the host clock"""
+
+    AT_LEAST = {"steps": 1, "repeats": 1, "features": 1, "batch": 1, "log_every": 1}
+
+    def check(self) -> None:
+        """Fill the ``--model``-dependent defaults, then check the options together.
+
+        Raises:
+            OptionError: ``--count`` with ``--model network``, a ``--block`` of at most ``SETTLE_STEPS`` steps.
+        """
+        if self.count and self.model != "linear":
+            raise OptionError("callback-bench: --count runs the linear model only (leave out --model network)")
+        if self.count and self.steps is None:
+            self.steps = 300
+        for name, (linear, network) in _DEFAULTS.items():
+            if getattr(self, name) is None:
+                setattr(self, name, network if self.model == "network" else linear)
+        if self.lightning is None:
+            self.lightning = self.model == "linear"
+        if self.block <= SETTLE_STEPS:
+            raise OptionError(f"callback-bench: --block must be >= {SETTLE_STEPS + 1} (the first {SETTLE_STEPS}"
+                              " steps of each block are left out)")
+
+
+def _network(args: CallbackBenchOptions, steps: int) -> tuple[Any, Any]:
     """Build the study's network and a loader of pre-generated synthetic samples.
 
     The network is the default CropMappingNet with the multi-task loss and AdamW; the samples come from
@@ -183,7 +247,7 @@ def _network(args: argparse.Namespace, steps: int) -> tuple[Any, Any]:
     return ProbeTask(), torch.utils.data.DataLoader(data, batch_size=args.batch, shuffle=False)
 
 
-def _fit_steps(args: argparse.Namespace, arms: int = 2) -> int:
+def _fit_steps(args: CallbackBenchOptions, arms: int = 2) -> int:
     """Optimizer steps of one interleaved fit: warm-up, then ``steps`` per arm in whole blocks."""
     return args.warmup + arms * args.block * math.ceil(args.steps / args.block)
 
@@ -206,7 +270,7 @@ class _TracedGroup(CallbackGroup):
     """A :class:`CallbackGroup` of its own class: a state key apart from the ``on`` arm's group in the same fit."""
 
 
-def _one_fit(configs: list[str], args: argparse.Namespace, root: str) -> dict[str, list[float]]:
+def _one_fit(configs: list[str], args: CallbackBenchOptions, root: str) -> dict[str, list[float]]:
     """One fit going round ``off`` and ``configs``; returns the step periods of each (s)."""
     arms = [("off", [])] + [(c, _arm_callbacks(c)) for c in configs]
     cbs = [cb for _, arm in arms for cb in arm]
@@ -229,7 +293,7 @@ def _one_fit(configs: list[str], args: argparse.Namespace, root: str) -> dict[st
     return switch.periods
 
 
-def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
+def run_benchmark(args: CallbackBenchOptions) -> dict[str, Any]:
     """Run the interleaved fits; returns the figures (seconds inside, µs in the report)."""
     torch.set_num_threads(args.threads)
     first = ["on"] + (["lightning"] if args.lightning else []) + (["trace"] if args.trace else [])
@@ -299,7 +363,7 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
     return result
 
 
-def _model_name(args: argparse.Namespace) -> str:
+def _model_name(args: CallbackBenchOptions) -> str:
     if args.model == "network":
         return (f"CropMappingNet (default config), S2 [{args.t2},10,{args.crop_size},{args.crop_size}],"
                 f" S1A/S1D [{args.t1},2,{args.crop_size},{args.crop_size}], synthetic samples")
@@ -481,7 +545,7 @@ def _kinds(steps: dict[str, list[dict[str, tuple[int, ...]]]], names: list[str])
     return out
 
 
-def run_counts(args: argparse.Namespace) -> dict[str, Any]:
+def run_counts(args: CallbackBenchOptions) -> dict[str, Any]:
     """``--count``: :func:`count_fit` under 32-true and 16-mixed with a GradScaler."""
     torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory(prefix="cropscale-callback-count-") as root:
@@ -513,63 +577,15 @@ def _print_counts(result: dict[str, Any]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of ``python -m cropscale callback-bench``; returns the exit status."""
-    p = argparse.ArgumentParser(prog="cropscale callback-bench", description=__doc__.split("\n\n")[0])
-    p.add_argument("--steps", type=int, default=None, help="optimizer steps per configuration and repeat, rounded "
-                   "up to whole blocks (default 1000; 30 with --model network)")
-    p.add_argument("--warmup", type=int, default=None,
-                   help="warm-up steps left out (default 100; 5 with --model network)")
-    p.add_argument("--repeats", type=int, default=3, help="alternating runs per configuration (default 3)")
-    p.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
-    p.add_argument("--model", choices=("linear", "network"), default="linear",
-                   help="linear: one nn.Linear, where host overhead shows (default); network: the study's "
-                        "CropMappingNet with AdamW and clipping, where the ratio to a real step shows")
-    p.add_argument("--features", type=int, default=16, help="input features of the nn.Linear (default 16)")
-    p.add_argument("--crop-size", type=int, default=16, help="--model network: 10 m crop side (default 16)")
-    p.add_argument("--t2", type=int, default=16, help="--model network: Sentinel-2 dates (default 16)")
-    p.add_argument("--t1", type=int, default=4, help="--model network: Sentinel-1 dates per orbit (default 4)")
-    p.add_argument("--batch", type=int, default=1, help="batch size (default 1)")
-    p.add_argument("--log-every", type=int, default=None, help="trainer.log_every_n_steps (default 50; 10 with "
-                   "--model network)")
-    p.add_argument("--block", type=int, default=None, help=f"optimizer steps per block of one configuration "
-                   f"(default 20; 5 with --model network; at least {SETTLE_STEPS + 1})")
-    p.add_argument("--separate", action="store_true", help="also run the callbacks as 8 separate callbacks")
-    p.add_argument("--lightning", action=argparse.BooleanOptionalAction, default=None,
-                   help="also interleave Lightning's ThroughputMonitor + LearningRateMonitor + DeviceStatsMonitor in "
-                        "the same fits and print the ratio of the mean overheads, group / Lightning (default: on "
-                        "with --model linear, off with --model network)")
-    p.add_argument("--trace", action="store_true",
-                   help="also interleave the group with the step trace on (StepTimingCallback trace_path), to "
-                        "weigh the trace against the rest of the group")
-    p.add_argument("--count", action="store_true",
-                   help="count instead of timing: per callback, ordinary and log steps apart, Python calls, C calls, "
-                        "torch ops and device-to-host reads, for the group and Lightning's monitors, under 32-true "
-                        "and 16-mixed with a GradScaler (--steps default 300)")
-    p.add_argument("--clock", choices=tuple(CLOCKS), default="wall",
-                   help="wall: time.perf_counter (default); cpu: CPU time of the process, steadier on a loaded machine")
-    p.add_argument("--json", type=str, default=None, help="also write the figures to this JSON file")
-    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
-                   help="where the fits run (default cpu); cuda: one GPU, step periods on the host clock")
-    args = p.parse_args(argv)
-    if args.count and args.model != "linear":
-        raise CropScaleError("callback-bench: --count runs the linear model only (leave out --model network)")
-    if args.count and args.steps is None:
-        args.steps = 300
-    for name, (linear, network) in _DEFAULTS.items():
-        if getattr(args, name) is None:
-            setattr(args, name, network if args.model == "network" else linear)
-    if args.lightning is None:
-        args.lightning = args.model == "linear"
-    for name in ("steps", "repeats", "threads", "features", "batch", "log_every", "crop_size", "t2", "t1"):
-        if getattr(args, name) < 1:
-            raise CropScaleError(f"callback-bench: --{name.replace('_', '-')} must be >= 1")
-    if args.warmup < 0:
-        raise CropScaleError("callback-bench: --warmup must be >= 0")
+    """Entry point of ``python -m cropscale callback-bench``; returns the exit status.
+
+    Raises:
+        OptionError: a bad option (named).
+    """
+    args = parse_options(CallbackBenchOptions, argv, "python -m cropscale callback-bench",
+                         __doc__.split("\n\n")[0])
     if args.device == "cuda" and not torch.cuda.is_available():
         raise CropScaleError("callback-bench: --device cuda, but torch sees no CUDA GPU")
-    if args.block <= SETTLE_STEPS:
-        raise CropScaleError(f"callback-bench: --block must be >= {SETTLE_STEPS + 1} (the first {SETTLE_STEPS} "
-                             "steps of each block are left out)")
     os.environ.setdefault("PYTHONWARNINGS", "ignore")
     warnings.filterwarnings("ignore")
     for name in ("lightning", "lightning.pytorch", "lightning.fabric"):

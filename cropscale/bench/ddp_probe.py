@@ -22,7 +22,7 @@ reports its median; the run's figure is the slowest rank's median. Evidence: ``m
 
 from __future__ import annotations
 
-import argparse
+import dataclasses
 import json
 import os
 import platform
@@ -35,6 +35,7 @@ import torch
 import torch.distributed as dist
 from lightning.pytorch import Trainer, seed_everything
 
+from cropscale.commands import CropSize, OptionError, SampleShape, Seed, Threads, Warmup, parse_options
 from cropscale.distributed import finish_distributed
 from cropscale.errors import CropScaleError
 from cropscale.evidence import MEASURED_MICROBENCHMARK
@@ -42,30 +43,38 @@ from cropscale.files import atomic_write_json
 from cropscale.testing.probe import ProbeTask, StepTimer, SyntheticSamples
 
 
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m cropscale.bench.ddp_probe", description=__doc__.split("\n\n")[0])
-    p.add_argument("--devices", type=int, default=1, help="processes (CPU) or GPUs")
-    p.add_argument("--accelerator", default="cpu")
-    p.add_argument("--global-batch", type=int, default=4, help="samples per optimiser step over all ranks")
-    p.add_argument("--steps", type=int, default=6, help="timed steps")
-    p.add_argument("--warmup", type=int, default=2, help="untimed first steps")
-    p.add_argument("--crop-size", type=int, default=16, help="10 m crop side (multiple of 4)")
-    p.add_argument("--t2", type=int, default=16)
-    p.add_argument("--t1", type=int, default=4)
-    p.add_argument("--threads", type=int, default=1, help="torch intra-op threads per process")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", required=True, help="JSON file written by rank 0")
-    return p
+@dataclasses.dataclass(kw_only=True)
+class ProbeOptions(SampleShape, CropSize, Warmup, Threads, Seed):
+    """Strong-scaling probe: training step time of the real network on 1 vs N processes under DDP."""
+
+    out: str
+    """JSON file written by rank 0"""
+    devices: int = 1
+    """processes (CPU) or GPUs"""
+    accelerator: str = "cpu"
+    """Lightning accelerator (cpu, gpu)"""
+    global_batch: int = 4
+    """samples per optimiser step over all ranks"""
+    steps: int = 6
+    """timed steps"""
+    warmup: int = 2
+    crop_size: int = 16
+    threads: int | None = 1
+
+    AT_LEAST = {"devices": 1, "steps": 1}
+
+    def check(self) -> None:
+        """Raises OptionError: ``--global-batch`` is not a positive multiple of ``--devices``."""
+        if self.global_batch < 1 or self.global_batch % self.devices:
+            raise OptionError(
+                f"--global-batch ({self.global_batch}) must be a positive multiple of --devices ({self.devices})"
+            )
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run one probe (all ranks); rank 0 writes ``--out``. Returns the exit status."""
-    args = _parser().parse_args(argv)
-    if args.devices < 1 or args.global_batch % args.devices:
-        raise CropScaleError(
-            f"--global-batch ({args.global_batch}) must be a positive multiple of --devices ({args.devices})"
-        )
-    torch.set_num_threads(args.threads)
+    args = parse_options(ProbeOptions, argv, "python -m cropscale.bench.ddp_probe")
+    args.apply()
     seed_everything(args.seed, workers=True, verbose=False)
     local = args.global_batch // args.devices
     total_steps = args.warmup + args.steps

@@ -25,12 +25,12 @@ takes minutes; ``--t2 16 --t1 4 --crop-size 32`` gives the study's.
 
 from __future__ import annotations
 
-import argparse
+import dataclasses
 import statistics
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
@@ -43,8 +43,8 @@ from cropscale.bench.step import (
     set_tf32,
     train_step,
 )
+from cropscale.commands import CropSize, Device, JsonOut, SampleShape, Seed, Threads, Warmup, parse_options
 from cropscale.env.host import environment_record
-from cropscale.errors import CropScaleError
 from cropscale.evidence import MEASURED_MICROBENCHMARK
 from cropscale.files import atomic_write_json
 from cropscale.model.speed import COMPILE_MODES, compile_unavailable_reason, fused_devices
@@ -137,7 +137,7 @@ def measure_interleaved(configs: dict[str, BenchmarkConfig], precision: str, bat
     return out
 
 
-def run(args: argparse.Namespace) -> dict[str, Any]:
+def run(args: LeverOptions) -> dict[str, Any]:
     """Measure eager and each lever, interleaved; returns the figures (times in ms, throughput in samples/s)."""
     device = resolve_device(args.device)
     base = BenchmarkConfig(precisions=[args.precision], batch_sizes=[args.batch_size], warmup=args.warmup,
@@ -194,22 +194,25 @@ def format_result(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m cropscale lever-bench", description=__doc__.split("\n\n")[0])
-    p.add_argument("--precision", default="32-true", choices=PRECISIONS)
-    p.add_argument("--batch-size", type=int, default=2)
-    p.add_argument("--device", default=None, help="cpu | cuda (default: cuda if available)")
-    p.add_argument("--levers", nargs="+", default=list(LEVERS), choices=LEVERS)
-    p.add_argument("--compile-mode", default="default", choices=COMPILE_MODES)
-    p.add_argument("--warmup", type=int, default=3, help="unmeasured steps (compilation falls here)")
-    p.add_argument("--iterations", type=int, default=10, help="measured steps")
-    p.add_argument("--t2", type=int, default=8)
-    p.add_argument("--t1", type=int, default=2)
-    p.add_argument("--crop-size", type=int, default=16)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads first (CPU)")
-    p.add_argument("--json", default=None, help="also write the figures here")
-    return p
+@dataclasses.dataclass(kw_only=True)
+class LeverOptions(SampleShape, CropSize, Warmup, Device, Threads, Seed, JsonOut):
+    """Each speed lever against the eager step, as a ratio, in one run."""
+
+    precision: Literal[PRECISIONS] = "32-true"
+    """Lightning precision of every variant"""
+    batch_size: int = 2
+    """samples per step"""
+    levers: list[Literal[LEVERS]] = dataclasses.field(default_factory=lambda: list(LEVERS))
+    """the levers to measure against eager"""
+    compile_mode: Literal[COMPILE_MODES] = "default"
+    """torch.compile mode of the compile lever"""
+    iterations: int = 10
+    """measured steps"""
+    t2: int = 8
+    t1: int = 2
+    crop_size: int = 16
+
+    AT_LEAST = {"batch_size": 1, "iterations": 1}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -218,14 +221,9 @@ def main(argv: list[str] | None = None) -> int:
     Raises:
         CropScaleError: a bad argument (sizes < 1, unknown device).
     """
-    args = _parser().parse_args(argv)
-    if args.batch_size < 1 or args.iterations < 1 or args.warmup < 0:
-        raise CropScaleError("lever-bench: --batch-size and --iterations must be >= 1, --warmup >= 0")
-    if args.threads is not None:
-        if args.threads < 1:
-            raise CropScaleError("lever-bench: --threads must be >= 1")
-        torch.set_num_threads(args.threads)
-    args.device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    args = parse_options(LeverOptions, argv, "python -m cropscale lever-bench", __doc__.split("\n\n")[0])
+    args.apply()
+    args.device = args.device_name()
     args.levers = list(dict.fromkeys(args.levers))
     result = run(args)
     print(format_result(result))

@@ -20,7 +20,7 @@ samples/s is printed beside (``--no-model`` skips it). All figures are ``measure
 
 from __future__ import annotations
 
-import argparse
+import dataclasses
 import statistics
 import time
 from pathlib import Path
@@ -28,6 +28,7 @@ from pathlib import Path
 import torch
 
 from cropscale.batch import model_inputs
+from cropscale.commands import CropSize, JsonOut, SampleShape, Seed, Warmup, parse_options
 from cropscale.data.datamodule import PastisHDDataModule
 from cropscale.env.host import environment_record
 from cropscale.errors import CropScaleError
@@ -48,26 +49,31 @@ def _default_root() -> str:
     return str(_DEFAULT_ROOTS[0])
 
 
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m cropscale loader-bench", description=__doc__.split("\n\n")[0])
-    p.add_argument("--root", default=None,
-                   help="dataset root (default: data/worldcereal-flanders, else ../shared/data/...)")
-    p.add_argument("--workers", type=int, nargs="+", default=[0, 2], help="DataLoader worker counts to measure")
-    p.add_argument("--batches", type=int, default=40, help="timed batches per worker count")
-    p.add_argument("--warmup", type=int, default=4, help="batches skipped after the first")
-    p.add_argument("--batch-size", type=int, default=4)
-    p.add_argument("--crop-size", type=int, default=32)
-    p.add_argument("--t2", type=int, default=16)
-    p.add_argument("--t1", type=int, default=4)
-    p.add_argument("--train-folds", type=int, nargs="+", default=[1])
-    p.add_argument("--ignore-index", type=int, default=None)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--model", action=argparse.BooleanOptionalAction, default=True,
-                   help="also time the model's training step on the same batches")
-    p.add_argument("--model-steps", type=int, default=None, help="timed model steps (default: --batches)")
-    p.add_argument("--device", default="cpu", help="device of the model step (cpu, cuda)")
-    p.add_argument("--json", default=None, help="write the figures and the environment record to this file")
-    return p
+@dataclasses.dataclass(kw_only=True)
+class LoaderOptions(SampleShape, CropSize, Warmup, Seed, JsonOut):
+    """Data-pipeline throughput (samples/s) by DataLoader worker count, against the model's step."""
+
+    root: str | None = None
+    """dataset root (default: data/worldcereal-flanders, else ../shared/data/...)"""
+    workers: list[int] = dataclasses.field(default_factory=lambda: [0, 2])
+    """DataLoader worker counts to measure"""
+    batches: int = 40
+    """timed batches per worker count"""
+    warmup: int = 4
+    batch_size: int = 4
+    """samples per batch"""
+    train_folds: list[int] = dataclasses.field(default_factory=lambda: [1])
+    """folds of the training loader"""
+    ignore_index: int | None = None
+    """label ignored by the loss (default: the dataset's)"""
+    model: bool = True
+    """also time the model's training step on the same batches"""
+    model_steps: int | None = None
+    """timed model steps (default: --batches)"""
+    device: str = "cpu"
+    """device of the model step (cpu, cuda)"""
+
+    AT_LEAST = {"batches": 1, "batch_size": 1, "workers": 0, "model_steps": 1}
 
 
 def measure_loader(dm, batches: int, warmup: int, keep: bool = False, progress: Progress | None = None) -> dict:
@@ -157,10 +163,12 @@ def measure_model(batches: list[dict], num_classes: int, ignore_index: int | Non
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of ``python -m cropscale loader-bench``; prints a table, returns 0."""
-    args = _parser().parse_args(argv)
-    if args.batches < 1 or args.warmup < 0 or args.batch_size < 1 or any(w < 0 for w in args.workers):
-        raise CropScaleError("loader-bench: --batches and --batch-size must be >= 1, --warmup and --workers >= 0")
+    """Entry point of ``python -m cropscale loader-bench``; prints a table, returns 0.
+
+    Raises:
+        OptionError: a bad option (named).
+    """
+    args = parse_options(LoaderOptions, argv, "python -m cropscale loader-bench", __doc__.split("\n\n")[0])
     root = args.root or _default_root()
     needed = (1 + args.warmup + args.batches) * args.batch_size
 

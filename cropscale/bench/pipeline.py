@@ -24,18 +24,19 @@ data-only step beside it to say whether loading dominates. The fused-AdamW choic
 
 from __future__ import annotations
 
-import argparse
+import dataclasses
 import logging
 import time
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from lightning.pytorch import Callback, Trainer
 
 from cropscale.bench.loader import _default_root, measure_loader
 from cropscale.bench.step import PRECISIONS, BenchmarkConfig, resolve_device, run_configuration
+from cropscale.commands import CropSize, Device, JsonOut, SampleShape, Seed, Threads, Warmup, parse_options
 from cropscale.data.datamodule import PastisHDDataModule
 from cropscale.env.host import environment_record
 from cropscale.errors import CropScaleError
@@ -62,7 +63,7 @@ class _BatchEnds(Callback):
             self._progress.step(len(self.ends))
 
 
-def _datamodule(args: argparse.Namespace, steps: int) -> PastisHDDataModule:
+def _datamodule(args: PipelineOptions, steps: int) -> PastisHDDataModule:
     """The training data of the end-to-end run, with enough crops per patch for ``steps`` batches."""
     dm = PastisHDDataModule(args.root, train_folds=args.train_folds, batch_size=args.batch_size,
                             crop_size=args.crop_size, t2=args.t2, t1=args.t1, samples_per_patch=1,
@@ -73,7 +74,7 @@ def _datamodule(args: argparse.Namespace, steps: int) -> PastisHDDataModule:
     return dm
 
 
-def measure_end_to_end(args: argparse.Namespace, progress: Progress | None = None) -> dict[str, Any]:
+def measure_end_to_end(args: PipelineOptions, progress: Progress | None = None) -> dict[str, Any]:
     """Train ``warmup + steps`` steps with Lightning on the real data; samples/s over the measured steps.
 
     Returns:
@@ -100,7 +101,7 @@ def measure_end_to_end(args: argparse.Namespace, progress: Progress | None = Non
             "fused_optimizer": list(task.fused_optimizer_used or (False, "not set"))}
 
 
-def measure_compute(args: argparse.Namespace, num_classes: int, fused: bool,
+def measure_compute(args: PipelineOptions, num_classes: int, fused: bool,
                     progress: Progress | None = None) -> dict[str, Any]:
     """The benchmark's compute-only step at the same batch, precision and shape; samples/s over the measured steps."""
     config = BenchmarkConfig(precisions=[args.precision], batch_sizes=[args.batch_size], warmup=args.warmup,
@@ -117,7 +118,7 @@ def measure_compute(args: argparse.Namespace, num_classes: int, fused: bool,
             "steps": len(row["step_times_ms"])}
 
 
-def run(args: argparse.Namespace) -> dict[str, Any]:
+def run(args: PipelineOptions) -> dict[str, Any]:
     """The three measurements and the ratio (see the module docstring)."""
     progress = Progress(3, "pipeline-bench")
     progress.start("end-to-end (Lightning fit on the real data)", steps=args.warmup + args.steps + 1)
@@ -170,26 +171,28 @@ def format_result(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m cropscale pipeline-bench", description=__doc__.split("\n\n")[0])
-    p.add_argument("--root", default=None, help="dataset root (default: the bundled sample)")
-    p.add_argument("--batch-size", type=int, default=4)
-    p.add_argument("--precision", default="32-true", choices=PRECISIONS)
-    p.add_argument("--device", default=None, help="cpu | cuda (default: cuda if available)")
-    p.add_argument("--workers", type=int, default=0, help="DataLoader workers (default 0)")
-    p.add_argument("--pin-memory", action=argparse.BooleanOptionalAction, default=None,
-                   help="pinned host batches (default: on with cuda)")
-    p.add_argument("--steps", type=int, default=20, help="measured steps (default 20)")
-    p.add_argument("--warmup", type=int, default=3, help="warm-up steps left out (default 3)")
-    p.add_argument("--crop-size", type=int, default=32)
-    p.add_argument("--t2", type=int, default=16)
-    p.add_argument("--t1", type=int, default=4)
-    p.add_argument("--train-folds", type=int, nargs="+", default=[1, 2])
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--compile", action="store_true", help="torch.compile the network in both runs")
-    p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads first (CPU)")
-    p.add_argument("--json", default=None, help="also write the figures and the environment record here")
-    return p
+@dataclasses.dataclass(kw_only=True)
+class PipelineOptions(SampleShape, CropSize, Warmup, Device, Threads, Seed, JsonOut):
+    """End-to-end and compute-only training samples/s of the same batch (the input pipeline's share)."""
+
+    root: str | None = None
+    """dataset root (default: the bundled sample)"""
+    batch_size: int = 4
+    """samples per step"""
+    precision: Literal[PRECISIONS] = "32-true"
+    """Lightning precision of both runs"""
+    workers: int = 0
+    """DataLoader workers"""
+    pin_memory: bool | None = None
+    """pinned host batches (default: on with cuda)"""
+    steps: int = 20
+    """measured steps"""
+    train_folds: list[int] = dataclasses.field(default_factory=lambda: [1, 2])
+    """folds of the training loader"""
+    compile: bool = False
+    """torch.compile the network in both runs"""
+
+    AT_LEAST = {"batch_size": 1, "steps": 1, "workers": 0}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -198,17 +201,9 @@ def main(argv: list[str] | None = None) -> int:
     Raises:
         CropScaleError: a bad argument (sizes < 1, negative workers, an unknown device, a missing root).
     """
-    args = _parser().parse_args(argv)
-    for name in ("batch_size", "steps", "crop_size", "t2", "t1"):
-        if getattr(args, name) < 1:
-            raise CropScaleError(f"pipeline-bench: --{name.replace('_', '-')} must be >= 1")
-    if args.warmup < 0 or args.workers < 0:
-        raise CropScaleError("pipeline-bench: --warmup and --workers must be >= 0")
-    if args.threads is not None:
-        if args.threads < 1:
-            raise CropScaleError("pipeline-bench: --threads must be >= 1")
-        torch.set_num_threads(args.threads)
-    args.device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    args = parse_options(PipelineOptions, argv, "python -m cropscale pipeline-bench", __doc__.split("\n\n")[0])
+    args.apply()
+    args.device = args.device_name()
     device = resolve_device(args.device)
     args.root = args.root or _default_root()
     if args.pin_memory is None:

@@ -75,14 +75,13 @@ command) here.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import asdict
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
@@ -90,6 +89,7 @@ from cropscale.bench.step_config import AUTOCAST_DTYPE, CLIP_NORM, PRECISIONS, B
 from cropscale.bench.step_mfu import peak_tflops, sample_flops, sample_flops_by_class
 from cropscale.bench.step_rows import amp_ratios, empty_row, format_details, format_table, row_label
 from cropscale.bench.step_run import build_setup, run_configuration, set_tf32, train_step
+from cropscale.commands import CropSize, Device, OptionError, SampleShape, Seed, Threads, Warmup, parse_options
 from cropscale.env.host import cpu_bf16_units, environment_record, load_average
 from cropscale.errors import CropScaleError
 from cropscale.evidence import COUNT, MEASURED_MICROBENCHMARK
@@ -270,45 +270,71 @@ def configurations(config: BenchmarkConfig) -> list[tuple[str, int]]:
 
 
 
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="python -m cropscale benchmark",
-        description="Compute-only training-step microbenchmark of the crop-mapping model "
-                    "(synthetic tensors on the device; forward, MultiTaskLoss, backward, clip 1.0, AdamW).",
-    )
-    p.add_argument("--precision", nargs="+", default=["32-true", "16-mixed"], choices=PRECISIONS,
-                   help="precisions to measure (default: 32-true 16-mixed)")
-    p.add_argument("--batch-sizes", nargs="+", type=int, default=[1, 2, 4], help="samples per step (default: 1 2 4)")
-    p.add_argument("--warmup", type=int, default=10, help="unmeasured steps per configuration (default 10)")
-    p.add_argument("--iterations", type=int, default=30, help="measured steps per configuration (default 30)")
-    p.add_argument("--device", default=None, help="cpu | cuda | cuda:i (default: cuda if available, else cpu)")
-    p.add_argument("--channels-last", action="store_true", help="model in torch.channels_last memory format")
-    p.add_argument("--compile", action="store_true", help="torch.compile the model (compiles during warm-up)")
-    p.add_argument("--compile-mode", default="default", choices=COMPILE_MODES,
-                   help="torch.compile mode with --compile (default: default)")
-    p.add_argument("--fused", action="store_true", help="fused AdamW (torch.optim.AdamW(fused=True))")
-    p.add_argument("--tf32", action="store_true",
-                   help="TF32 on for matmul and cuDNN (32-true rows labelled TF32); default off: true FP32")
-    p.add_argument("--stop-at-oom", action="store_true",
-                   help="after an out-of-memory batch size, skip the larger ones of the same precision")
-    p.add_argument("--order", choices=("precision", "batch"), default="precision",
-                   help="run order: precision outer (default) or batch size outer")
-    p.add_argument("--max-seconds", type=float, default=None,
-                   help="do not start configurations after this many seconds (they are listed as not run)")
-    p.add_argument("--num-classes", type=int, default=10, help="semantic classes C (default 10)")
-    p.add_argument("--t2", type=int, default=16, help="Sentinel-2 dates per sample (default 16)")
-    p.add_argument("--t1", type=int, default=4, help="dates per Sentinel-1 orbit (default 4)")
-    p.add_argument("--crop-size", type=int, default=32, help="H = W in 10 m pixels, multiple of 4 (default 32)")
-    p.add_argument("--net-kwargs", default="{}", help="JSON object of further CropMappingNet arguments")
-    p.add_argument("--lr", type=float, default=1e-3, help="AdamW learning rate (default 1e-3)")
-    p.add_argument("--weight-decay", type=float, default=0.01, help="AdamW weight decay (default 0.01)")
-    p.add_argument("--seed", type=int, default=0, help="seed of weights and synthetic batch (default 0)")
-    p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads before measuring (CPU)")
-    p.add_argument("--peak-tflops", type=float, default=None,
-                   help="dense peak TFLOP/s for MFU (overrides the peak table, all precisions)")
-    p.add_argument("--output", "-o", default=None, help="write the JSON document here")
-    p.add_argument("--details", action="store_true", help="also print TFLOP/s, MFU, loss scale, non-finite counts")
-    return p
+@dataclass(kw_only=True)
+class BenchmarkOptions(SampleShape, CropSize, Warmup, Device, Threads, Seed):
+    """Compute-only training-step microbenchmark of the crop-mapping model.
+
+    Synthetic tensors on the device; forward, MultiTaskLoss, backward, clip 1.0, AdamW.
+    """
+
+    ALIASES = {"output": "-o"}
+    precision: list[Literal[PRECISIONS]] = field(default_factory=lambda: ["32-true", "16-mixed"])
+    """precisions to measure"""
+    batch_sizes: list[int] = field(default_factory=lambda: [1, 2, 4])
+    """samples per step"""
+    warmup: int = 10
+    iterations: int = 30
+    """measured steps per configuration"""
+    channels_last: bool = False
+    """model in torch.channels_last memory format"""
+    compile: bool = False
+    """torch.compile the model (compiles during warm-up)"""
+    compile_mode: Literal[COMPILE_MODES] = "default"
+    """torch.compile mode with --compile"""
+    fused: bool = False
+    """fused AdamW (torch.optim.AdamW(fused=True))"""
+    tf32: bool = False
+    """TF32 on for matmul and cuDNN (32-true rows labelled TF32); default off: true FP32"""
+    stop_at_oom: bool = False
+    """after an out-of-memory batch size, skip the larger ones of the same precision"""
+    order: Literal["precision", "batch"] = "precision"
+    """run order: precision outer or batch size outer"""
+    max_seconds: float | None = None
+    """do not start configurations after this many seconds (they are listed as not run)"""
+    num_classes: int = 10
+    """semantic classes C"""
+    net_kwargs: str = "{}"
+    """JSON object of further CropMappingNet arguments"""
+    lr: float = 1e-3
+    """AdamW learning rate"""
+    weight_decay: float = 0.01
+    """AdamW weight decay"""
+    peak_tflops: float | None = None
+    """dense peak TFLOP/s for MFU (overrides the peak table, all precisions)"""
+    output: str | None = None
+    """write the JSON document here"""
+    details: bool = False
+    """also print TFLOP/s, MFU, loss scale, non-finite counts"""
+
+    def check(self) -> None:
+        """Raises OptionError: ``--net-kwargs`` is not a JSON object."""
+        try:
+            net_kwargs = json.loads(self.net_kwargs)
+        except json.JSONDecodeError as err:
+            raise OptionError(f"--net-kwargs is not valid JSON: {err}") from None
+        if not isinstance(net_kwargs, dict):
+            raise OptionError(f"--net-kwargs must be a JSON object, got {self.net_kwargs!r}")
+
+    def config(self) -> BenchmarkConfig:
+        """The :class:`BenchmarkConfig` of these options (repeated precisions and batch sizes once)."""
+        return BenchmarkConfig(
+            precisions=list(dict.fromkeys(self.precision)), batch_sizes=list(dict.fromkeys(self.batch_sizes)),
+            warmup=self.warmup, iterations=self.iterations, device=self.device_name(),
+            num_classes=self.num_classes, t2=self.t2, t1=self.t1, crop_size=self.crop_size,
+            net_kwargs=json.loads(self.net_kwargs), channels_last=self.channels_last, compile=self.compile,
+            compile_mode=self.compile_mode, fused=self.fused, tf32=self.tf32, stop_at_oom=self.stop_at_oom,
+            max_seconds=self.max_seconds, order=self.order, lr=self.lr, weight_decay=self.weight_decay,
+            seed=self.seed, peak_tflops=self.peak_tflops)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -319,41 +345,9 @@ def main(argv: list[str] | None = None) -> int:
     Raises:
         CropScaleError: bad arguments (unknown device, batch size < 1, bad ``--net-kwargs`` JSON).
     """
-    args = _parser().parse_args(argv)
-    try:
-        net_kwargs = json.loads(args.net_kwargs)
-    except json.JSONDecodeError as err:
-        raise CropScaleError(f"--net-kwargs is not valid JSON: {err}") from None
-    if not isinstance(net_kwargs, dict):
-        raise CropScaleError(f"--net-kwargs must be a JSON object, got {args.net_kwargs!r}")
-    if args.threads is not None:
-        if args.threads < 1:
-            raise CropScaleError(f"--threads must be >= 1; got {args.threads}")
-        torch.set_num_threads(args.threads)
-    config = BenchmarkConfig(
-        precisions=list(dict.fromkeys(args.precision)),
-        batch_sizes=list(dict.fromkeys(args.batch_sizes)),
-        warmup=args.warmup,
-        iterations=args.iterations,
-        device=args.device or ("cuda" if torch.cuda.is_available() else "cpu"),
-        num_classes=args.num_classes,
-        t2=args.t2,
-        t1=args.t1,
-        crop_size=args.crop_size,
-        net_kwargs=net_kwargs,
-        channels_last=args.channels_last,
-        compile=args.compile,
-        compile_mode=args.compile_mode,
-        fused=args.fused,
-        tf32=args.tf32,
-        stop_at_oom=args.stop_at_oom,
-        max_seconds=args.max_seconds,
-        order=args.order,
-        lr=args.lr,
-        weight_decay=args.weight_decay,
-        seed=args.seed,
-        peak_tflops=args.peak_tflops,
-    )
+    args = parse_options(BenchmarkOptions, argv, "python -m cropscale benchmark")
+    args.apply()
+    config = args.config()
     out = Path(args.output) if args.output else None
 
     def write(document: dict[str, Any]) -> None:

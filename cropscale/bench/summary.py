@@ -14,14 +14,14 @@ Example::
 
 from __future__ import annotations
 
-import argparse
+import dataclasses
 import statistics
 import time
 
 import torch
 
 from cropscale.batch import model_inputs
-from cropscale.errors import CropScaleError
+from cropscale.commands import SampleShape, Threads, Warmup, parse_options
 from cropscale.evidence import COUNT, MEASURED_MICROBENCHMARK
 from cropscale.model.flops import flops_per_sample
 from cropscale.model.losses import MultiTaskLoss
@@ -32,7 +32,28 @@ STUDY_PARAMETERS = 1_947_456
 """Parameter count of the study's model as the study reports it (the reference of the printed difference)."""
 
 
-def _time_step(net: CropMappingNet, batch_size: int, args: argparse.Namespace) -> list[float]:
+@dataclasses.dataclass(kw_only=True)
+class SummaryOptions(SampleShape, Warmup, Threads):
+    """Parameters and FLOPs per sample of the default network, optionally timed."""
+
+    num_classes: int = 10
+    """semantic classes (10 bundled sample, 20 PASTIS)"""
+    height: int = 32
+    """crop height at 10 m (multiple of 4)"""
+    width: int = 32
+    """crop width at 10 m (multiple of 4)"""
+    time: list[int] = dataclasses.field(default_factory=list)
+    """also time forward+backward at these batch sizes"""
+    iterations: int = 5
+    """measured forward+backward steps per batch size"""
+    warmup: int = 2
+    device: str = "cpu"
+    """device of the timing (cpu, cuda, cuda:i)"""
+
+    AT_LEAST = {"num_classes": 1, "height": 1, "width": 1, "iterations": 1, "time": 1}
+
+
+def _time_step(net: CropMappingNet, batch_size: int, args: SummaryOptions) -> list[float]:
     batch = synthetic_batch(batch_size, t2=args.t2, t1=args.t1, height=args.height, width=args.width,
                             num_classes=args.num_classes, device=args.device)
     loss_fn = MultiTaskLoss()
@@ -50,25 +71,13 @@ def _time_step(net: CropMappingNet, batch_size: int, args: argparse.Namespace) -
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of ``python -m cropscale summary``; returns the exit status (0)."""
-    p = argparse.ArgumentParser(prog="cropscale summary", description=__doc__.splitlines()[0])
-    p.add_argument("--num-classes", type=int, default=10, help="semantic classes (10 bundled sample, 20 PASTIS)")
-    p.add_argument("--t2", type=int, default=16, help="Sentinel-2 dates per sample")
-    p.add_argument("--t1", type=int, default=4, help="Sentinel-1 dates per orbit")
-    p.add_argument("--height", type=int, default=32, help="crop height at 10 m (multiple of 4)")
-    p.add_argument("--width", type=int, default=32, help="crop width at 10 m (multiple of 4)")
-    p.add_argument("--time", type=int, nargs="*", default=[], metavar="B",
-                   help="also time forward+backward at these batch sizes")
-    p.add_argument("--warmup", type=int, default=2)
-    p.add_argument("--iterations", type=int, default=5)
-    p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads for the timing")
-    p.add_argument("--device", default="cpu")
-    args = p.parse_args(argv)
-    for name in ("num_classes", "t2", "t1", "height", "width", "iterations"):
-        if getattr(args, name) < 1:
-            raise CropScaleError(f"summary: --{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    """Entry point of ``python -m cropscale summary``; returns the exit status (0).
+
+    Raises:
+        OptionError: a bad option (named).
+    """
+    args = parse_options(SummaryOptions, argv, "python -m cropscale summary", __doc__.splitlines()[0])
+    args.apply()
     torch.manual_seed(0)
     net = CropMappingNet(num_classes=args.num_classes).to(args.device)
     n = count_parameters(net)
@@ -82,8 +91,6 @@ def main(argv: list[str] | None = None) -> int:
     for key in ("forward", "backward", "total"):
         print(f"    {key:<8} {f[key] / 1e9:10.3f} GFLOP")
     for b in args.time:
-        if b < 1:
-            raise CropScaleError(f"summary: --time batch sizes must be >= 1, got {b}")
         times = _time_step(net, b, args)
         med = statistics.median(times)
         print(f"  forward+backward, batch {b}, {args.device}, {torch.get_num_threads()} threads: median "

@@ -18,20 +18,21 @@ cost (cutting, padding, blending). Every number printed is labelled ``measured-m
 
 from __future__ import annotations
 
-import argparse
+import dataclasses
 import statistics
 import sys
 import time
 from collections.abc import Callable
 from contextlib import nullcontext
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
 
 from cropscale.batch import HR_SCALE, model_inputs
 from cropscale.bench.step import AUTOCAST_DTYPE, resolve_device
+from cropscale.commands import Device, OptionError, SampleShape, Threads, Warmup, parse_options
 from cropscale.env.host import environment_record
 from cropscale.errors import CropScaleError
 from cropscale.evidence import MEASURED_MICROBENCHMARK
@@ -120,44 +121,42 @@ def _timed(fn: Callable[[], object], device: torch.device, warmup: int, repeats:
     return times
 
 
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="cropscale tiling-bench", description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", choices=("auto", "cropmapping", "conv", "zeros"), default="auto",
-                   help="network: CropMappingNet (auto = if it imports), the conv stand-in, or the zeros "
-                        "stand-in (tiler overhead alone)")
-    p.add_argument("--patches", type=int, default=2, help="whole patches per tiled call (default 2)")
-    p.add_argument("--height", type=int, default=128, help="patch height, 10 m pixels (default 128, PASTIS)")
-    p.add_argument("--width", type=int, default=128, help="patch width, 10 m pixels (default 128)")
-    p.add_argument("--window", type=int, default=32, help="tile size, 10 m pixels (default 32)")
-    p.add_argument("--stride", type=int, default=None, help="tile stride (default window // 2)")
-    p.add_argument("--tile-batch-size", type=int, default=16, help="tiles per network call (default 16)")
-    p.add_argument("--t2", type=int, default=16, help="Sentinel-2 dates (default 16)")
-    p.add_argument("--t1", type=int, default=4, help="dates per Sentinel-1 orbit (default 4)")
-    p.add_argument("--num-classes", type=int, default=20, help="semantic classes (default 20, PASTIS)")
-    p.add_argument("--precision", choices=("32", "16-mixed", "bf16-mixed"), default="32",
-                   help="FP32 or autocast FP16 / BF16 (default 32)")
-    p.add_argument("--device", default=None, help="cpu, cuda, cuda:i (default cuda if available)")
-    p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads on CPU")
-    p.add_argument("--warmup", type=int, default=1, help="unmeasured runs of each measurement (default 1)")
-    p.add_argument("--repeats", type=int, default=3, help="measured runs (default 3; one-tile: max(5, x))")
-    p.add_argument("--output", default=None, help="also write the results as JSON here")
-    return p
+@dataclasses.dataclass(kw_only=True)
+class TilingOptions(SampleShape, Warmup, Device, Threads):
+    """Tiled validation time against the tile count times one tile's forward."""
 
+    model: Literal["auto", "cropmapping", "conv", "zeros"] = "auto"
+    """network: CropMappingNet (auto = if it imports), the conv stand-in, or the zeros stand-in (tiler overhead
+    alone)"""
+    patches: int = 2
+    """whole patches per tiled call"""
+    height: int = 128
+    """patch height, 10 m pixels (128: PASTIS)"""
+    width: int = 128
+    """patch width, 10 m pixels"""
+    window: int = 32
+    """tile size, 10 m pixels"""
+    stride: int | None = None
+    """tile stride (default window // 2)"""
+    tile_batch_size: int = 16
+    """tiles per network call"""
+    num_classes: int = 20
+    """semantic classes (20: PASTIS)"""
+    precision: Literal["32", "16-mixed", "bf16-mixed"] = "32"
+    """FP32 or autocast FP16 / BF16"""
+    warmup: int = 1
+    repeats: int = 3
+    """measured runs (one-tile: max(5, repeats))"""
+    output: str | None = None
+    """also write the results as JSON here"""
 
-def _check_args(args: argparse.Namespace) -> None:
-    """Raise :class:`CropScaleError` naming the bad option; apply ``--threads``."""
-    for name in ("patches", "height", "width", "window", "tile_batch_size", "t2", "t1", "repeats"):
-        if getattr(args, name) < 1:
-            raise CropScaleError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
-    if args.warmup < 0:
-        raise CropScaleError(f"--warmup must be >= 0, got {args.warmup}")
-    if args.threads is not None:
-        if args.threads < 1:
-            raise CropScaleError(f"--threads must be >= 1, got {args.threads}")
-        torch.set_num_threads(args.threads)
-    if args.window > min(args.height, args.width):
-        raise CropScaleError(f"--window {args.window} is larger than the patch {args.height}x{args.width} "
-                             f"(the one-tile forward needs a whole window inside the patch)")
+    AT_LEAST = {"patches": 1, "height": 1, "width": 1, "window": 1, "tile_batch_size": 1, "repeats": 1}
+
+    def check(self) -> None:
+        """Raises OptionError: a ``--window`` larger than the patch."""
+        if self.window > min(self.height, self.width):
+            raise OptionError(f"--window {self.window} is larger than the patch {self.height}x{self.width} "
+                              f"(the one-tile forward needs a whole window inside the patch)")
 
 
 def _one_tile(inputs: dict[str, Any], height: int, width: int, window: int) -> dict[str, Any]:
@@ -167,7 +166,7 @@ def _one_tile(inputs: dict[str, Any], height: int, width: int, window: int) -> d
             for k, v in inputs.items()}
 
 
-def _measure(args: argparse.Namespace, net: torch.nn.Module, device: torch.device) -> dict[str, Any]:
+def _measure(args: TilingOptions, net: torch.nn.Module, device: torch.device) -> dict[str, Any]:
     """Time the tiled inference of ``--patches`` patches and the one-tile forward; the figures in s."""
     inputs = _synthetic(args.patches, args.t2, args.t1, args.height, args.width, args.num_classes, device)
     tile = _one_tile(inputs, args.height, args.width, args.window)
@@ -205,7 +204,7 @@ def _measure(args: argparse.Namespace, net: torch.nn.Module, device: torch.devic
     }
 
 
-def _print_figures(args: argparse.Namespace, fig: dict[str, Any], model_desc: str, device: torch.device) -> None:
+def _print_figures(args: TilingOptions, fig: dict[str, Any], model_desc: str, device: torch.device) -> None:
     window, label = args.window, MEASURED_MICROBENCHMARK
     print(f"model: {model_desc}; device {device}; precision {args.precision}; "
           f"torch threads {torch.get_num_threads()}")
@@ -219,7 +218,7 @@ def _print_figures(args: argparse.Namespace, fig: dict[str, Any], model_desc: st
     print(f"{label}  ratio tiled / (tiles x one-tile) = {fig['ratio']:.3f}")
 
 
-def _write_output(args: argparse.Namespace, fig: dict[str, Any], model_desc: str, device: torch.device,
+def _write_output(args: TilingOptions, fig: dict[str, Any], model_desc: str, device: torch.device,
                   argv: list[str] | None) -> None:
     doc = {
         "evidence": MEASURED_MICROBENCHMARK, "model": model_desc, "precision": args.precision,
@@ -242,9 +241,9 @@ def main(argv: list[str] | None = None) -> int:
     Raises:
         CropScaleError: a bad argument (sizes < 1, unknown device, unwritable ``--output``).
     """
-    args = _parser().parse_args(argv)
-    _check_args(args)
-    device = resolve_device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    args = parse_options(TilingOptions, argv, "python -m cropscale tiling-bench", __doc__.split("\n\n")[0])
+    args.apply()
+    device = resolve_device(args.device_name())
     torch.manual_seed(0)
     net, model_desc = _build_model(args.model, args.num_classes)
     fig = _measure(args, net.to(device).eval(), device)

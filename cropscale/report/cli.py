@@ -31,10 +31,11 @@ line. The Data warnings column counts ``run.json["data_warnings"]`` (the lines i
 
 from __future__ import annotations
 
-import argparse
+import dataclasses
 from collections.abc import Sequence
 from pathlib import Path
 
+from cropscale.commands import Options, parse_options
 from cropscale.evidence import LEGEND
 from cropscale.files import atomic_write_text
 from cropscale.report.columns import (
@@ -210,20 +211,23 @@ def write_report(records: Sequence[RunRecord], out_dir: str | Path, stem: str = 
     return {"markdown": paths.pop("markdown"), **paths}
 
 
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="python -m cropscale report",
-        description="Quality-and-speed report of training runs and benchmark JSONs (Markdown, CSV, PNG).",
-    )
-    p.add_argument("inputs", nargs="+", help="run folders (or folders holding them) and benchmark JSON files")
-    p.add_argument("--out", default="reports", help="output folder (default: reports)")
-    p.add_argument("--stem", default="report", help="file name stem of the tables (default: report)")
-    p.add_argument("--margin", type=float, default=DEFAULT_MARGIN,
-                   help=f"equivalence margin of macro IoU, absolute (default {DEFAULT_MARGIN:g})")
-    p.add_argument("--target-fraction", type=float, default=TARGET_FRACTION,
-                   help=f"time to target: this fraction of the base mean best macro IoU (default {TARGET_FRACTION:g})")
-    p.add_argument("--verdicts-only", action="store_true", help="print only the verdict lines (the files as usual)")
-    return p
+@dataclasses.dataclass(kw_only=True)
+class ReportOptions(Options):
+    """Quality-and-speed report of training runs and benchmark JSONs (Markdown, CSV, PNG)."""
+
+    POSITIONAL = ("inputs",)
+    inputs: list[str]
+    """run folders (or folders holding them) and benchmark JSON files"""
+    out: str = "reports"
+    """output folder"""
+    stem: str = "report"
+    """file name stem of the tables"""
+    margin: float = DEFAULT_MARGIN
+    """equivalence margin of macro IoU, absolute"""
+    target_fraction: float = TARGET_FRACTION
+    """time to target: this fraction of the base mean best macro IoU"""
+    verdicts_only: bool = False
+    """print only the verdict lines (the files as usual)"""
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -231,8 +235,9 @@ def main(argv: list[str] | None = None) -> int:
 
     Raises:
         CropScaleError: an input that is neither a run folder nor a benchmark JSON (named).
+        OptionError: a bad option (named).
     """
-    args = _parser().parse_args(argv)
+    args = parse_options(ReportOptions, argv, "python -m cropscale report")
     records = load_inputs(args.inputs)
     paths = write_report(records, args.out, args.stem, args.margin, args.target_fraction)
     if args.verdicts_only:

@@ -40,7 +40,6 @@ any machine with the same NumPy random streams.
 
 from __future__ import annotations
 
-import argparse
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -343,45 +342,8 @@ def format_result(res: BenchResult) -> str:
     return "\n".join(lines)
 
 
-def _write_json(path: Path, res: BenchResult) -> None:
+def write_json(path: str | Path, res: BenchResult) -> None:
+    """Write the counts, rates, targets and missed targets of ``res`` to the JSON file ``path`` (atomically)."""
     payload = {**asdict(res), "rates": {c: res.rates(c) for c in CASES}, "targets": TARGETS, "missed": res.missed(),
                "evidence": COUNT}
     atomic_write_json(path, payload)
-
-
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="python -m cropscale scaling assert-bench",
-        description="Error rates of the scaling verdict on seeded synthetic series of known class "
-        "(base, one outlier, two parameters): false reject, next-lower accepted per adjacent pair, inconclusive.",
-    )
-    p.add_argument("--seed", type=int, default=0, help="seed of the generated series (default 0)")
-    p.add_argument("--per-cell", type=int, default=DEFAULT_PER_CELL,
-                   help=f"series per class and point set (default {DEFAULT_PER_CELL}: 216 per case)")
-    p.add_argument("--multi", type=int, default=DEFAULT_MULTI,
-                   help=f"two-parameter series (default {DEFAULT_MULTI})")
-    p.add_argument("--resamples", type=int, default=DEFAULT_BENCH_RESAMPLES,
-                   help=f"bootstrap resamples per test (default {DEFAULT_BENCH_RESAMPLES})")
-    p.add_argument("--class-step", type=int, default=1,
-                   help="judge every k-th class of the ladder only (default 1: all 24; for quick checks)")
-    p.add_argument("--json", default=None, help="also write counts and rates to this JSON file")
-    return p
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Print the benchmark; exit status 0 when every target is met, 1 otherwise.
-
-    Raises:
-        CropScaleError: bad arguments.
-    """
-    args = _parser().parse_args(argv)
-    if args.resamples < 100:
-        raise CropScaleError(f"--resamples must be >= 100, got {args.resamples}")
-    if args.class_step < 1:
-        raise CropScaleError(f"--class-step must be >= 1, got {args.class_step}")
-    classes = None if args.class_step == 1 else tuple(range(0, len(LADDER), args.class_step))
-    res = run(args.seed, args.per_cell, args.resamples, args.multi, classes=classes)
-    print(format_result(res))
-    if args.json:
-        _write_json(Path(args.json), res)
-    return 0 if not res.missed() else 1

@@ -13,10 +13,12 @@ the speed-ups they were computed from, which the user must state.
 
 from __future__ import annotations
 
-import argparse
+import dataclasses
 from dataclasses import asdict
+from pathlib import Path
+from typing import Literal
 
-from cropscale.errors import CropScaleError
+from cropscale.commands import JsonOut, OptionError, Seed, parse_options
 from cropscale.evidence import LABELS as EVIDENCE_LABELS
 from cropscale.files import atomic_write_json
 from cropscale.model.network import CropMappingNet
@@ -28,37 +30,95 @@ from cropscale.scaling.allreduce import (
     gradient_payload,
 )
 from cropscale.scaling.amdahl import amdahl_table, efficiency, format_amdahl_table, karp_flatt
-from cropscale.scaling.assert_bench import main as assert_bench_main
+from cropscale.scaling.assert_bench import (
+    DEFAULT_BENCH_RESAMPLES,
+    DEFAULT_MULTI,
+    DEFAULT_PER_CELL,
+    format_result,
+    run,
+    write_json,
+)
+from cropscale.scaling.landau import LADDER
 
 
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="python -m cropscale scaling",
-        description="Analytical Amdahl (speed-up / efficiency) and ring all-reduce (volume / time) tables; "
-        "every row is an analytical-scenario.",
-        epilog="python -m cropscale scaling assert-bench --help: error rates of the scaling verdict on synthetic"
-        " series.",
-    )
-    src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--params", type=int, help="trainable parameter count P (e.g. 1947456)")
-    src.add_argument("--from-model", action="store_true",
-                     help="take P, the gradient dtype and the exact DDP buckets from CropMappingNet()")
-    p.add_argument("--bytes-per-element", type=float, default=4.0,
-                   help="bytes per gradient element b (4 = FP32, 2 = FP16/BF16); with --params only")
-    p.add_argument("--devices", type=int, nargs="+", default=[2, 4, 8], help="device counts / world sizes N")
-    p.add_argument("--serial-fractions", type=float, nargs="+", default=[0.10, 0.20, 0.35],
-                   help="Amdahl serial fractions s in [0, 1]")
-    p.add_argument("--alpha-us", type=float, default=10.0, help="assumed per-phase latency alpha in microseconds")
-    p.add_argument("--bandwidth-gbs", type=float, nargs="+", default=[10.0],
-                   help="assumed effective per-rank bandwidth B_eff in GB/s (1e9 bytes/s); one table per value")
-    p.add_argument("--bucket-cap-mb", type=float, default=DDP_BUCKET_CAP_MB, help="DDP bucket cap (MiB)")
-    p.add_argument("--first-bucket-mb", type=float, default=DDP_FIRST_BUCKET_MB, help="DDP first-bucket cap (MiB)")
-    p.add_argument("--speedup", action="append", default=[], metavar="N:S",
-                   help="a speed-up S measured on N devices, for the Karp-Flatt serial fraction (repeatable)")
-    p.add_argument("--speedup-evidence", choices=EVIDENCE_LABELS, default=None,
-                   help="evidence label of the --speedup values (required with --speedup)")
-    p.add_argument("--json", default=None, help="also write all rows to this JSON file")
-    return p
+@dataclasses.dataclass(kw_only=True)
+class ScalingOptions(JsonOut):
+    """Analytical Amdahl (speed-up / efficiency) and ring all-reduce (volume / time) tables.
+
+    Every row is an analytical-scenario. Give --params or --from-model.
+    ``python -m cropscale scaling assert-bench --help``: error rates of the scaling verdict on synthetic series.
+    """
+
+    params: int | None = None
+    """trainable parameter count P (e.g. 1947456)"""
+    from_model: bool = False
+    """take P, the gradient dtype and the exact DDP buckets from CropMappingNet()"""
+    bytes_per_element: float = 4.0
+    """bytes per gradient element b (4 = FP32, 2 = FP16/BF16); with --params only"""
+    devices: list[int] = dataclasses.field(default_factory=lambda: [2, 4, 8])
+    """device counts / world sizes N"""
+    serial_fractions: list[float] = dataclasses.field(default_factory=lambda: [0.10, 0.20, 0.35])
+    """Amdahl serial fractions s in [0, 1]"""
+    alpha_us: float = 10.0
+    """assumed per-phase latency alpha in microseconds"""
+    bandwidth_gbs: list[float] = dataclasses.field(default_factory=lambda: [10.0])
+    """assumed effective per-rank bandwidth B_eff in GB/s (1e9 bytes/s); one table per value"""
+    bucket_cap_mb: float = DDP_BUCKET_CAP_MB
+    """DDP bucket cap (MiB)"""
+    first_bucket_mb: float = DDP_FIRST_BUCKET_MB
+    """DDP first-bucket cap (MiB)"""
+    speedup: list[str] = dataclasses.field(default_factory=list)
+    """a speed-up S measured on N devices, N:S, for the Karp-Flatt serial fraction (repeatable)"""
+    speedup_evidence: Literal[EVIDENCE_LABELS] | None = None
+    """evidence label of the --speedup values (required with --speedup)"""
+
+    AT_LEAST = {"params": 1, "devices": 1}
+
+    def check(self) -> None:
+        """Raises OptionError: neither or both of --params and --from-model; --speedup without its evidence."""
+        if (self.params is None) == (not self.from_model):
+            raise OptionError("give one of --params and --from-model")
+        if self.speedup and self.speedup_evidence is None:
+            raise OptionError("--speedup needs --speedup-evidence (measured-run, measured-microbenchmark or "
+                              "analytical-scenario): say what kind of evidence the speed-ups are")
+
+
+@dataclasses.dataclass(kw_only=True)
+class AssertBenchOptions(Seed, JsonOut):
+    """Error rates of the scaling verdict on seeded synthetic series of known class.
+
+    Classes: base, one outlier, two parameters. Counted: false reject, next-lower accepted per adjacent pair,
+    inconclusive.
+    """
+
+    seed: int = 0
+    """seed of the generated series"""
+    per_cell: int = DEFAULT_PER_CELL
+    """series per class and point set (3: 216 per case)"""
+    multi: int = DEFAULT_MULTI
+    """two-parameter series"""
+    resamples: int = DEFAULT_BENCH_RESAMPLES
+    """bootstrap resamples per test (>= 100)"""
+    class_step: int = 1
+    """judge every k-th class of the ladder only (1: all 24; for quick checks)"""
+
+    AT_LEAST = {"resamples": 100, "class_step": 1}
+
+
+def assert_bench_main(argv: list[str] | None = None) -> int:
+    """``python -m cropscale scaling assert-bench``: print the rates; 0 when every target is met, 1 otherwise.
+
+    Raises:
+        OptionError: a bad option (named).
+        CropScaleError: ``--per-cell`` < 1 or ``--multi`` < 0.
+    """
+    args = parse_options(AssertBenchOptions, argv, "python -m cropscale scaling assert-bench")
+    classes = None if args.class_step == 1 else tuple(range(0, len(LADDER), args.class_step))
+    res = run(args.seed, args.per_cell, args.resamples, args.multi, classes=classes)
+    print(format_result(res))
+    if args.json:
+        write_json(Path(args.json), res)
+    return 0 if not res.missed() else 1
 
 
 def _parse_speedup(text: str) -> tuple[int, float]:
@@ -66,22 +126,20 @@ def _parse_speedup(text: str) -> tuple[int, float]:
         n_text, s_text = text.split(":")
         return int(n_text), float(s_text)
     except ValueError as err:
-        raise CropScaleError(f"--speedup {text!r}: expected N:S, e.g. 2:1.62") from err
+        raise OptionError(f"--speedup {text!r}: expected N:S, e.g. 2:1.62") from err
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Print the tables; returns the exit status (0). Raises ``CropScaleError`` on bad arguments.
+    """Print the tables; returns the exit status (0).
 
-    ``assert-bench ...`` runs :func:`cropscale.scaling.assert_bench.main` instead.
+    ``assert-bench ...`` runs :func:`assert_bench_main` instead.
+
+    Raises:
+        OptionError: a bad option (named).
     """
     if argv and argv[0] == "assert-bench":
         return assert_bench_main(list(argv[1:]))
-    args = _parser().parse_args(argv)
-    if args.params is not None and args.params < 1:
-        raise CropScaleError(f"--params must be a positive parameter count, got {args.params}")
-    if args.speedup and args.speedup_evidence is None:
-        raise CropScaleError("--speedup needs --speedup-evidence (measured-run, measured-microbenchmark or "
-                             "analytical-scenario): say what kind of evidence the speed-ups are")
+    args = parse_options(ScalingOptions, argv, "python -m cropscale scaling")
 
     amdahl_rows = amdahl_table(args.devices, args.serial_fractions)
     payload = None

@@ -33,7 +33,7 @@ Several nodes: the ``launcher`` spec field replaces ``python -m cropscale`` by a
 
 from __future__ import annotations
 
-import argparse
+import dataclasses
 import json
 import shutil
 from collections.abc import Callable
@@ -41,6 +41,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from cropscale.commands import Options, parse_options
 from cropscale.env.host import PACKAGE_DIR, environment_record, git_info, gpu_topology, sha256_file
 from cropscale.errors import CropScaleError
 from cropscale.evidence import ANALYTICAL_SCENARIO, MEASURED_RUN
@@ -342,23 +343,30 @@ def run_study(
 
 
 # ------------------------------------------------------------------------------------------ command
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="python -m cropscale study",
-        description="Run a scaling study: one `fit` process per configuration and seed; configurations"
-        " needing more devices than exist become analytical-scenario rows.",
-    )
-    parser.add_argument("--config", required=True, help="study spec YAML, e.g. configs/study/cpu.yaml")
-    parser.add_argument("--out", default=None, help="study folder (default runs/study/<name>)")
-    parser.add_argument("--data-root", default=None, help="data root for every run (overrides the spec's data_root)")
-    parser.add_argument("--dry-run", action="store_true", help="print the plan and the fit commands, run nothing")
-    parser.add_argument("--resume", action="store_true", help="keep runs of an earlier call that finished")
-    parser.add_argument("--node-rank", type=int, default=0,
-                        help="multi-node torchrun studies: this node's rank (> 0: run only the multi-node"
-                        " configurations, in step with node 0)")
-    parser.add_argument("--max-devices", type=int, default=None,
-                        help="ranks that may run at once (default: GPUs visible, or max_cpu_processes / cpu count)")
-    return parser
+@dataclasses.dataclass(kw_only=True)
+class StudyOptions(Options):
+    """Run a scaling study: one `fit` process per configuration and seed.
+
+    Configurations needing more devices than exist become analytical-scenario rows.
+    """
+
+    config: str
+    """study spec YAML, e.g. configs/study/cpu.yaml"""
+    out: str | None = None
+    """study folder (default runs/study/<name>)"""
+    data_root: str | None = None
+    """data root for every run (overrides the spec's data_root)"""
+    dry_run: bool = False
+    """print the plan and the fit commands, run nothing"""
+    resume: bool = False
+    """keep runs of an earlier call that finished"""
+    node_rank: int = 0
+    """multi-node torchrun studies: this node's rank (> 0: run only the multi-node configurations, in step with
+    node 0)"""
+    max_devices: int | None = None
+    """ranks that may run at once (default: GPUs visible, or max_cpu_processes / cpu count)"""
+
+    AT_LEAST = {"node_rank": 0, "max_devices": 1}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -367,15 +375,12 @@ def main(argv: list[str] | None = None) -> int:
     Returns 0 when every launched run finished, 1 when one failed (its row says so).
 
     Raises:
-        CropScaleError: a bad spec, ``--max-devices`` or ``--node-rank`` (named).
+        CropScaleError: a bad spec (named).
+        OptionError: a bad option, e.g. ``--max-devices 0`` or ``--node-rank -1`` (named).
     """
-    args = _parser().parse_args(argv)
+    args = parse_options(StudyOptions, argv, "python -m cropscale study")
     spec = load_spec(args.config)
-    if args.max_devices is not None and args.max_devices < 1:
-        raise CropScaleError(f"--max-devices must be >= 1, got {args.max_devices}")
     out = Path(args.out) if args.out else Path("runs") / "study" / spec.name
-    if args.node_rank < 0:
-        raise CropScaleError(f"--node-rank must be >= 0, got {args.node_rank}")
     doc = run_study(spec, out, data_root=args.data_root, available=args.max_devices, dry_run=args.dry_run,
                     resume=args.resume, node_rank=args.node_rank)
     if args.dry_run or args.node_rank > 0:

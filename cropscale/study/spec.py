@@ -12,10 +12,14 @@ Protocols: ``equal-global`` and ``equal-local`` (:class:`ProtocolSpec`, device s
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
+from cropscale.commands import error_line
 from cropscale.errors import CropScaleError
 from cropscale.model.optim import OPTIMIZERS
 from cropscale.precision import LABELS, STUDY_ALIASES, STUDY_CONFIGS
@@ -83,6 +87,15 @@ class SweepOptimizer:
     lr: float
     lr_scalings: tuple[str, ...] = ("sqrt",)
 
+    def __post_init__(self) -> None:
+        if self.name not in OPTIMIZERS:
+            raise StudySpecError(f"name must be one of {', '.join(OPTIMIZERS)}, got {self.name!r}")
+        if not self.lr > 0:
+            raise StudySpecError(f"lr must be a positive number, got {self.lr!r}")
+        rules = self.lr_scalings
+        if not rules or any(r not in P.LR_RULES for r in rules) or len(set(rules)) != len(rules):
+            raise StudySpecError(f"lr_scalings must be distinct values of {', '.join(P.LR_RULES)}, got {list(rules)!r}")
+
 
 @dataclass(frozen=True)
 class BatchSweepSpec:
@@ -116,9 +129,24 @@ class BatchSweepSpec:
     reference_batch: int | None = None
     max_accumulation: int | None = None
     lr_warmup_epochs: float = 0.0
-    lr_schedule: str = "constant"
+    lr_schedule: Literal["constant", "cosine"] = "constant"
     baseline_optimizer: str | None = None
     tolerance: float = 0.02
+
+    def __post_init__(self) -> None:
+        batches = self.global_batches
+        if not batches or any(g < 1 for g in batches) or len(set(batches)) != len(batches):
+            raise StudySpecError(f"global_batches must be distinct integers >= 1, got {list(batches)}")
+        object.__setattr__(self, "global_batches", tuple(sorted(batches)))
+        _at_least(self, max_local_batch=1, reference_batch=1, max_accumulation=1, lr_warmup_epochs=0, tolerance=0)
+        if not self.optimizers:
+            raise StudySpecError("optimizers must be a non-empty list of {name, lr, lr_scalings}")
+        names = [o.name for o in self.optimizers]
+        if len(set(names)) != len(names):
+            raise StudySpecError(f"each optimizer may appear once, got {names}")
+        if self.baseline_optimizer is not None and self.baseline_optimizer not in names:
+            raise StudySpecError(f"baseline_optimizer {self.baseline_optimizer!r} is not one of the"
+                                 f" sweep's optimizers ({', '.join(names)})")
 
     @property
     def reference(self) -> int:
@@ -186,13 +214,13 @@ class StudySpec:
     name: str
     devices: tuple[int, ...]
     protocols: tuple[ProtocolSpec | BatchSweepSpec, ...]
-    accelerator: str = "cpu"
+    accelerator: Literal["cpu", "gpu", "cuda", "auto"] = "cpu"
     precisions: tuple[str, ...] = ("fp32",)
     seeds: tuple[int, ...] = (0,)
     warmup_epochs: int = 1
     measured_epochs: int = 1
-    strategy: str = "ddp"
-    single_device_strategy: str = "single"
+    strategy: Literal["ddp", "fsdp"] = "ddp"
+    single_device_strategy: Literal["single", "same"] = "single"
     base_configs: tuple[str, ...] = ()
     overrides: tuple[str, ...] = ()
     data_root: str | None = None
@@ -213,191 +241,137 @@ class StudySpec:
     target_fraction: float = TARGET_FRACTION
     source: str = ""
 
+    def __post_init__(self) -> None:
+        where = self.source or "<spec>"
+        devices = self.devices
+        if not devices or any(n < 1 for n in devices) or len(set(devices)) != len(devices):
+            raise StudySpecError(f"{where}: devices must be distinct integers >= 1, got {list(devices)}")
+        if 1 not in devices:
+            raise StudySpecError(f"{where}: devices must include 1: S_N = T_1 / T_N needs the 1-device time")
+        if not self.seeds:
+            raise StudySpecError(f"{where}: seeds must not be empty")
+        for key, low, high in (("equivalence_margin", 0.0, 1.0), ("target_fraction", 1e-9, 1.0)):
+            value = getattr(self, key)
+            if not low <= value <= high:
+                raise StudySpecError(f"{where}: {key} must be a number in [{low:g}, {high:g}], got {value!r}")
+        try:
+            _at_least(self, warmup_epochs=0, measured_epochs=1)
+        except StudySpecError as err:
+            raise StudySpecError(f"{where}: {err}") from None
+        _check_overrides(self, where)
+
     @property
     def max_epochs(self) -> int:
         """``warmup_epochs + measured_epochs``."""
         return self.warmup_epochs + self.measured_epochs
 
 
-def _int_list(value: Any, key: str, where: str) -> tuple[int, ...]:
-    items = value if isinstance(value, (list, tuple)) else [value]
-    out = []
-    for v in items:
-        if isinstance(v, bool) or not isinstance(v, int):
-            raise CropScaleError(f"{where}: {key} must be integers, got {v!r}")
-        out.append(v)
-    if not out:
-        raise CropScaleError(f"{where}: {key} must not be empty")
-    return tuple(out)
+class StudySpecError(CropScaleError):
+    """A study spec that is not valid; the message names the spec file and the key (``cpu.yaml: protocols[0]: ...``)."""
+
+
+def _at_least(spec: Any, **lows: float) -> None:
+    """Raise :class:`StudySpecError` naming the field of ``spec`` that is below its low (None: not set)."""
+    hints = typing.get_type_hints(type(spec))
+    for key, low in lows.items():
+        value = getattr(spec, key)
+        if value is not None and not value >= low:
+            kind = "an integer" if int in (hints[key], *typing.get_args(hints[key])) else "a number"
+            raise StudySpecError(f"{key} must be {kind} >= {low:g}, got {value!r}")
+
+
+@functools.cache
+def _parser(cls: type, skip: frozenset[str]) -> Any:
+    """A jsonargparse parser of the fields of the dataclass ``cls`` but ``skip`` (types from the annotations)."""
+    from jsonargparse import ArgumentParser
+
+    parser = ArgumentParser(exit_on_error=False)
+    parser.add_class_arguments(cls, as_group=False, skip=set(skip))
+    return parser
+
+
+def _fields(cls: type, data: Any, where: str, what: str = "", skip: frozenset[str] = frozenset()) -> dict[str, Any]:
+    """The fields of the mapping ``data`` checked and converted against ``cls`` by jsonargparse (not ``skip``).
+
+    Raises:
+        StudySpecError: ``data`` is no mapping, has unknown keys, lacks a required one or holds a value of
+            another type; the message starts with ``where`` and names the key.
+    """
+    from jsonargparse import ArgumentError
+
+    if not isinstance(data, dict):
+        raise StudySpecError(f"{where} must be a YAML mapping")
+    known = {f.name for f in dataclasses.fields(cls) if f.init and f.name != "source"}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise StudySpecError(f"{where}: unknown {what}key(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+    given = {k: v for k, v in data.items() if k not in skip}
+    try:
+        values = _parser(cls, skip | {"source"}).parse_object(given).as_dict()
+    except ArgumentError as err:
+        raise StudySpecError(f"{where}: {error_line(err, cls, show=str)}") from None
+    return {k: v for k, v in values.items() if not k.startswith("__")}
+
+
+def _build(cls: type, values: dict[str, Any], where: str) -> Any:
+    """``cls(**values)``; a :class:`StudySpecError` of its checks gets ``where`` in front."""
+    try:
+        return cls(**values)
+    except StudySpecError as err:
+        raise StudySpecError(f"{where}: {err}") from None
 
 
 def precision_name(value: str, where: str) -> str:
     """The study precision name (``fp32``, ``amp_fp16``, ``bf16``) of ``value`` or one of its aliases.
 
     Raises:
-        CropScaleError: an unknown precision, naming ``where``.
+        StudySpecError: an unknown precision, naming ``where``.
     """
     name = STUDY_ALIASES.get(str(value), str(value))
     if name not in PRECISION_CONFIGS:
-        raise CropScaleError(
+        raise StudySpecError(
             f"{where}: precision {value!r} is not one of {', '.join(PRECISION_CONFIGS)} (or {', '.join(STUDY_ALIASES)})"
         )
     return name
 
 
-def _check_keys(data: Any, source: str) -> None:
-    if not isinstance(data, dict):
-        raise CropScaleError(f"{source}: a study spec must be a YAML mapping")
-    known = {f for f in StudySpec.__dataclass_fields__ if f != "source"}
-    unknown = sorted(set(data) - known)
-    if unknown:
-        raise CropScaleError(f"{source}: unknown study key(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
-    for key in ("name", "devices", "protocols"):
-        if key not in data:
-            raise CropScaleError(f"{source}: the study spec needs '{key}'")
-
-
-def _devices(data: dict, source: str) -> tuple[int, ...]:
-    devices = _int_list(data["devices"], "devices", source)
-    if any(n < 1 for n in devices) or len(set(devices)) != len(devices):
-        raise CropScaleError(f"{source}: devices must be distinct integers >= 1, got {list(devices)}")
-    if 1 not in devices:
-        raise CropScaleError(f"{source}: devices must include 1: S_N = T_1 / T_N needs the 1-device time")
-    return devices
-
-
-def _positive(value: Any, key: str, where: str, kind: type = int, low: float = 1) -> Any:
-    ok = not isinstance(value, bool) and isinstance(value, (int, float) if kind is float else int)
-    if not ok or not value >= low:
-        raise CropScaleError(f"{where}: {key} must be {'a number' if kind is float else 'an integer'} >= {low:g},"
-                             f" got {value!r}")
-    return kind(value)
-
-
-def _sweep_optimizers(raw: Any, where: str) -> tuple[SweepOptimizer, ...]:
-    if not isinstance(raw, list) or not raw:
-        raise CropScaleError(f"{where}: optimizers must be a non-empty list of {{name, lr, lr_scalings}}")
-    out = []
-    for j, item in enumerate(raw):
-        at = f"{where}: optimizers[{j}]"
-        if not isinstance(item, dict) or "name" not in item or "lr" not in item:
-            raise CropScaleError(f"{at} needs 'name' and 'lr'")
-        extra = sorted(set(item) - set(SweepOptimizer.__dataclass_fields__))
-        if extra:
-            raise CropScaleError(f"{at}: unknown key(s) {', '.join(extra)}; known: name, lr, lr_scalings")
-        if item["name"] not in OPTIMIZERS:
-            raise CropScaleError(f"{at}: name must be one of {', '.join(OPTIMIZERS)}, got {item['name']!r}")
-        lr = item["lr"]
-        if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not lr > 0:
-            raise CropScaleError(f"{at}: lr must be a positive number, got {lr!r}")
-        rules = item.get("lr_scalings", ["sqrt"])
-        rules = rules if isinstance(rules, list) else [rules]
-        if not rules or any(r not in P.LR_RULES for r in rules) or len(set(rules)) != len(rules):
-            raise CropScaleError(f"{at}: lr_scalings must be distinct values of {', '.join(P.LR_RULES)}, got {rules!r}")
-        out.append(SweepOptimizer(item["name"], float(lr), tuple(rules)))
-    names = [o.name for o in out]
-    if len(set(names)) != len(names):
-        raise CropScaleError(f"{where}: each optimizer may appear once, got {names}")
-    return tuple(out)
-
-
 def _batch_sweep(raw: dict, data: dict, where: str) -> BatchSweepSpec:
     """Validate a ``batch-sweep`` protocol mapping."""
-    extra = sorted(set(raw) - set(BatchSweepSpec.__dataclass_fields__))
-    if extra:
-        known = ", ".join(sorted(BatchSweepSpec.__dataclass_fields__))
-        raise CropScaleError(f"{where}: unknown key(s) {', '.join(extra)}; known: {known}")
-    for key in ("global_batches", "max_local_batch", "optimizers"):
-        if key not in raw:
-            raise CropScaleError(f"{where} (batch-sweep) needs '{key}'")
-    batches = _int_list(raw["global_batches"], "global_batches", where)
-    if any(g < 1 for g in batches) or len(set(batches)) != len(batches):
-        raise CropScaleError(f"{where}: global_batches must be distinct integers >= 1, got {list(batches)}")
+    values = _fields(BatchSweepSpec, raw, where, skip=frozenset({"optimizers"}))
+    if "optimizers" not in raw:
+        raise StudySpecError(f"{where}: missing optimizers")
+    if not isinstance(raw["optimizers"], list):
+        raise StudySpecError(f"{where}: optimizers must be a non-empty list of {{name, lr, lr_scalings}}")
+    values["optimizers"] = tuple(
+        _build(SweepOptimizer, _fields(SweepOptimizer, item, f"{where}: optimizers[{j}]"), f"{where}: optimizers[{j}]")
+        for j, item in enumerate(raw["optimizers"]))
     if not data.get("train_samples_per_epoch"):
-        raise CropScaleError(f"{where}: batch-sweep needs the spec's train_samples_per_epoch (the optimiser"
+        raise StudySpecError(f"{where}: batch-sweep needs the spec's train_samples_per_epoch (the optimiser"
                              " updates per epoch, and whether a global batch forms at all, depend on it)")
-    optimizers = _sweep_optimizers(raw["optimizers"], where)
-    sweep = BatchSweepSpec(
-        name=P.BATCH_SWEEP, global_batches=tuple(sorted(batches)),
-        max_local_batch=_positive(raw["max_local_batch"], "max_local_batch", where),
-        optimizers=optimizers,
-        reference_batch=(None if raw.get("reference_batch") is None
-                         else _positive(raw["reference_batch"], "reference_batch", where)),
-        max_accumulation=(None if raw.get("max_accumulation") is None
-                          else _positive(raw["max_accumulation"], "max_accumulation", where)),
-        lr_warmup_epochs=_positive(raw.get("lr_warmup_epochs", 0.0), "lr_warmup_epochs", where, float, 0),
-        lr_schedule=str(raw.get("lr_schedule", "constant")),
-        baseline_optimizer=raw.get("baseline_optimizer"),
-        tolerance=_positive(raw.get("tolerance", 0.02), "tolerance", where, float, 0),
-    )
-    if sweep.lr_schedule not in ("constant", "cosine"):
-        raise CropScaleError(f"{where}: lr_schedule must be constant or cosine, got {sweep.lr_schedule!r}")
-    if sweep.baseline_optimizer is not None and sweep.baseline_optimizer not in [o.name for o in optimizers]:
-        raise CropScaleError(f"{where}: baseline_optimizer {sweep.baseline_optimizer!r} is not one of the"
-                             f" sweep's optimizers ({', '.join(o.name for o in optimizers)})")
-    return sweep
+    return _build(BatchSweepSpec, values, where)
 
 
-def _protocols(data: dict, devices: tuple[int, ...], source: str) -> tuple[ProtocolSpec | BatchSweepSpec, ...]:
+def _protocols(data: dict, source: str) -> tuple[ProtocolSpec | BatchSweepSpec, ...]:
     raw_protocols = data["protocols"]
     if not isinstance(raw_protocols, list) or not raw_protocols:
-        raise CropScaleError(f"{source}: protocols must be a non-empty list of mappings")
-    allowed = set(ProtocolSpec.__dataclass_fields__)
+        raise StudySpecError(f"{source}: protocols must be a non-empty list of mappings")
     protos: list[ProtocolSpec | BatchSweepSpec] = []
     for i, raw in enumerate(raw_protocols):
         where = f"{source}: protocols[{i}]"
         if isinstance(raw, dict) and raw.get("name") == P.BATCH_SWEEP:
             protos.append(_batch_sweep(raw, data, where))
             continue
-        if not isinstance(raw, dict) or "name" not in raw or "local_batch" not in raw:
-            raise CropScaleError(f"{where} needs 'name' and 'local_batch' (or name: {P.BATCH_SWEEP})")
-        extra = sorted(set(raw) - allowed)
-        if extra:
-            raise CropScaleError(f"{where}: unknown key(s) {', '.join(extra)}; known: {', '.join(sorted(allowed))}")
-        proto = ProtocolSpec(**raw)
-        for n in devices:
+        proto = _build(ProtocolSpec, _fields(ProtocolSpec, raw, where), where)
+        for n in data["devices"]:
             try:
                 proto.plan(n, float(data.get("lr", 1e-3)))
             except CropScaleError as err:
-                raise CropScaleError(f"{where} ({proto.name}) on {n} device(s): {err}") from None
+                raise StudySpecError(f"{where} ({proto.name}) on {n} device(s): {err}") from None
         protos.append(proto)
     names = [p.name for p in protos]
     if len(set(names)) != len(names):
-        raise CropScaleError(f"{source}: each protocol may appear once, got {names}")
+        raise StudySpecError(f"{source}: each protocol may appear once, got {names}")
     return tuple(protos)
-
-
-def _fields(data: dict, source: str) -> dict[str, Any]:
-    """The spec's other fields, converted (tuples, precision names, merged all-reduce assumptions)."""
-    kwargs = {k: v for k, v in data.items() if k not in ("devices", "protocols")}
-    kwargs["precisions"] = tuple(precision_name(p, source) for p in data.get("precisions", ["fp32"]))
-    kwargs["seeds"] = _int_list(data.get("seeds", [0]), "seeds", source)
-    for key in ("base_configs", "overrides"):
-        kwargs[key] = tuple(str(v) for v in (data.get(key) or ()))
-    if data.get("launcher") is not None:
-        kwargs["launcher"] = tuple(str(v) for v in data["launcher"])
-    if "allreduce" in data:
-        merged = dict(StudySpec.__dataclass_fields__["allreduce"].default_factory())
-        merged.update({k: float(v) for k, v in (data["allreduce"] or {}).items()})
-        kwargs["allreduce"] = merged
-    return kwargs
-
-
-def _check_values(spec: StudySpec, source: str) -> None:
-    if spec.accelerator not in ("cpu", "gpu", "cuda", "auto"):
-        raise CropScaleError(f"{source}: accelerator must be cpu, gpu (cuda) or auto, got {spec.accelerator!r}")
-    if spec.strategy not in ("ddp", "fsdp"):
-        raise CropScaleError(f"{source}: strategy must be ddp or fsdp, got {spec.strategy!r}")
-    if spec.single_device_strategy not in ("single", "same"):
-        raise CropScaleError(f"{source}: single_device_strategy must be 'single' or 'same'")
-    for key, low, high in (("equivalence_margin", 0.0, 1.0), ("target_fraction", 1e-9, 1.0)):
-        value = getattr(spec, key)
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
-            raise CropScaleError(f"{source}: {key} must be a number in [{low:g}, {high:g}], got {value!r}")
-    for key, low in (("warmup_epochs", 0), ("measured_epochs", 1)):
-        value = getattr(spec, key)
-        if isinstance(value, bool) or not isinstance(value, int) or value < low:
-            raise CropScaleError(f"{source}: {key} must be an integer >= {low}")
 
 
 def _check_overrides(spec: StudySpec, source: str) -> None:
@@ -407,9 +381,9 @@ def _check_overrides(spec: StudySpec, source: str) -> None:
     for override in spec.overrides:
         key = override.lstrip("-").split("=", 1)[0]
         if not override.startswith("--") or "=" not in override:
-            raise CropScaleError(f"{source}: override {override!r} must look like --key.sub=value")
+            raise StudySpecError(f"{source}: override {override!r} must look like --key.sub=value")
         if key in controlled:
-            raise CropScaleError(
+            raise StudySpecError(
                 f"{source}: override {override!r} sets '{key}', which the study protocol controls"
                 " (set it through the spec's fields instead)"
             )
@@ -418,18 +392,23 @@ def _check_overrides(spec: StudySpec, source: str) -> None:
 def parse_spec(data: dict, source: str = "<spec>") -> StudySpec:
     """Validate a study spec read from YAML.
 
+    jsonargparse checks every key against the field types of :class:`StudySpec`, :class:`ProtocolSpec`,
+    :class:`BatchSweepSpec` and :class:`SweepOptimizer` (unknown keys, missing keys, wrong types, values
+    outside a ``Literal``); the dataclasses check the ranges (``__post_init__``).
+
     Raises:
-        CropScaleError: unknown keys, missing ``devices`` / ``protocols``, bad protocol fields, a
-            device list without 1, a protocol whose arithmetic fails for a listed world size, or an
-            override of a protocol key. The message names ``source`` and the key.
+        StudySpecError: unknown keys, missing ``name`` / ``devices`` / ``protocols``, a value of another type,
+            bad protocol fields, a device list without 1, a protocol whose arithmetic fails for a listed world
+            size, or an override of a protocol key. The message names ``source`` and the key.
     """
-    _check_keys(data, source)
-    devices = _devices(data, source)
-    spec = StudySpec(devices=devices, protocols=_protocols(data, devices, source), source=source,
-                     **_fields(data, source))
-    _check_values(spec, source)
-    _check_overrides(spec, source)
-    return spec
+    values = _fields(StudySpec, data, source, "study ", skip=frozenset({"protocols"}))
+    if "protocols" not in data:
+        raise StudySpecError(f"{source}: missing protocols")
+    values["precisions"] = tuple(precision_name(p, source) for p in values["precisions"])
+    if "allreduce" in data:
+        values["allreduce"] = {**StudySpec.__dataclass_fields__["allreduce"].default_factory(), **values["allreduce"]}
+    StudySpec(**values, protocols=(), source=source)  # its own checks (the devices) before the protocols' plans
+    return StudySpec(**values, protocols=_protocols(data, source), source=source)
 
 
 def load_spec(path: str | Path) -> StudySpec:

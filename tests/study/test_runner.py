@@ -59,8 +59,17 @@ def test_shipped_specs_parse():
         ({"overrides": ["data.samples_per_patch=8"]}, "must look like --key.sub=value"),
         ({"devices": [1, 8]}, "protocols[0] (equal-global) on 8 device(s): global batch 4 cannot be split"),
         ({"precisions": ["fp8"]}, "precision 'fp8' is not one of"),
-        ({"strategy": "horovod"}, "strategy must be ddp or fsdp"),
+        ({"strategy": "horovod"}, "strategy: expected one of ddp, fsdp, got 'horovod'"),
         ({"measured_epochs": 0}, "measured_epochs must be an integer >= 1"),
+        # types, checked by jsonargparse against the StudySpec / ProtocolSpec fields
+        ({"warmup_epochs": "two"}, "test.yaml: warmup_epochs: expected an integer, got 'two'"),
+        ({"accelerator": "tpu"}, "test.yaml: accelerator: expected one of cpu, gpu, cuda, auto, got 'tpu'"),
+        ({"run_timeout_s": "long"}, "test.yaml: run_timeout_s: expected a number, got 'long'"),
+        ({"protocols": [{"name": "equal-local", "local_batch": "big"}]},
+         "test.yaml: protocols[0]: local_batch: expected an integer, got 'big'"),
+        ({"protocols": [{"name": "equal-local"}]}, "test.yaml: protocols[0]: missing local_batch"),
+        ({"protocols": [{"name": "equal-local", "local_batch": 1, "batch": 2}]},
+         "test.yaml: protocols[0]: unknown key(s) batch; known: global_batch, local_batch, lr_scaling, name,"),
     ],
 )
 def test_bad_specs_name_the_key(changes, needle):

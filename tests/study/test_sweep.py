@@ -66,7 +66,11 @@ def test_shipped_batch_specs_parse_and_plan():
     ({"optimizers": [{"name": "lamb", "lr": 0}]}, {}, "optimizers[0]: lr must be a positive number"),
     ({"optimizers": [{"name": "lamb", "lr": 1e-3, "lr_scalings": ["cubic"]}]}, {}, "lr_scalings must be distinct"),
     ({"max_local_batch": 0}, {}, "max_local_batch must be an integer >= 1"),
-    ({"lr_schedule": "step"}, {}, "lr_schedule must be constant or cosine"),
+    ({"lr_schedule": "step"}, {}, "protocols[0]: lr_schedule: expected one of constant, cosine, got 'step'"),
+    ({"optimizers": [{"name": "lamb", "lr": "fast"}]}, {}, "protocols[0]: optimizers[0]: lr: expected a number, got"
+                                                          " 'fast'"),
+    ({"optimizers": [{"name": "lamb"}]}, {}, "protocols[0]: optimizers[0]: missing lr"),
+    ({"tolerance": -0.1}, {}, "protocols[0]: tolerance must be a number >= 0, got -0.1"),
     ({"baseline_optimizer": "sgd"}, {}, "baseline_optimizer 'sgd' is not one of"),
     ({"colour": "red"}, {}, "unknown key(s) colour"),
     ({}, {"train_samples_per_epoch": None}, "batch-sweep needs the spec's train_samples_per_epoch"),

@@ -1,0 +1,298 @@
+"""The analysis subcommands' options: each command is one dataclass, parsed by jsonargparse.
+
+A subcommand (``python -m cropscale benchmark``, ``report``, ``study``, ...) declares its options once, as a
+dataclass whose fields carry a type, a default and a docstring (the ``--help`` text). The options several
+commands share are declared here once (:class:`SampleShape`, :class:`CropSize`, :class:`Warmup`,
+:class:`Threads`, :class:`Device`, :class:`Seed`, :class:`JsonOut`) and reused by inheritance; a command that
+needs another default redeclares the field with its default only (the docstring is found on the base).
+
+:func:`parse_options` builds a ``jsonargparse.ArgumentParser`` from the dataclass (option ``--crop-size``
+for field ``crop_size``; ``list[X]`` fields take one or more values, ``--workers 0 2``, or, when the default
+is empty, are repeatable, ``--speedup 2:1.6 --speedup 4:2.9``; a ``bool`` field
+defaulting to False is a flag, one defaulting to None or True has a ``--no-`` form), lets jsonargparse check
+every value against its type, then builds the dataclass, whose ``__post_init__`` checks the ranges.
+
+Errors: a value of the wrong type, an unknown or missing option raise :class:`OptionError`, one line naming
+the option (``--t2: expected an integer, got 'x'``); the CLI prints it as ``cropscale: error: ...`` and exits
+with status 2. ``--help`` prints the options and exits with status 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import inspect
+import re
+import types
+import typing
+from collections.abc import Callable, Sequence
+from typing import Any, ClassVar, Literal, TypeVar
+
+from cropscale.errors import CropScaleError
+
+T = TypeVar("T")
+
+
+class OptionError(CropScaleError):
+    """A command-line option of an analysis subcommand is unknown, missing, of the wrong type or out of range.
+
+    The message starts with the option (``--t2: ...``) and ends with where to read the options.
+    """
+
+
+# ------------------------------------------------------------------------------------- shared options
+@dataclasses.dataclass(kw_only=True)
+class Options:
+    """The base of every command's options: range checks from ``AT_LEAST``, then :meth:`check`.
+
+    Class attributes (not options): ``POSITIONAL``, fields given without ``--`` (in order); ``ALIASES``,
+    ``{field: short option}`` (``{"output": "-o"}``); ``AT_LEAST``, ``{field: lowest value}``, merged over the
+    bases.
+    """
+
+    POSITIONAL: ClassVar[tuple[str, ...]] = ()
+    ALIASES: ClassVar[dict[str, str]] = {}
+    AT_LEAST: ClassVar[dict[str, float]] = {}
+
+    def __post_init__(self) -> None:
+        lows: dict[str, float] = {}
+        for klass in reversed(type(self).__mro__):
+            lows.update(vars(klass).get("AT_LEAST", {}))
+        check_at_least(self, **lows)
+        self.check()
+
+    def check(self) -> None:
+        """The command's own checks of its options together (none here).
+
+        Raises:
+            OptionError: in a subclass, options that do not go together (named).
+        """
+
+
+@dataclasses.dataclass(kw_only=True)
+class SampleShape(Options):
+    """The time-series lengths of one sample (synthetic batches and crops of the real data)."""
+
+    t2: int = 16
+    """Sentinel-2 dates per sample (T2)"""
+    t1: int = 4
+    """Sentinel-1 dates per orbit (T1)"""
+
+    AT_LEAST: ClassVar[dict[str, float]] = {"t2": 1, "t1": 1}
+
+
+@dataclasses.dataclass(kw_only=True)
+class CropSize(Options):
+    """The side of a square training crop."""
+
+    crop_size: int = 32
+    """crop side H = W in 10 m pixels (multiple of 4)"""
+
+    AT_LEAST: ClassVar[dict[str, float]] = {"crop_size": 1}
+
+
+@dataclasses.dataclass(kw_only=True)
+class Warmup(Options):
+    """Unmeasured first steps (compilation, allocator and cache warm-up fall here)."""
+
+    warmup: int = 3
+    """unmeasured first steps or runs (>= 0)"""
+
+    AT_LEAST: ClassVar[dict[str, float]] = {"warmup": 0}
+
+
+@dataclasses.dataclass(kw_only=True)
+class Threads(Options):
+    """The intra-op thread count of torch on the CPU."""
+
+    threads: int | None = None
+    """torch.set_num_threads before measuring (CPU; default: torch's own choice)"""
+
+    AT_LEAST: ClassVar[dict[str, float]] = {"threads": 1}
+
+    def apply(self) -> None:
+        """``torch.set_num_threads(threads)`` when a count is given."""
+        if self.threads is not None:
+            import torch
+
+            torch.set_num_threads(self.threads)
+
+
+@dataclasses.dataclass(kw_only=True)
+class Device(Options):
+    """The device of the measurement."""
+
+    device: str | None = None
+    """cpu | cuda | cuda:i (default: cuda if available, else cpu)"""
+
+    def device_name(self) -> str:
+        """``device``, or ``cuda`` when CUDA is available and ``cpu`` otherwise."""
+        import torch
+
+        return self.device or ("cuda" if torch.cuda.is_available() else "cpu")
+
+
+@dataclasses.dataclass(kw_only=True)
+class Seed(Options):
+    """The seed of the weights and synthetic data."""
+
+    seed: int = 0
+    """seed of the weights and the synthetic data"""
+
+
+@dataclasses.dataclass(kw_only=True)
+class JsonOut(Options):
+    """A JSON file the command also writes."""
+
+    json: str | None = None
+    """also write the figures to this JSON file"""
+
+
+# ----------------------------------------------------------------------------------------- checks
+def check_at_least(options: Any, **lows: float) -> None:
+    """Raise :class:`OptionError` naming ``--<field>`` when a set field of ``options`` is below its low.
+
+    ``None`` values (an option left unset) and bools are not checked. List fields are checked item by item.
+    """
+    for name, low in lows.items():
+        value = getattr(options, name)
+        items = value if isinstance(value, (list, tuple)) else [value]
+        bad = [v for v in items if v is not None and not isinstance(v, bool) and v < low]
+        if bad:
+            raise OptionError(f"{flag(name)} must be >= {low:g}, got {value!r}")
+
+
+def flag(name: str) -> str:
+    """The option of a field: ``crop_size`` -> ``--crop-size``."""
+    return "--" + name.replace("_", "-")
+
+
+# ----------------------------------------------------------------------------------------- parsing
+def _field_docs(cls: type) -> dict[str, str]:
+    """Each field's docstring (the string under it), searched through the dataclass's bases."""
+    import docstring_parser
+
+    docs: dict[str, str] = {}
+    for klass in reversed(cls.__mro__):
+        if dataclasses.is_dataclass(klass):
+            for param in docstring_parser.parse_from_object(klass).params:
+                if param.description:
+                    docs[param.arg_name] = " ".join(param.description.split())
+    return docs
+
+
+def _without_none(tp: Any) -> tuple[Any, bool]:
+    """``X | None`` -> ``(X, True)``; any other type (``X | Y | None`` included) -> ``(type, False)``."""
+    args = typing.get_args(tp)
+    if typing.get_origin(tp) in (typing.Union, types.UnionType) and len(args) == 2 and type(None) in args:
+        return next(a for a in args if a is not type(None)), True
+    return tp, False
+
+
+def describe_type(tp: Any) -> str:
+    """What a value of type ``tp`` must be, in words (``an integer``, ``one of a, b``)."""
+    tp, _ = _without_none(tp)
+    origin = typing.get_origin(tp)
+    if origin is Literal:
+        return "one of " + ", ".join(str(a) for a in typing.get_args(tp))
+    if origin in (list, tuple, Sequence):
+        return "one or more values, each " + describe_type(typing.get_args(tp)[0])
+    return {int: "an integer", float: "a number", str: "a string", bool: "true or false"}.get(tp, str(tp))
+
+
+def _add_field(parser: Any, f: dataclasses.Field, tp: Any, doc: str, positional: bool, alias: str | None) -> None:
+    """Add the option (or positional argument, or option with a short ``alias``) of the field ``f``."""
+    default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+    required = default is dataclasses.MISSING
+    inner, optional = _without_none(tp)
+    help_text = doc or f.name.replace("_", " ")
+    names = (flag(f.name), alias) if alias else (flag(f.name),)
+    if inner is bool:
+        action = "store_true" if default is False else argparse.BooleanOptionalAction
+        parser.add_argument(*names, action=action, default=default, help=help_text)
+        return
+    kwargs: dict[str, Any] = {"help": help_text}
+    if typing.get_origin(inner) in (list, tuple, Sequence):
+        kwargs.update(nargs="+", type=typing.get_args(inner)[0])
+        if default == []:  # repeatable, each use adds its values (none, too)
+            kwargs.update(nargs="*", action="extend")
+    else:
+        kwargs["type"] = tp if optional else inner
+    if positional:
+        parser.add_argument(f.name, **kwargs)
+    elif required:
+        parser.add_argument(*names, required=True, **kwargs)
+    else:
+        parser.add_argument(*names, default=default, **kwargs)
+
+
+def _base_fields(cls: type) -> set[str]:
+    """Fields that a base of ``cls`` declares (``cls`` may redeclare them with another default)."""
+    return {f.name for base in cls.__mro__[1:] if dataclasses.is_dataclass(base) for f in dataclasses.fields(base)}
+
+
+def options_parser(cls: type, prog: str, description: str | None = None, epilog: str | None = None) -> Any:
+    """A ``jsonargparse.ArgumentParser`` with one option per field of the dataclass ``cls``.
+
+    Fields listed in ``cls.POSITIONAL`` (a class attribute, default none) are positional arguments; a
+    ``list`` one takes one or more values. Nothing is parsed here (see :func:`parse_options`).
+    """
+    from jsonargparse import ArgumentParser
+
+    parser = ArgumentParser(prog=prog, description=description or inspect.cleandoc(cls.__doc__ or ""),
+                            epilog=epilog, exit_on_error=False, allow_abbrev=False)
+    docs = _field_docs(cls)
+    hints = typing.get_type_hints(cls)
+    positional = getattr(cls, "POSITIONAL", ())
+    own = vars(cls).get("__annotations__", {})
+    # the command's own options first, then the shared ones
+    for f in sorted(dataclasses.fields(cls), key=lambda f: f.name not in own or f.name in _base_fields(cls)):
+        if f.init:
+            _add_field(parser, f, hints[f.name], docs.get(f.name, ""), f.name in positional,
+                       getattr(cls, "ALIASES", {}).get(f.name))
+    return parser
+
+
+def error_line(err: Exception, cls: type, show: Callable[[str], str] = flag) -> str:
+    """A jsonargparse error about the fields of the dataclass ``cls`` as one line naming the field.
+
+    ``show`` writes a field's name (default :func:`flag`: ``--crop-size``; positional fields as they are).
+    Examples: ``--t2: expected an integer, got 'x'``; ``missing --config``.
+    """
+    positional = getattr(cls, "POSITIONAL", ())
+
+    def shown(name: str) -> str:
+        return name if name in positional else show(name)
+
+    text = str(err)
+    required = re.match(r"the following arguments are required: (.*)", text)
+    if required:
+        return "missing " + ", ".join(shown(n.strip()) for n in required.group(1).split(","))
+    key = re.search(r'Parser key "([^"]+)"', text)
+    if key:
+        name = key.group(1)
+        got = re.search(r"(?:Got|Given) value: (.*)$", text, re.M)
+        what = describe_type(typing.get_type_hints(cls).get(name, str))
+        if got:
+            return f"{shown(name)}: expected {what}, got {got.group(1).strip()!r}"
+        return f"{shown(name)}: " + " ".join(text.split("\n", 1)[-1].split())
+    return " ".join(text.split())
+
+
+def parse_options(cls: type[T], argv: Sequence[str] | None, prog: str, description: str | None = None,
+                  epilog: str | None = None) -> T:
+    """Parse ``argv`` into the options dataclass ``cls`` (``--help`` prints them and exits with status 0).
+
+    Raises:
+        OptionError: an unknown or missing option, a value of the wrong type (one line naming the option),
+            or a value that ``cls.__post_init__`` refuses.
+    """
+    from jsonargparse import ArgumentError
+
+    parser = options_parser(cls, prog, description, epilog)
+    try:
+        namespace = parser.parse_args(list(argv) if argv is not None else None)
+    except ArgumentError as err:
+        raise OptionError(f"{error_line(err, cls)} (see: {prog} --help)") from None
+    values = {k: v for k, v in namespace.as_dict().items() if not k.startswith("__")}
+    return cls(**values)
