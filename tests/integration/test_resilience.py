@@ -274,7 +274,7 @@ def test_evaluation_settings_on_the_command_line_apply_to_a_checkpoint(tmp_path,
     res = _evaluate(tmp_path, checkpoint, f"--data.root={flanders_root}", "--model.val_stride=32",
                     "--model.tile_batch_size=3")
     assert res.returncode == 0, res.stderr[-3000:]
-    run = tmp_path / "runs" / "default" / "version_0"
+    run = tmp_path / "runs" / "default" / "validate" / "version_0"
     hp = yaml.safe_load((run / "hparams.yaml").read_text())
     assert (hp["val_stride"], hp["tile_batch_size"], hp["val_window"]) == (32, 3, 32)  # the checkpoint has 16, 16
     # the logged val/mIoU is the one of stride 32, computed here without the CLI
