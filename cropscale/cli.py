@@ -109,7 +109,8 @@ from cropscale.distributed import (
 from cropscale.env.host import choose_torch_threads, usable_cores
 from cropscale.errors import CheckpointError, ConfigError, CropScaleError, TrainerArgumentError, user_error_text
 from cropscale.files import check_writable_folder
-from cropscale.model.task import RESUME_FIXED_SETTINGS, CropMappingTask
+from cropscale.model.settings import RESUME_FIXED_SETTINGS
+from cropscale.model.task import CropMappingTask
 from cropscale.precision import cpu_precision_line
 from cropscale.predictions import PredictionWriter, check_output_folder
 from cropscale.runs.record import is_run_folder, load_run
