@@ -94,7 +94,18 @@ def logger_location(logger: Any, default_root_dir: str | None = None) -> tuple[s
 
 
 def resolve_last(cfg: Any) -> str | None:
-    """``--ckpt_path last|auto``: this run's newest state by training progress (auto: None when there is none)."""
+    """``--ckpt_path last|auto``: this run's newest state by training progress (auto: None when there is none).
+
+    Args:
+        cfg: the subcommand's parsed configuration (``ckpt_path`` is ``last`` or ``auto``).
+
+    Returns:
+        The checkpoint file, or None for ``auto`` without a checkpoint under the logger's folder.
+
+    Raises:
+        CheckpointError: the run has no logger; ``last`` and no ``last.ckpt`` there
+            (:func:`~cropscale.checkpointing.find_last_checkpoint`).
+    """
     keyword, logger = cfg.ckpt_path, cfg.trainer.get("logger")
     where = logger_location(logger, cfg.trainer.get("default_root_dir"))
     if where is None:
@@ -109,6 +120,7 @@ def resolve_last(cfg: Any) -> str | None:
     progress = f" (epoch {state.epoch}, global step {state.global_step})" if state is not None else ""
     rank_zero_info(f"cropscale: --ckpt_path {keyword} -> {found}{progress}")
     return str(found)
+
 
 def continue_in_run_folder(cfg: Any, ckpt: dict) -> None:
     """Make ``fit`` from ``<save_dir>/<name>/version_N/checkpoints/x.ckpt`` log into ``version_N`` again."""
@@ -125,6 +137,7 @@ def continue_in_run_folder(cfg: Any, ckpt: dict) -> None:
         # TensorBoard drops the interrupted run's events after the checkpoint's step
         init.purge_step = int(ckpt.get("global_step", 0)) + 1
     rank_zero_info(f"cropscale: resuming in {Path(*where) / f'version_{version}'}")
+
 
 def eval_run_folder(cfg: Any, sub: str) -> None:
     """Log ``validate`` / ``test`` / ``predict`` apart from the training runs of the logger's name.
