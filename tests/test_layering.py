@@ -20,8 +20,8 @@ LAYERS: tuple[tuple[int, tuple[str, ...]], ...] = (
          "cropscale.checkpointing", "cropscale.predictions")),
     (3, ("cropscale.callbacks",)),
     (4, ("cropscale.testing",)),
-    (5, ("cropscale.cli", "cropscale.commands", "cropscale.config_errors", "cropscale.__main__", "cropscale.bench",
-         "cropscale.report", "cropscale.study")),
+    (5, ("cropscale.cli", "cropscale.cli_config", "cropscale.cli_exits", "cropscale.cli_folders", "cropscale.commands",
+         "cropscale.config_errors", "cropscale.__main__", "cropscale.bench", "cropscale.report", "cropscale.study")),
 )
 #: layer 5 packages that must not import each other (nothing imports an app but the CLI's command table)
 APPS = ("cropscale.bench", "cropscale.report", "cropscale.study")

@@ -4,16 +4,18 @@ Training: random crops (see :mod:`cropscale.data`), weighted multi-task loss
 (:class:`~cropscale.model.losses.MultiTaskLoss`), AdamW (or SGD, LARS, LAMB: :mod:`cropscale.model.optim`)
 with an optional linear warm-up (in optimiser updates or epochs) and cosine decay, an LR scaling rule
 relative to a reference global batch, gradient clipping through the Trainer (``gradient_clip_val: 1.0``
-in ``configs/default.yaml``).
+in ``configs/default.yaml``); set up from the Trainer's facts in :mod:`cropscale.model.optim_setup`.
 
 Validation and test: overlap-weighted tiled inference over whole patches
 (:func:`~cropscale.tiling.sliding_window_inference`), metrics whose states are summed across ranks
-(:mod:`cropscale.metrics`), so that macro IoU is the same for any world size.
+(:mod:`cropscale.metrics`), so that macro IoU is the same for any world size; placeholders, ``val/loss``
+and per-class keys in :mod:`cropscale.model.evaluation`.
+
+Settings are checked at construction and against a checkpoint's architecture in :mod:`cropscale.model.settings`.
 """
 
 from __future__ import annotations
 
-import inspect
 import math
 import time
 import warnings
@@ -23,38 +25,24 @@ import torch
 import torchmetrics
 from lightning.pytorch import LightningModule
 from lightning.pytorch.loggers import TensorBoardLogger
-from lightning.pytorch.utilities import rank_zero_info
-from torch.optim.lr_scheduler import LambdaLR
 from typing_extensions import override
 
-from cropscale.batch import PLACEHOLDER_PATCH_ID, model_inputs
+from cropscale.batch import model_inputs
 from cropscale.errors import CheckpointError, CropScaleError
 from cropscale.metrics import HighGridMetrics, ParcelMetrics, SegmentationMetrics, confusion_matrix_figure
+from cropscale.model.evaluation import class_iou_keys, loss_term_counts, weighted_term_mean, without_placeholders
 from cropscale.model.flops import flops_per_sample, flops_per_sample_by_class
 from cropscale.model.losses import MultiTaskLoss
 from cropscale.model.network import CropMappingNet
-from cropscale.model.optim import (
-    OPTIMIZERS,
-    LRScaling,
-    OptimizerName,
-    Schedule,
-    build_optimizer,
-    formed_global_batch,
-    scale_learning_rate,
-    schedule_lambda,
-    warmup_steps_of,
-)
-from cropscale.model.speed import COMPILE_MODES, choose_fused, compile_network
+from cropscale.model.optim import LRScaling, OptimizerName, Schedule
+from cropscale.model.optim_setup import clip_gradients_by_norm, configure_optimization
+from cropscale.model.settings import architecture_mismatch, check_settings
+from cropscale.model.speed import compile_network
 from cropscale.model.synthetic import synthetic_batch
 from cropscale.numbers import TARGET_FRACTION, time_to_target
 from cropscale.runs.record import RunRecord, load_run
 from cropscale.runs.tensorboard import HPARAMS_METRICS, custom_scalars_layout, hparams_summaries
 from cropscale.tiling import sliding_window_inference
-
-#: Settings whose effect a resumed ``fit`` takes from the checkpoint's optimiser and LR-schedule state.
-RESUME_FIXED_SETTINGS: tuple[str, ...] = ("optimizer", "lr", "weight_decay", "momentum", "trust_coefficient",
-                                          "lr_scaling", "reference_batch_size", "warmup_steps", "warmup_epochs",
-                                          "schedule")
 
 # The validation scores are computed from confusion matrices already summed across ranks
 # (torchmetrics), so they are logged without sync_dist; Lightning's advice to add it does not apply.
@@ -133,15 +121,10 @@ class CropMappingTask(LightningModule):
         fused_optimizer: bool | None = None,
     ) -> None:
         super().__init__()
-        if optimizer not in OPTIMIZERS:
-            raise CropScaleError(f"model.optimizer must be one of {', '.join(OPTIMIZERS)}; got {optimizer!r}")
-        _check_arguments(lr=lr, weight_decay=weight_decay, warmup_steps=warmup_steps, momentum=momentum,
-                         trust_coefficient=trust_coefficient, warmup_epochs=warmup_epochs,
-                         reference_batch_size=reference_batch_size, val_window=val_window,
-                         val_stride=val_stride, tile_batch_size=tile_batch_size)
-        warmup_steps_of(warmup_steps, warmup_epochs, updates_per_epoch=1)  # both units at once: refused here
-        if compile_mode not in COMPILE_MODES:
-            raise CropScaleError(f"model.compile_mode must be one of {', '.join(COMPILE_MODES)}; got {compile_mode!r}")
+        check_settings(optimizer, compile_mode, lr=lr, weight_decay=weight_decay, warmup_steps=warmup_steps,
+                       momentum=momentum, trust_coefficient=trust_coefficient, warmup_epochs=warmup_epochs,
+                       reference_batch_size=reference_batch_size, val_window=val_window, val_stride=val_stride,
+                       tile_batch_size=tile_batch_size)
         self.save_hyperparameters()
         self.net = CropMappingNet(num_classes=num_classes, **self._net_kwargs())
         self.loss_fn = MultiTaskLoss(
@@ -260,7 +243,8 @@ class CropMappingTask(LightningModule):
         if batch is None:  # a rank without a patch: its metrics and loss sums stay empty (zero weight)
             return
         _, terms = self.loss_fn(outputs, batch)
-        for name, count in self._loss_term_counts(batch).items():  # term = its sum / its count: sum = term x count
+        counts = loss_term_counts(batch, self.loss_fn.ignore_index)
+        for name, count in counts.items():  # term = its sum / its count: sum = term x count
             self.val_loss_terms[f"{name}_sum"].update(terms[name].detach().float() * count)
             self.val_loss_terms[f"{name}_n"].update(count)
         self.val_seg.update(outputs["semantic"].detach(), batch["semantic"])
@@ -277,9 +261,7 @@ class CropMappingTask(LightningModule):
         for extra in (self.val_parcel.compute(), self.val_hr.compute()):
             logs.update({f"val/{k}": v for k, v in extra.items() if torch.isfinite(torch.as_tensor(v)).all()})
         names = self.hparams.class_names or [str(i) for i in range(self.hparams.num_classes)]
-        for idx, iou in enumerate(seg["iou_per_class"].tolist()):
-            if seg["support"][idx] > 0:
-                logs[f"val_class/IoU_{idx}_{_slug(names[idx])}"] = iou
+        logs.update(class_iou_keys(names, seg["iou_per_class"].tolist(), seg["support"]))
         if not self.trainer.sanity_checking:
             if not (self.best_miou >= miou):  # also true while best is NaN
                 self.best_miou, self.best_epoch = miou, self.current_epoch
@@ -296,17 +278,6 @@ class CropMappingTask(LightningModule):
         for metric in self.val_loss_terms.values():
             metric.reset()
 
-    def _loss_term_counts(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """The elements each loss term of ``batch`` averages over (0-d float tensors, no host read).
-
-        ``semantic``: pixels whose class is not ``ignore_index``; ``parcel`` / ``hr``: samples whose target is
-        present (see :class:`~cropscale.model.losses.MultiTaskLoss`).
-        """
-        ignore = self.loss_fn.ignore_index
-        labelled = batch["semantic"] != (-100 if ignore is None else int(ignore))
-        return {"semantic": labelled.sum().float(), "parcel": batch["parcel_present"].sum().float(),
-                "hr": batch["hr_present"].sum().float()}
-
     def _val_loss(self) -> torch.Tensor:
         """``val/loss``: the multi-task loss of the whole validation set, the same for any batching and world size.
 
@@ -317,12 +288,7 @@ class CropMappingTask(LightningModule):
         """
         weights = {"semantic": self.loss_fn.semantic_weight, "parcel": self.loss_fn.parcel_weight,
                    "hr": self.loss_fn.hr_weight}
-        total = torch.zeros((), device=self.device)
-        for name, weight in weights.items():
-            value = self.val_loss_terms[f"{name}_sum"].compute().to(self.device)
-            count = self.val_loss_terms[f"{name}_n"].compute().to(self.device)
-            total = total + weight * torch.where(count > 0, value / count.clamp(min=1), torch.zeros_like(value))
-        return total
+        return weighted_term_mean(weights, {k: m.compute() for k, m in self.val_loss_terms.items()}, self.device)
 
     def predict_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> dict[str, torch.Tensor]:
         """Tiled prediction of whole patches.
@@ -361,82 +327,15 @@ class CropMappingTask(LightningModule):
     # --------------------------------------------------------------- optimiser
     @override
     def configure_optimizers(self):
-        hp = self.hparams
-        dm = getattr(self.trainer, "datamodule", None)
-        local = int(getattr(dm, "batch_size", 1))
-        self.global_batch = self._formed_global_batch(local)
-        self.lr_effective = scale_learning_rate(hp.lr, self.global_batch, hp.reference_batch_size, hp.lr_scaling)
-        optimizer = build_optimizer(self.named_parameters(), hp.optimizer, self.lr_effective, hp.weight_decay,
-                                    hp.momentum, hp.trust_coefficient, fused=self._fused_adamw())
-        total = per_epoch = None
-        if hp.warmup_steps > 0 or hp.warmup_epochs > 0 or hp.schedule != "constant":
-            total = int(self.trainer.estimated_stepping_batches)  # loads the training data: batches known after
-            batches = self.trainer.num_training_batches
-            per_epoch = math.ceil(batches / self.trainer.accumulate_grad_batches) if math.isfinite(batches) else None
-        warmup = warmup_steps_of(hp.warmup_steps, hp.warmup_epochs, per_epoch)
-        rank_zero_info(
-            f"cropscale: global batch {self.global_batch} = local {local} x world size {self.trainer.world_size}"
-            f" x accumulation {self.trainer.accumulate_grad_batches}; LR rule {hp.lr_scaling!r} vs reference"
-            f" {hp.reference_batch_size}: lr {hp.lr:g} -> {self.lr_effective:g}; optimizer {hp.optimizer!r}"
-            f"{' (fused)' if self.fused_optimizer_used and self.fused_optimizer_used[0] else ''};"
-            f" warm-up {warmup} update(s), then {hp.schedule}"
-        )
-        if total is None or (warmup <= 0 and hp.schedule == "constant"):
-            return optimizer
-        scheduler = LambdaLR(optimizer, schedule_lambda(warmup, total, hp.schedule))
-        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
-
-    def _fused_adamw(self) -> bool:
-        """``model.fused_optimizer`` resolved for this run's device, precision and clipping (AdamW only)."""
-        if self.hparams.optimizer != "adamw":
-            self.fused_optimizer_used = (False, f"optimizer {self.hparams.optimizer!r} has no fused variant here")
-            return False
-        trainer = self.trainer
-        self.fused_optimizer_used = choose_fused(self.hparams.get("fused_optimizer"),
-                                                 trainer.strategy.root_device.type, str(trainer.precision),
-                                                 bool(trainer.gradient_clip_val))
-        return self.fused_optimizer_used[0]
-
-    def _formed_global_batch(self, local: int) -> int:
-        """``local x world size x accumulation``, checked against the batches this epoch really forms.
-
-        Reads the training loader Lightning builds for this rank (built here as
-        ``trainer.estimated_stepping_batches`` does, and reused by the fit loop): the samples its sampler
-        draws and ``trainer.num_training_batches`` (after ``limit_train_batches``).
-
-        Raises:
-            CropScaleError: the batch or the accumulation window does not form
-                (:func:`~cropscale.model.optim.formed_global_batch`).
-        """
-        trainer = self.trainer
-        samples = batches = None
-        try:
-            if trainer.train_dataloader is None:
-                trainer.fit_loop.setup_data()
-            loader = trainer.train_dataloader
-            sampler = getattr(loader, "sampler", None)
-            samples = len(sampler) if sampler is not None else None
-            batches = trainer.num_training_batches
-        except (TypeError, AttributeError):  # an iterable loader without a length: nothing to check
-            pass
-        finite = isinstance(batches, int) or (isinstance(batches, float) and batches != float("inf"))
-        return formed_global_batch(local, trainer.world_size, trainer.accumulate_grad_batches,
-                                   samples_per_rank=samples, batches_per_epoch=int(batches) if finite else None)
+        """The optimiser and LR schedule (:func:`~cropscale.model.optim_setup.configure_optimization`), printed."""
+        setup = configure_optimization(self.trainer, self.named_parameters(), self.hparams)
+        self.global_batch, self.lr_effective, self.fused_optimizer_used = (setup.global_batch, setup.lr_effective,
+                                                                          setup.fused)
+        return setup.config
 
     def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None) -> None:
-        """Clip gradients by global norm; under FSDP through the root module's ``clip_grad_norm_``.
-
-        FSDP's ``clip_grad_norm_`` reduces the norm over all shards; it is used because Lightning's FSDP precision
-        plugin refuses norm clipping.
-        """
-        from torch.distributed.fsdp import FullyShardedDataParallel
-
-        root = getattr(self.trainer.strategy, "model", None)
-        if (isinstance(root, FullyShardedDataParallel) and gradient_clip_val
-                and gradient_clip_algorithm in (None, "norm")):
-            root.clip_grad_norm_(float(gradient_clip_val))
-            return
-        self.clip_gradients(optimizer, gradient_clip_val, gradient_clip_algorithm)
+        """Clip by global norm, under FSDP too (:func:`~cropscale.model.optim_setup.clip_gradients_by_norm`)."""
+        clip_gradients_by_norm(self, optimizer, gradient_clip_val, gradient_clip_algorithm)
 
     @override
     def on_train_start(self) -> None:
@@ -540,83 +439,11 @@ class CropMappingTask(LightningModule):
             CheckpointError: naming the settings that differ, with both values (from the command line, a
                 ``--config`` file or ``data`` (class count) vs the checkpoint).
         """
-        if not saved or "num_classes" not in saved:
-            return
-        ours = _architecture(self.hparams.num_classes, self.hparams.net_kwargs)
-        theirs = _architecture(saved["num_classes"], saved.get("net_kwargs"))
-        differ = [k for k in ours if ours[k] != theirs.get(k)]
-        if differ:
+        mismatch = architecture_mismatch(self.hparams, saved)
+        if mismatch:
             raise CheckpointError(
-                f"--ckpt_path {self._ckpt_path() or ''} holds a network with {_describe(theirs, differ)}, but this"
-                f" run asks for {_describe(ours, differ)} (command line, --config or the data's classes.json): a"
-                " checkpoint's architecture cannot change; drop those settings or train a new model"
+                f"--ckpt_path {self._ckpt_path() or ''} holds a network with {mismatch} (command line, --config or"
+                " the data's classes.json): a checkpoint's architecture cannot change; drop those settings or train a"
+                " new model"
             )
 
-
-def _architecture(num_classes: int, net_kwargs: dict[str, Any] | None) -> dict[str, Any]:
-    """Every :class:`CropMappingNet` argument, defaults filled in: what fixes the shapes of the weights."""
-    params = inspect.signature(CropMappingNet.__init__).parameters
-    arch = {name: p.default for name, p in params.items() if name != "self"}
-    arch.update({k: v for k, v in (net_kwargs or {}).items() if k != "num_classes"})
-    arch["num_classes"] = int(num_classes)
-    return arch
-
-
-def without_placeholders(batch: dict[str, torch.Tensor], outputs: dict[str, torch.Tensor], keep_empty: bool = False,
-                         ) -> tuple[dict[str, torch.Tensor] | None, dict[str, torch.Tensor] | None]:
-    """Drop the evaluation placeholders (``patch_id == -1``, :mod:`cropscale.batch`) from a batch and its outputs.
-
-    The placeholders have been run through the network (every rank runs the same steps); they must not
-    reach a metric, a loss or a prediction.
-
-    Args:
-        batch: a batch of ``B`` samples (``patch_id`` ``[B]``).
-        outputs: network outputs whose first dimension is ``B``.
-        keep_empty: return empty ``[0, ...]`` tensors when every sample is a placeholder (for predictions)
-            instead of ``(None, None)``.
-
-    Returns:
-        ``(batch, outputs)`` restricted to the real samples (the same objects when there is no
-        placeholder), or ``(None, None)`` when none is real and ``keep_empty`` is False.
-    """
-    keep = batch["patch_id"] != PLACEHOLDER_PATCH_ID
-    if bool(keep.all()):
-        return batch, outputs
-    if not keep_empty and not bool(keep.any()):
-        return None, None
-    b = keep.shape[0]
-    real = {k: v[keep] if isinstance(v, torch.Tensor) and v.dim() >= 1 and v.shape[0] == b else v
-            for k, v in batch.items()}
-    return real, {k: v[keep] for k, v in outputs.items()}
-
-
-def _describe(arch: dict[str, Any], keys: list[str]) -> str:
-    return ", ".join(f"{'model.num_classes' if k == 'num_classes' else 'net_kwargs.' + k}={arch.get(k)}" for k in keys)
-
-
-def _check_arguments(**values: Any) -> None:
-    """Fail at construction, naming the ``model.*`` option, instead of deep inside the first epoch."""
-    rules = {
-        "lr": (lambda v: v > 0, "> 0"),
-        "weight_decay": (lambda v: v >= 0, ">= 0"),
-        "warmup_steps": (lambda v: v >= 0, ">= 0"),
-        "warmup_epochs": (lambda v: v >= 0, ">= 0"),
-        "momentum": (lambda v: 0 <= v < 1, "in [0, 1)"),
-        "trust_coefficient": (lambda v: v > 0, "> 0"),
-        "reference_batch_size": (lambda v: v >= 1, ">= 1"),
-        "val_window": (lambda v: v >= 1, ">= 1"),
-        "tile_batch_size": (lambda v: v >= 1, ">= 1"),
-    }
-    for name, (ok, what) in rules.items():
-        if not ok(values[name]):
-            raise CropScaleError(f"model.{name} must be {what}, got {values[name]}")
-    stride, window = values["val_stride"], values["val_window"]
-    if stride is not None and not 1 <= stride <= window:
-        raise CropScaleError(
-            f"model.val_stride={stride} must be between 1 and model.val_window={window}, or every pixel"
-            " would not be covered by a tile"
-        )
-
-
-def _slug(name: str) -> str:
-    return "".join(ch if ch.isalnum() else "_" for ch in name).strip("_")[:40]

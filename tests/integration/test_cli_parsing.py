@@ -8,9 +8,10 @@ import pytest
 import yaml
 from torch.utils.data import DataLoader
 
-from cropscale import CropScaleError, cli
+from cropscale import CropScaleError
 from cropscale.data.collate import collate
 from cropscale.data.dataset import PastisHDDataset
+from cropscale.errors import user_error_text
 from tests.data.test_errors import make_copy
 from tests.integration.test_cli import run_cli
 
@@ -66,7 +67,7 @@ def test_worker_error_reads_as_the_main_process_error(nan_validation_copy):
         loader = DataLoader(ds, batch_size=1, num_workers=workers, collate_fn=collate)
         with pytest.raises(CropScaleError) as err:
             next(iter(loader))
-        texts.append(cli.user_error_text(err.value))
+        texts.append(user_error_text(err.value))
     assert texts[0] == texts[1], texts
     assert texts[0].startswith(f"patch 1002: S2 file {path}: non-finite reflectance") and "\n" not in texts[0]
     assert "Traceback" not in texts[1] and "DataLoader worker process" not in texts[1]
