@@ -158,8 +158,10 @@ def hparams_summaries(settings: dict[str, str | float | int], metrics: tuple[Hpa
     settings are marked ``differs`` (the ones compared across runs), so they are the five shown.
 
     Args:
-        settings: ``{name: value}``, the compared ones first; a bool is refused (TensorBoard would show it as
-            0.0000 or 1.0000: pass ``"true"`` / ``"false"``).
+        settings: ``{name: value}``, the compared ones first. TensorBoard's HPARAMS table shows every number
+            with five significant digits (8 as ``8.0000``), so an int is written as its text (``"8"``: the table
+            and its filter list it as a value, its sort is by text) and a float as a number; a bool is refused
+            (pass ``"true"`` / ``"false"``).
         metrics: the metric columns in display order (TensorBoard keeps it and shows the first five); their
             values are the scalars of the same tags in the run.
         lead: how many of the first settings lead the table.
@@ -178,11 +180,11 @@ def hparams_summaries(settings: dict[str, str | float | int], metrics: tuple[Hpa
     for name, value in settings.items():
         if isinstance(value, bool) or not isinstance(value, str | int | float):
             raise CropScaleError(f"HPARAMS setting {name!r} = {value!r}: give a str, int or float (a bool as a str)")
-        if isinstance(value, str):
-            start.hparams[name].string_value = value
+        if isinstance(value, str | int):  # TensorBoard shows a number as toPrecision(5): 8 as "8.0000"
+            start.hparams[name].string_value = str(value)
         else:
             start.hparams[name].number_value = float(value)
-        kind = api_pb2.DATA_TYPE_STRING if isinstance(value, str) else api_pb2.DATA_TYPE_FLOAT64
+        kind = api_pb2.DATA_TYPE_FLOAT64 if isinstance(value, float) else api_pb2.DATA_TYPE_STRING
         infos.append(api_pb2.HParamInfo(name=name, type=kind, differs=len(infos) < lead))
     experiment = api_pb2.Experiment(time_created_secs=time.time(), hparam_infos=infos, metric_infos=[
         api_pb2.MetricInfo(name=api_pb2.MetricName(tag=m.tag), display_name=m.display_name) for m in metrics])

@@ -152,9 +152,9 @@ def test_hparams_hold_the_compared_settings_and_the_final_figures_of_run_json(cl
     world = rec["distributed"]["world_size"]
     accumulation = rec["trainer"]["accumulate_grad_batches"]
     expected = {
-        "precision": rec["precision"], "strategy": rec["distributed"]["strategy"], "devices": world,
-        "global_batch": config["data"]["batch_size"] * world * accumulation, "lr": config["model"]["lr"],
-        "local_batch": config["data"]["batch_size"], "accumulate_grad_batches": accumulation,
+        "precision": rec["precision"], "strategy": rec["distributed"]["strategy"], "devices": str(world),
+        "global_batch": str(config["data"]["batch_size"] * world * accumulation), "lr": config["model"]["lr"],
+        "local_batch": str(config["data"]["batch_size"]), "accumulate_grad_batches": str(accumulation),
         "compile": "true" if config["model"].get("compile") else "false", "optimizer": config["model"]["optimizer"],
         "lr_scaling": config["model"]["lr_scaling"],
         "amp/scaler_in_use": "true" if rec["summary"]["loss_scale"]["scaler_in_use"] else "false",
