@@ -7,9 +7,9 @@ import pytest
 from cropscale.evidence import MEASURED_RUN
 from cropscale.numbers import speedup
 from cropscale.precision import LABELS, STUDY_CONFIGS
+from cropscale.runs.figures import MEAN_SD, MEDIAN, over_seeds
 from cropscale.runs.record import RunRecord
 from cropscale.runs.rules import Figure
-from cropscale.runs.figures import MEAN_SD, MEDIAN, over_seeds
 from cropscale.study.aggregate import StudyRow, add_speedups, run_notes
 from cropscale.study.spec import PRECISION_LABELS
 
