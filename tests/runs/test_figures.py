@@ -1,6 +1,7 @@
 """The figure registry (cropscale.runs.figures): every run.json source resolves to a field the callbacks' records
-write, every table column of a figure takes its format from the registry, and no module re-declares a figure's
-column."""
+write, every table column of a figure takes its format from the registry, no module re-declares a figure's
+column, every table's columns are its members in registry order (paired and mean-and-sd places derived), the
+speed-up is one figure per base, and a new figure is one registry entry plus its producer (report, CSV, study)."""
 
 from __future__ import annotations
 
