@@ -38,18 +38,7 @@ from pathlib import Path
 from cropscale.commands import Options, parse_options
 from cropscale.evidence import LEGEND
 from cropscale.files import atomic_write_text
-from cropscale.report.columns import (
-    AMDAHL_COLUMNS,
-    COLUMNS,
-    COMPARISON_COLUMNS,
-    NONFINITE_COLUMNS,
-    PAIR_COLUMNS,
-    QUALITY_COLUMNS,
-    RESOURCE_COLUMNS,
-    SCALING_COLUMNS,
-    SPEED_COLUMNS,
-    STEP_COLUMNS,
-)
+from cropscale.report.columns import NONFINITE_COLUMNS
 from cropscale.report.comparison import (
     MAX_NONFINITE_ROWS,
     amdahl_rows,
@@ -63,7 +52,20 @@ from cropscale.report.pairs import precision_pairs
 from cropscale.report.plots import plot_by_precision_and_batch, plot_device_scaling
 from cropscale.report.scaling import device_series
 from cropscale.report.verdicts import comparisons
-from cropscale.runs.equivalence import DEFAULT_MARGIN, TARGET_FRACTION, VERDICT_COLUMNS, verdict_intro, verdict_row
+from cropscale.runs.equivalence import DEFAULT_MARGIN, TARGET_FRACTION, verdict_intro, verdict_row
+from cropscale.runs.figures import (
+    AMDAHL,
+    COMPARISON,
+    PAIRS,
+    QUALITY,
+    RESOURCES,
+    RUNS,
+    SCALING,
+    SPEED,
+    STEP,
+    VERDICTS,
+    table_columns,
+)
 from cropscale.runs.plots import plot_iou_by_epoch, plot_step_decomposition, plot_verdicts
 from cropscale.runs.record import RunRecord, load_inputs
 from cropscale.runs.tables import TableRow, render_table
@@ -121,11 +123,11 @@ def _scaling_section(records: Sequence[RunRecord], out: Path, stem: str, paths: 
     if not series:
         return ("## Device scaling\n\nNo configuration ran on 1 device and on more devices among the inputs"
                 " (`python -m cropscale study` runs such sets).\n")
-    table = render_table(scaling_rows(series), SCALING_COLUMNS, title="Device scaling", intro=(
+    table = render_table(scaling_rows(series), table_columns(SCALING), title="Device scaling", intro=(
         "Runs of one configuration on 1 and N devices (equal-global: the same global batch; equal-local: the"
         " same local batch). Speed-up = median samples/s on N / on 1; efficiency = speed-up / N; Karp-Flatt"
         " serial fraction e = (1/S - 1/N) / (1 - 1/N)."))
-    amdahl = render_table(amdahl_rows(series), AMDAHL_COLUMNS, intro=(
+    amdahl = render_table(amdahl_rows(series), table_columns(AMDAHL), intro=(
         "The serial fraction fitted to each series' N > 1 points (least squares in 1/S; one point: Karp-Flatt) is"
         " a parameter of Amdahl's law and Amdahl's speed-up at that fraction on other device counts a model: both"
         " analytical-scenario (the per-N Karp-Flatt e above is an identity of the measured S_N: measured-run)."))
@@ -140,7 +142,8 @@ def _verdicts_section(records: Sequence[RunRecord], out: Path, stem: str, paths:
     if not found:
         return ("## Verdicts\n\nNo two configurations differ in precision, device count or global batch alone among"
                 " the usable runs (`make compare-cpu` trains such a set).\n")
-    table = render_table([verdict_row(c) for c in found], VERDICT_COLUMNS, intro=verdict_intro(margin, target_fraction))
+    table = render_table([verdict_row(c) for c in found], table_columns(VERDICTS),
+                         intro=verdict_intro(margin, target_fraction))
     paths["verdicts_csv"] = atomic_write_text(out / f"{stem}_verdicts.csv", table.csv)
     lines = "\n".join(f"- {c.line()}" for c in found)
     return f"## Verdicts\n\n{lines}\n\n{table.markdown}\n![verdicts.png](verdicts.png)\n"
@@ -165,28 +168,29 @@ def write_report(records: Sequence[RunRecord], out_dir: str | Path, stem: str = 
     """
     out = Path(out_dir)
     runs = [r for r in records if r.kind == "run"]
-    full = render_table([with_status(r, COLUMNS) for r in records], COLUMNS)
+    full = render_table([with_status(r, table_columns(RUNS)) for r in records], table_columns(RUNS))
     paths: dict[str, Path] = {"csv": atomic_write_text(out / f"{stem}.csv", full.csv)}
     verdicts_md = _verdicts_section(records, out, stem, paths, margin, target_fraction)
     pairs = precision_pairs(records)
     series = device_series(records)
-    lead = render_table(comparison_rows(records, pairs, series), COMPARISON_COLUMNS, title="Comparison",
+    lead = render_table(comparison_rows(records, pairs, series), table_columns(COMPARISON), title="Comparison",
                         intro=COMPARISON_INTRO)
     paths["comparison_csv"] = atomic_write_text(out / f"{stem}_comparison.csv", lead.csv)
     details = [
-        _detail("Quality", [with_status(r, QUALITY_COLUMNS) for r in runs], QUALITY_COLUMNS),
-        _detail("Speed", [TableRow.of(r, SPEED_COLUMNS) for r in records], SPEED_COLUMNS, intro=(
+        _detail("Quality", [with_status(r, table_columns(QUALITY)) for r in runs], table_columns(QUALITY)),
+        _detail("Speed", [TableRow.of(r, table_columns(SPEED)) for r in records], table_columns(SPEED), intro=(
             "Median and p95 step: median over the measured epochs of each epoch's statistic; epoch times:"
             " median over the measured epochs.")),
-        _detail("Step decomposition (% of the median step)", step_rows(records), STEP_COLUMNS, intro=(
+        _detail("Step decomposition (% of the median step)", step_rows(records), table_columns(STEP), intro=(
             "Each window: median over the measured epochs of (the epoch's window median / its step median)."
             " Medians do not add up, so the sum is about, not exactly, 100 %.")),
-        _detail("Memory, energy and numerics", [TableRow.of(r, RESOURCE_COLUMNS) for r in records],
-                RESOURCE_COLUMNS),
+        _detail("Memory, energy and numerics", [TableRow.of(r, table_columns(RESOURCES)) for r in records],
+                table_columns(RESOURCES)),
         _nonfinite_detail(runs),
     ]
     if pairs:
-        table = render_table([TableRow.of(p, PAIR_COLUMNS) for p in pairs], PAIR_COLUMNS, title="Precision pairs",
+        columns = table_columns(PAIRS)
+        table = render_table([TableRow.of(p, columns) for p in pairs], columns, title="Precision pairs",
                              intro="Runs that differ only in precision (FP32 as the base). Speed-up = mixed "
                                    "samples/s / FP32 samples/s; IoU difference = mixed - FP32 best val/mIoU.")
         paths["pairs_csv"] = atomic_write_text(out / f"{stem}_pairs.csv", table.csv)

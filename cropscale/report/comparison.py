@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from cropscale.evidence import ANALYTICAL_SCENARIO, MEASURED_RUN, derived_label
 from cropscale.report.pairs import PrecisionPair, diverged
 from cropscale.report.scaling import DeviceSeries, efficiency_of
+from cropscale.runs.figures import AMDAHL_DEVICES
 from cropscale.runs.record import RunRecord
 from cropscale.runs.rules import Figure
 from cropscale.runs.schema import STEP_WINDOWS
@@ -59,19 +60,20 @@ def _pair_figures(record: RunRecord, pairs: Sequence[PrecisionPair]) -> dict[str
     as_other = [p for p in pairs if p.other == record.name]
     if as_other:
         p = as_other[0]
-        return {"speedup": p.figures["speedup"], "iou_difference": p.figures["iou_difference"]}
+        return {"speedup_vs_fp32": p.figures["speedup_vs_fp32"], "iou_difference": p.figures["iou_difference"]}
     if any(p.base == record.name for p in pairs):
         note = "the FP32 base of its precision pair(s)"
         return {key: (Figure(same, record.evidence, note=note) if record.value(figure) is not None
                       else record.figures[figure])
-                for key, figure, same in (("speedup", "samples_per_s", 1.0), ("iou_difference", "best_miou", 0.0))}
+                for key, figure, same in (("speedup_vs_fp32", "samples_per_s", 1.0),
+                                          ("iou_difference", "best_miou", 0.0))}
     if diverged(record):
         why = "diverged: forms no precision pair"
     elif record.precision == "32-true":
         why = "no other precision of the same configuration among the inputs"
     else:
         why = "no FP32 run of the same configuration among the inputs"
-    return {"speedup": Figure(None, record.evidence, why), "iou_difference": Figure(None, record.evidence, why)}
+    return {"speedup_vs_fp32": Figure(None, record.evidence, why), "iou_difference": Figure(None, record.evidence, why)}
 
 
 def comparison_rows(records: Sequence[RunRecord], pairs: Sequence[PrecisionPair],
@@ -159,7 +161,8 @@ def scaling_rows(series: Sequence[DeviceSeries]) -> list[TableRow]:
             rows.append(TableRow(
                 values={"series": s.label, "devices": p.devices, "runs": len(p.runs)},
                 figures={"samples_per_s": Figure(p.samples_per_s, note=f"median of {', '.join(p.runs)}"),
-                         "speedup": Figure(p.speedup, note=base), "efficiency": Figure(p.efficiency, note=base),
+                         "speedup_vs_1_device": Figure(p.speedup_vs_1_device, note=base),
+                         "efficiency": Figure(p.efficiency, note=base),
                          "karp_flatt": Figure(p.karp_flatt, why="undefined on 1 device", note=(
                              "negative: a super-linear speed-up (caches, or runs that met different load on"
                              " a shared machine)" if p.karp_flatt is not None and p.karp_flatt < 0 else None))},
@@ -185,7 +188,7 @@ def amdahl_rows(series: Sequence[DeviceSeries]) -> list[TableRow]:
                    " not describe these runs, so it is not extrapolated")
         ok = frac is not None and 0.0 <= frac <= 1.0
         figures = {"serial_fraction": fitted}
-        for n in (2, 4, 8):
-            figures[f"speedup_{n}"] = Figure(amdahl_speedup(n, frac) if ok else None, ANALYTICAL_SCENARIO, why)
+        for n in AMDAHL_DEVICES:
+            figures[f"amdahl_speedup_{n}"] = Figure(amdahl_speedup(n, frac) if ok else None, ANALYTICAL_SCENARIO, why)
         rows.append(TableRow(values={"series": s.label}, figures=figures, evidence=ANALYTICAL_SCENARIO))
     return rows

@@ -1,6 +1,6 @@
 """Precision pairs: records that differ only in precision, an FP32 base against each other precision.
 
-``speedup = other samples/s / base samples/s`` (:func:`cropscale.numbers.speedup`, the one definition),
+``speedup_vs_fp32 = other samples/s / base samples/s`` (:func:`cropscale.numbers.speedup`, the one definition),
 ``step_ratio = other median step / base median step``,
 ``iou_difference = other best mIoU - base best mIoU`` (IoU units, 0..1), ``memory_ratio = other
 peak / base peak``. A ratio whose inputs are missing is n/a with the reason.
@@ -95,7 +95,7 @@ def precision_pairs(records: Sequence[RunRecord]) -> list[PrecisionPair]:
             figures={
                 "base_samples_per_s": base.figures["samples_per_s"],
                 "other_samples_per_s": r.figures["samples_per_s"],
-                "speedup": _ratio("samples_per_s", r, base, evidence),
+                "speedup_vs_fp32": _ratio("samples_per_s", r, base, evidence),
                 "step_ratio": _ratio("median_step_ms", r, base, evidence),
                 "base_best_miou": base.figures["best_miou"],
                 "other_best_miou": r.figures["best_miou"],

@@ -99,7 +99,7 @@ def plot_device_scaling(series: Sequence[DeviceSeries], path: str | Path) -> Pat
         for i, s in enumerate(series):
             color = f"C{i}"
             ns = [p.devices for p in s.points]
-            ax_s.plot(ns, [p.speedup for p in s.points], "o", color=color, markersize=7,
+            ax_s.plot(ns, [p.speedup_vs_1_device for p in s.points], "o", color=color, markersize=7,
                       label=f"{s.label} [{MEASURED_RUN}]")
             ax_e.plot(ns, [p.efficiency for p in s.points], "o", color=color, markersize=7)
             fit = s.serial_fraction

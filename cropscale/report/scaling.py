@@ -48,7 +48,7 @@ class DevicePoint:
     devices: int
     runs: list[str]
     samples_per_s: float
-    speedup: float | None = None
+    speedup_vs_1_device: float | None = None
     efficiency: float | None = None
     karp_flatt: float | None = None
 
@@ -132,12 +132,12 @@ def device_series(records: Sequence[RunRecord]) -> list[DeviceSeries]:
                   for n, rs in sorted(by_n.items())]
         base = points[0].samples_per_s
         for p in points:
-            p.speedup = speedup(p.samples_per_s, base)
-            p.efficiency = p.speedup / p.devices
-            p.karp_flatt = karp_flatt(p.speedup, p.devices) if p.devices > 1 else None
+            p.speedup_vs_1_device = speedup(p.samples_per_s, base)
+            p.efficiency = p.speedup_vs_1_device / p.devices
+            p.karp_flatt = karp_flatt(p.speedup_vs_1_device, p.devices) if p.devices > 1 else None
         multi = [p for p in points if p.devices > 1]
-        out.append(DeviceSeries(protocol, batch, runs[0].precision_label, points,
-                                fit_serial_fraction([p.devices for p in multi], [p.speedup for p in multi])))
+        fraction = fit_serial_fraction([p.devices for p in multi], [p.speedup_vs_1_device for p in multi])
+        out.append(DeviceSeries(protocol, batch, runs[0].precision_label, points, fraction))
     return sorted(out, key=lambda s: (s.precision, s.protocol, s.batch))
 
 
@@ -151,6 +151,7 @@ def efficiency_of(record: RunRecord, series: Sequence[DeviceSeries]) -> Figure:
                 if record.name in p.runs:
                     if p.devices == 1:
                         return Figure(1.0, note="1 device: the base of its device series")
-                    return Figure(p.efficiency, note=f"speed-up {p.speedup:.2f}x over 1 device / {p.devices} devices"
-                                                     f" ({s.protocol}, median of {len(p.runs)} run(s))")
+                    return Figure(p.efficiency, note=f"speed-up {p.speedup_vs_1_device:.2f}x over 1 device /"
+                                                     f" {p.devices} devices ({s.protocol}, median of {len(p.runs)}"
+                                                     " run(s))")
     return Figure(None, why="no run of the same configuration on another device count among the inputs")

@@ -43,10 +43,9 @@ from scipy import stats
 from cropscale.errors import CropScaleError
 from cropscale.evidence import MEASURED_RUN
 from cropscale.numbers import TARGET_FRACTION
-from cropscale.runs.figures import column
 from cropscale.runs.record import RunRecord
 from cropscale.runs.rules import Figure
-from cropscale.runs.tables import Column, TableRow
+from cropscale.runs.tables import TableRow
 from cropscale.runs.tensorboard import epoch_series, load_scalars
 
 DEFAULT_MARGIN = 0.02
@@ -473,24 +472,6 @@ def compare_runs(kind: str, base_label: str, other_label: str, base: Sequence[tu
 
 
 # ------------------------------------------------------------------------------------ the table
-VERDICT_COLUMNS: tuple[Column, ...] = (
-    Column("label", "Comparison", figure=False),
-    column("kind"),
-    Column("seeds", "Seeds base / other", figure=False),
-    Column("best_diff", "Best mIoU change", "+.4f"),
-    Column("best_ci", "95 % CI", figure=False),
-    Column("best_verdict", "Quality verdict", figure=False),
-    Column("final_diff", "Final mIoU change", "+.4f"),
-    Column("final_verdict", "Final verdict", figure=False),
-    column("speedup", "Speed-up (samples/s)"),
-    Column("speedup_ci", "Speed-up 95 % CI", figure=False),
-    column("efficiency", "Efficiency"),
-    Column("time_ratio", "Time to target (other / base)", ".2f"),
-    Column("classes", "Classes moving > margin", figure=False),
-)
-"""Columns of the verdict table the report leads with and the study writes."""
-
-
 def _ci(i: Interval, fmt: str) -> str:
     if i.low is None:
         return f"n/a ({i.why})"
@@ -498,12 +479,15 @@ def _ci(i: Interval, fmt: str) -> str:
 
 
 def verdict_row(c: Comparison) -> TableRow:
-    """One :data:`VERDICT_COLUMNS` row of a comparison (every figure ``measured-run``)."""
+    """One row of the verdict table (:data:`cropscale.runs.figures.VERDICTS`) of a comparison.
+
+    Every figure ``measured-run``; the speed-up is ``speedup_vs_base`` (the comparison's base configuration).
+    """
     speed_ci = _ci(c.speedup, ".2f") + (" (includes 1)" if c.speedup.includes(1.0) else "")
     values = {
         "label": c.label, "kind": c.kind, "seeds": f"{c.best.interval.n_base} / {c.best.interval.n_other}",
         "best_ci": _ci(c.best.interval, "+.4f"), "best_verdict": c.best.text().split(" (")[0],
-        "final_verdict": c.final.text().split(" (")[0], "speedup_ci": speed_ci,
+        "final_verdict": c.final.text().split(" (")[0], "speedup_vs_base_ci": speed_ci,
         "classes": "; ".join(f"{name}: {v.interval.estimate:+.3f} {v.text().split(' (')[0]}" for name, v in c.classes)
         or "none",
     }
@@ -513,7 +497,7 @@ def verdict_row(c: Comparison) -> TableRow:
         "best_diff": Figure(c.best.interval.estimate, MEASURED_RUN, c.best.interval.why,
                             note=f"{c.best.interval.method}; margin {c.best.margin:g}"),
         "final_diff": Figure(c.final.interval.estimate, MEASURED_RUN, c.final.interval.why),
-        "speedup": Figure(c.speedup.estimate, MEASURED_RUN, c.speedup.why,
+        "speedup_vs_base": Figure(c.speedup.estimate, MEASURED_RUN, c.speedup.why,
                           note="geometric-mean ratio of per-epoch training samples/s (epochs x seeds)"),
         "efficiency": eff,
         "time_ratio": Figure(c.time_ratio, MEASURED_RUN, f"{c.time_text()}; {c.target_detail()}",

@@ -28,6 +28,7 @@ from cropscale.errors import CropScaleError
 from cropscale.evidence import MEASURED_MICROBENCHMARK, MEASURED_RUN
 from cropscale.precision import label as precision_label_of
 from cropscale.runs import describe, rules
+from cropscale.runs.figures import produced
 from cropscale.runs.rules import Figure
 from cropscale.runs.schema import BENCHMARK_SCHEMA, RUN_SCHEMA, STEP_WINDOWS, RunJson, RunSummary
 from cropscale.runs.tensorboard import Scalars, events_files, load_scalars
@@ -63,7 +64,6 @@ class RunRecord:
             clock, beside the run clock's windows (on CUDA those are device-timeline windows).
         step_shares: the step decomposition as fractions of the step (:func:`~cropscale.runs.rules.step_shares`).
         epoch_seconds: the measured epochs' ``train_s`` / ``val_s`` / ``wall_s`` lists.
-        loader_wait_share, exposed_comm_share: fractions of the step (:func:`~cropscale.runs.rules.step_share`).
         updates_per_epoch: optimizer updates per epoch.
         warmup_epochs: the epochs left out of every figure.
         pair_key: equal for two records that may form a precision pair.
@@ -93,8 +93,6 @@ class RunRecord:
     host_windows_ms: dict[str, float] = field(default_factory=dict)
     step_shares: dict[str, float] = field(default_factory=dict)
     epoch_seconds: dict[str, list[float]] = field(default_factory=dict)
-    loader_wait_share: float | None = None
-    exposed_comm_share: float | None = None
     updates_per_epoch: float | None = None
     warmup_epochs: int = 0
     pair_key: str = ""
@@ -241,26 +239,9 @@ def _global_batch(scalars: Scalars, config: dict[str, Any] | None, devices: int 
 
 
 def _figures(summary: RunSummary, scalars: Scalars, warmup: int, no_json: str | None) -> dict[str, Figure]:
-    q = rules.quality(scalars)
-    median_step, p95_step = rules.step_time(summary, warmup, no_json)
-    energy_j, energy_per_sample = rules.energy(summary, warmup, no_json)
-    nonfinite, skipped = rules.nonfinite_and_skipped(summary, no_json)
-    slowest, slowest_step = rules.slowest_rank(summary, warmup, no_json)
-    losses = scalars.get("train/loss_epoch", [])
-    return {
-        "best_miou": q.best, "best_epoch": q.best_epoch, "final_miou": q.final,
-        "final_train_loss": (Figure(losses[-1][1]) if losses
-                             else Figure(None, why="no train/loss_epoch in the TensorBoard events")),
-        "median_step_ms": median_step, "p95_step_ms": p95_step,
-        "samples_per_s": rules.samples_per_s(summary, warmup, no_json),
-        "train_epoch_s": rules.epoch_time(summary, "train_s", warmup, no_json),
-        "val_epoch_s": rules.epoch_time(summary, "val_s", warmup, no_json),
-        "epoch_s": rules.epoch_time(summary, "wall_s", warmup, no_json),
-        "energy_j": energy_j, "energy_j_per_sample": energy_per_sample,
-        "peak_memory_gib": rules.peak_memory(summary, no_json),
-        "nonfinite": nonfinite, "skipped_steps": skipped,
-        "slowest_rank": slowest, "slowest_rank_step_ms": slowest_step,
-    }
+    """Every figure of one run: each registered figure's producer (:data:`cropscale.runs.figures.FIGURES`)."""
+    inputs = rules.RunInputs(summary, scalars, warmup, no_json)
+    return {key: spec.producer(inputs) for key, spec in produced().items()}
 
 
 def _loss_series(scalars: Scalars, tag: str = "train/loss_step") -> list[tuple[int, float]]:
@@ -372,8 +353,6 @@ def load_run(path: str | Path, warmup_epochs: int | None = None) -> RunRecord:
         step_windows_source=source, step_shares=rules.step_shares(summary, STEP_WINDOWS, warmup),
         host_windows_ms=rules.host_windows(summary, warmup),
         epoch_seconds=rules.epoch_seconds(summary, warmup),
-        loader_wait_share=rules.step_share(summary, "data_wait", warmup),
-        exposed_comm_share=rules.step_share(summary, "comm_exposed", warmup),
         updates_per_epoch=rules.updates_per_epoch(run_json), warmup_epochs=warmup,
         pair_key=pair_key(config, {"strategy": strategy.value, "devices": devices.value, "global_batch": batch.value}),
         training_run=training, skip_reason=skip_reason, divergence=rules.divergence(_loss_series(scalars)),
@@ -394,8 +373,6 @@ def _benchmark_figures(row: dict[str, Any]) -> dict[str, Figure]:
     figures = {key: Figure(None, E, _COMPUTE_ONLY)
                for key in ("best_miou", "best_epoch", "final_miou", "train_epoch_s", "val_epoch_s", "epoch_s")}
     figures["final_train_loss"] = Figure(None, E, "synthetic batch: the loss is not a quality figure")
-    figures["energy_j"] = Figure(None, E, "not measured by the benchmark")
-    figures["energy_j_per_sample"] = Figure(None, E, "not measured by the benchmark")
     steps = f"{row.get('iterations')} measured steps after {row.get('warmup')} warm-up, synchronised"
     for key, note in (("median_step_ms", steps), ("p95_step_ms", steps), ("samples_per_s", "batch / median step")):
         figures[key] = Figure(row.get(key) if ok else None, E, failed, note)
@@ -411,6 +388,8 @@ def _benchmark_figures(row: dict[str, Any]) -> dict[str, Figure]:
         figures["skipped_steps"] = Figure(int(row.get("nonfinite_steps") or 0), E, note="GradScaler skips")
     else:
         figures["skipped_steps"] = Figure(0, E, note="no GradScaler: never skipped")
+    for key in produced():  # every other figure of a run (energy, step shares, slowest rank ...)
+        figures.setdefault(key, Figure(None, E, "not measured by the benchmark"))
     return figures
 
 

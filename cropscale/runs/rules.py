@@ -79,6 +79,22 @@ class Figure:
             self.why = "not recorded"
 
 
+@dataclass(frozen=True)
+class RunInputs:
+    """What a figure's producer reads (:attr:`cropscale.runs.figures.FigureSpec.producer`).
+
+    Attributes:
+        summary: ``run.json`` ``summary`` (empty without ``run.json``); scalars: the TensorBoard scalars by tag;
+        warmup: the epochs left out (:func:`measured`); no_json: the reason every ``run.json`` figure is n/a
+        when the folder has no ``run.json``, else None.
+    """
+
+    summary: RunSummary
+    scalars: Scalars
+    warmup: int
+    no_json: str | None = None
+
+
 class _Epoch(Protocol):
     epoch: int
 
@@ -219,6 +235,12 @@ def step_share(summary: RunSummary, window: str, warmup_epochs: int) -> float | 
         if w is not None and step is not None and w.median is not None and step.median:
             shares.append(w.median / step.median)
     return median(shares)
+
+
+def step_share_figure(summary: RunSummary, window: str, warmup_epochs: int, no_json: str | None = None) -> Figure:
+    """:func:`step_share` as a figure: n/a with the reason when ``run.json`` holds no such window."""
+    share = step_share(summary, window, warmup_epochs)
+    return Figure(share, why=no_json or f"no {window} window in run.json (StepTimingCallback)")
 
 
 def step_shares(summary: RunSummary, windows: tuple[str, ...], warmup_epochs: int) -> dict[str, float]:

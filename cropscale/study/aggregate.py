@@ -5,8 +5,9 @@ Karp-Flatt serial fraction are taken against the measured 1-rank row.
 
 Per run, every figure follows its rule in :mod:`cropscale.runs.rules` over the spec's measured
 epochs (the run reader :func:`cropscale.runs.record.load_run` with ``warmup_epochs``); per
-configuration: the median over seeds (times, steps, rates, shares) and the mean and sample standard
-deviation over seeds (macro IoU).
+configuration: each figure over seeds by its registry rule (``over_seeds`` of
+:data:`cropscale.runs.figures.FIGURES`: the median for times, steps, rates, shares; the mean and sample
+standard deviation for macro IoU).
 
 Batch sweep (:func:`sweep_summary`): one curve of best macro IoU against the global batch per optimiser,
 LR rule and precision, compared with the small-batch baseline; :func:`holds_to` gives the largest ``G``
@@ -18,11 +19,12 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 from cropscale.evidence import MEASURED_RUN
 from cropscale.numbers import mean_sd, median, speedup
 from cropscale.runs.equivalence import epoch_rates, mean_interval, ratio_interval
+from cropscale.runs.figures import FIGURES, MEAN_SD, MEDIAN, SEED_TABLES, over_seeds, table_columns
 from cropscale.runs.record import RunRecord
 from cropscale.scaling.amdahl import karp_flatt
 from cropscale.study import protocol as P
@@ -32,10 +34,14 @@ from cropscale.study.spec import PRECISION_LABELS
 
 @dataclass
 class StudyRow:
-    """One configuration of the study table (times in s, steps in ms, shares as fractions).
+    """One configuration of the study table: the planned (exact) columns and the figures by key.
 
-    ``None`` = not measured or not predicted, with the reason in ``why[<field>]``; ``notes`` hold
-    what qualifies the row, ``figure_notes`` what qualifies one figure.
+    ``figures``: registry key (:data:`cropscale.runs.figures.FIGURES`) -> value in the figure's unit (times in
+    s, steps in ms, shares as fractions), the sample sd of a :data:`~cropscale.runs.figures.MEAN_SD` figure as
+    ``<key>_sd``; ``row[key]`` reads one (None: not measured or not predicted, with the reason in
+    ``why[<key>]``) and ``row[key] = value`` sets one. ``notes`` hold what qualifies the row,
+    ``figure_notes`` what qualifies one figure. ``train_epoch_s_low`` / ``_high``: the 95 % interval of the
+    training-epoch time the predictions propagate (not a column).
     """
 
     evidence: str
@@ -50,25 +56,7 @@ class StudyRow:
     updates_per_epoch: float | None
     seeds: int = 0
     optimizer: str = "adamw"
-    median_step_ms: float | None = None
-    p95_step_ms: float | None = None
-    samples_per_s: float | None = None
-    train_epoch_s: float | None = None
-    train_epoch_cv: float | None = None
-    val_epoch_s: float | None = None
-    epoch_s: float | None = None
-    speedup: float | None = None
-    efficiency: float | None = None
-    karp_flatt: float | None = None
-    loader_wait_share: float | None = None
-    exposed_comm_share: float | None = None
-    energy_j_per_sample: float | None = None
-    final_miou: float | None = None
-    final_miou_sd: float | None = None
-    best_miou: float | None = None
-    best_miou_sd: float | None = None
-    speedup_low: float | None = None
-    speedup_high: float | None = None
+    figures: dict[str, float | None] = field(default_factory=dict)
     train_epoch_s_low: float | None = None
     train_epoch_s_high: float | None = None
     config_key: str = ""
@@ -76,12 +64,27 @@ class StudyRow:
     why: dict[str, str] = field(default_factory=dict)
     figure_notes: dict[str, str] = field(default_factory=dict)
 
+    def __getitem__(self, key: str) -> float | None:
+        """The figure ``key``; None when not set. Raises KeyError: ``key`` is no registered figure."""
+        return self.figures.get(_registered(key))
 
-MEDIAN_OVER_SEEDS = ("median_step_ms", "p95_step_ms", "samples_per_s", "train_epoch_s", "val_epoch_s", "epoch_s",
-                     "energy_j_per_sample")
-"""Run figures a study row holds as the median over seeds (row field = record key, :mod:`cropscale.runs.figures`)."""
-MEAN_SD_OVER_SEEDS = ("final_miou", "best_miou")
-"""Run figures a study row holds as mean and sample sd over seeds (``<key>`` and ``<key>_sd``)."""
+    def __setitem__(self, key: str, value: float | None) -> None:
+        """Set the figure ``key``. Raises KeyError: ``key`` is no registered figure."""
+        self.figures[_registered(key)] = value
+
+    def to_json(self) -> dict:
+        """The row as ``study.json`` holds it: the planned fields and every figure of the study's tables by key."""
+        doc = asdict(self)
+        figures = doc.pop("figures")
+        keys = dict.fromkeys(c.key for table in SEED_TABLES for c in table_columns(table) if c.figure)
+        return {**doc, **{k: figures.get(k) for k in keys}, **figures}
+
+
+def _registered(key: str) -> str:
+    base = key.removesuffix("_sd")
+    if key in FIGURES or (base != key and base in FIGURES and FIGURES[base].over_seeds == MEAN_SD):
+        return key
+    raise KeyError(f"{key!r} is no figure of cropscale.runs.figures.FIGURES (nor the sd of a mean_sd figure)")
 
 
 def base_row(config: Configuration, evidence: str) -> StudyRow:
@@ -102,10 +105,11 @@ def run_notes(record: RunRecord) -> tuple[list[str], dict[str, str]]:
         notes.append(f"no run.json in {record.path} (fit without the scaling callbacks)")
     elif record.status != "finished":
         notes.append(f"run.json status {record.status!r}")
-    for key in (*MEDIAN_OVER_SEEDS, *MEAN_SD_OVER_SEEDS):  # one name: the run's figure and the row's field
-        if record.figures[key].value is None:
-            why[key] = record.figures[key].why
-    if record.exposed_comm_share is None and record.run_json is not None:
+    for key in (*over_seeds(MEDIAN), *over_seeds(MEAN_SD)):  # one name: the run's figure and the row's figure
+        fig = record.figures.get(key)
+        if fig is None or fig.value is None:
+            why[key] = fig.why if fig is not None else "not recorded by the run"
+    if record.value("exposed_comm_share") is None and record.run_json is not None:
         comm = record.run_json.summary.step_timing.comm_timing if record.run_json.summary.step_timing else {}
         why["exposed_comm_share"] = (
             "no gradient all-reduce on 1 rank" if record.devices == 1
@@ -114,15 +118,11 @@ def run_notes(record: RunRecord) -> tuple[list[str], dict[str, str]]:
 
 
 def _seed_figures(row: StudyRow, runs: Sequence[RunRecord]) -> None:
-    """Median over seeds of each run's figure (each itself over the measured epochs); macro IoU as mean and sd."""
-    for key in MEDIAN_OVER_SEEDS:
-        setattr(row, key, median(r.figures[key].value for r in runs))
-    for key in MEAN_SD_OVER_SEEDS:
-        mean, sd = mean_sd(r.figures[key].value for r in runs)
-        setattr(row, key, mean)
-        setattr(row, f"{key}_sd", sd)
-    row.loader_wait_share = median(r.loader_wait_share for r in runs)
-    row.exposed_comm_share = median(r.exposed_comm_share for r in runs)
+    """Each run's figure (itself over the measured epochs) over seeds, by its registry rule (``over_seeds``)."""
+    for key in over_seeds(MEDIAN):
+        row[key] = median(r.value(key) for r in runs)
+    for key in over_seeds(MEAN_SD):
+        row[key], row[f"{key}_sd"] = mean_sd(r.value(key) for r in runs)
 
 
 def measured_row(config: Configuration, runs: Sequence[RunRecord], train_samples: int | None,
@@ -137,10 +137,10 @@ def measured_row(config: Configuration, runs: Sequence[RunRecord], train_samples
     _seed_figures(row, runs)
     pooled = [t for r in runs for t in r.epoch_seconds.get("train_s", [])]
     if len(pooled) > 1 and statistics.fmean(pooled) > 0:
-        row.train_epoch_cv = statistics.stdev(pooled) / statistics.fmean(pooled)
+        row["train_epoch_cv"] = statistics.stdev(pooled) / statistics.fmean(pooled)
     elif len(pooled) == 1:
         row.why["train_epoch_cv"] = "one measured epoch in all: no dispersion"
-    if row.energy_j_per_sample is not None:
+    if row["energy_j_per_sample"] is not None:
         row.figure_notes["energy_j_per_sample"] = (
             "GPU board energy (NVML) of the measured epochs, their validation included, per training sample;"
             " excludes CPU, storage, network, cooling")
@@ -151,8 +151,8 @@ def measured_row(config: Configuration, runs: Sequence[RunRecord], train_samples
         elif not math.isclose(measured_updates, config.updates_per_epoch):
             row.notes.append(
                 f"measured {measured_updates:g} optimizer updates/epoch, planned {config.updates_per_epoch}")
-    if row.samples_per_s is None and train_samples and row.train_epoch_s:
-        row.samples_per_s = train_samples / row.train_epoch_s
+    if row["samples_per_s"] is None and train_samples and row["train_epoch_s"]:
+        row["samples_per_s"] = train_samples / row["train_epoch_s"]
         row.notes.append("samples/s = training samples per epoch / median training-epoch time")
     row.notes.extend(n for n in extra_notes if n not in row.notes)
     for r in runs:
@@ -175,16 +175,16 @@ def add_speedups(rows: list[StudyRow]) -> None:
     (their runs differ in the global batch, not the world size).
     """
     scaling = [r for r in rows if r.protocol in P.PROTOCOLS]
-    q1 = {(r.protocol, r.precision): r.samples_per_s for r in scaling
+    q1 = {(r.protocol, r.precision): r["samples_per_s"] for r in scaling
           if r.evidence == MEASURED_RUN and r.world_size == 1}
     for r in scaling:
         base = q1.get((r.protocol, r.precision))
-        if r.evidence != MEASURED_RUN or not r.samples_per_s or not base:
+        if r.evidence != MEASURED_RUN or not r["samples_per_s"] or not base:
             continue
-        r.speedup = speedup(r.samples_per_s, base)
-        r.efficiency = P.efficiency(r.speedup, r.world_size)
+        r["speedup_vs_1_device"] = speedup(r["samples_per_s"], base)
+        r["efficiency"] = P.efficiency(r["speedup_vs_1_device"], r.world_size)
         if r.world_size > 1:
-            r.karp_flatt = karp_flatt(r.speedup, r.world_size)
+            r["karp_flatt"] = karp_flatt(r["speedup_vs_1_device"], r.world_size)
 
 
 def add_speedup_intervals(rows: Sequence[StudyRow], records: dict[str, Sequence[RunRecord]]) -> None:
@@ -207,9 +207,9 @@ def add_speedup_intervals(rows: Sequence[StudyRow], records: dict[str, Sequence[
             continue
         base = [q for run in records.get(one.config_key) or () for q in epoch_rates(run)]
         ci = ratio_interval(base, [q for run in runs for q in epoch_rates(run)])
-        r.speedup_low, r.speedup_high = ci.low, ci.high
+        r["speedup_vs_1_device_low"], r["speedup_vs_1_device_high"] = ci.low, ci.high
         if ci.low is None:
-            r.why["speedup_ci"] = ci.why or "no interval"
+            r.why["speedup_vs_1_device_low"] = r.why["speedup_vs_1_device_high"] = ci.why or "no interval"
 
 
 # ------------------------------------------------------------------------------------------ batch sweep
@@ -274,13 +274,13 @@ class SweepSummary:
 
 
 def _verdict(curve: SweepCurve, baseline: StudyRow, tolerance: float, not_run: Sequence[int]) -> str:
-    floor = baseline.best_miou - tolerance
+    floor = baseline["best_miou"] - tolerance
     by_g = {r.global_batch: r for r in curve.rows}
     text = (f"holds to G = {curve.holds_to}; at G = {curve.stops_at}" if curve.holds_to is not None
             else f"does not hold even at its smallest G = {curve.stops_at}:")
     if curve.stops_at is not None:
         row = by_g.get(curve.stops_at)
-        value = None if row is None else row.best_miou
+        value = None if row is None else row["best_miou"]
         text += " no measured macro IoU" if value is None else f" best macro IoU {value:.4f} < {floor:.4f}"
     else:
         text = f"holds to G = {curve.holds_to}"
@@ -308,7 +308,7 @@ def sweep_summary(rows: Sequence[StudyRow], configs: Sequence[Configuration], ba
     opt, rule, g0 = baseline
     base = next((r for r in sweep_rows if (r.optimizer, r.lr_scaling, r.global_batch) == (opt, rule, g0)), None)
     summary = SweepSummary(base, tolerance, [], not_run)
-    if base is None or base.best_miou is None:
+    if base is None or base["best_miou"] is None:
         summary.baseline = None
         summary.why = f"the baseline ({opt}, {rule}, G = {g0}) has no measured best macro IoU"
     keys = list(dict.fromkeys((c.plan.optimizer, c.plan.lr_scaling, PRECISION_LABELS[c.precision]) for c in configs
@@ -320,8 +320,8 @@ def sweep_summary(rows: Sequence[StudyRow], configs: Sequence[Configuration], ba
             continue
         curve = SweepCurve(optimizer, lr_scaling, precision, mine)
         if summary.baseline is not None:
-            curve.holds_to, curve.stops_at = holds_to([(r.global_batch, r.best_miou) for r in mine],
-                                                      summary.baseline.best_miou, tolerance)
+            curve.holds_to, curve.stops_at = holds_to([(r.global_batch, r["best_miou"]) for r in mine],
+                                                      summary.baseline["best_miou"], tolerance)
             skipped = [g for _, g, o, lr, _ in not_run if (o, lr) == (optimizer, lr_scaling)]
             curve.verdict = _verdict(curve, summary.baseline, tolerance, skipped)
         else:

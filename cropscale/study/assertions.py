@@ -34,8 +34,8 @@ def grid(rows: Sequence[StudyRow], precision: str) -> tuple[list[float], list[fl
     cells: dict[tuple[int, int], list[float]] = {}
     for r in rows:
         if (r.evidence == MEASURED_RUN and r.protocol != P.BATCH_SWEEP and r.precision == precision
-                and r.median_step_ms is not None):
-            cells.setdefault((r.world_size, r.local_batch), []).append(float(r.median_step_ms))
+                and r["median_step_ms"] is not None):
+            cells.setdefault((r.world_size, r.local_batch), []).append(float(r["median_step_ms"]))
     keys = sorted(cells)
     return [float(k[0]) for k in keys], [float(k[1]) for k in keys], [cells[k] for k in keys]
 

@@ -84,7 +84,7 @@ def prediction_checks(spec: StudySpec, rows: Sequence[StudyRow], records: Mappin
     ``records``: config key -> runs; ``cpu``: config key -> the runs' ``cpu`` entries of ``study.json``
     (:func:`cropscale.study.launch.cpu_usage`).
     """
-    measured = [r for r in rows if r.evidence == MEASURED_RUN and r.protocol in P.PROTOCOLS and r.train_epoch_s]
+    measured = [r for r in rows if r.evidence == MEASURED_RUN and r.protocol in P.PROTOCOLS and r["train_epoch_s"]]
     out = []
     buckets = None
     for row in (r for r in measured if r.world_size > 1):
@@ -97,8 +97,8 @@ def prediction_checks(spec: StudySpec, rows: Sequence[StudyRow], records: Mappin
         if updates:
             buckets = buckets or gradient_buckets(spec)
             comm = updates * comm_time_per_update(spec, buckets[0], row.world_size, buckets[1])
-        check = PredictionCheck(row.protocol, row.precision, row.world_size, one.train_epoch_s, row.train_epoch_s,
-                                one.train_epoch_s / row.world_size + comm)
+        check = PredictionCheck(row.protocol, row.precision, row.world_size, one["train_epoch_s"], row["train_epoch_s"],
+                                one["train_epoch_s"] / row.world_size + comm)
         if accelerator == "cpu":
             _cpu_share(check, spec, one, row, records, cpu, comm)
         out.append(check)
@@ -117,7 +117,7 @@ def _cpu_share(check: PredictionCheck, spec: StudySpec, one: StudyRow, row: Stud
     threads = _threads([*records.get(one.config_key, ()), *records.get(row.config_key, ())], spec)
     c_1 = share_cores(1, threads, cores, other_1)
     c_n = share_cores(row.world_size, threads, cores, other_n)
-    check.cpu_share = one.train_epoch_s * c_1 / c_n + comm
+    check.cpu_share = one["train_epoch_s"] * c_1 / c_n + comm
     own = median(e.get("own_cores") for e in entries_n)
     check.basis = (f"C = {cores:g} cores, {threads} thread(s)/rank, other work {other_1:.2f} / {other_n:.2f} cores"
                    f" during the N = 1 / N = {row.world_size} runs: {c_1:.2f} / {c_n:.2f} cores for the ranks"

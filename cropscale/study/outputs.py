@@ -14,40 +14,19 @@ from pathlib import Path
 
 from cropscale.evidence import ANALYTICAL_SCENARIO, MEASURED_RUN
 from cropscale.files import atomic_write_text
-from cropscale.runs.equivalence import VERDICT_COLUMNS, Comparison, verdict_intro, verdict_row
-from cropscale.runs.figures import column, columns
+from cropscale.runs.equivalence import Comparison, verdict_intro, verdict_row
+from cropscale.runs.figures import STUDY, SWEEP, VERDICTS, table_columns
 from cropscale.runs.plots import plot_iou_by_epoch, plot_step_decomposition, plot_verdicts, pyplot, save
 from cropscale.runs.record import RunRecord
 from cropscale.runs.rules import Figure
-from cropscale.runs.tables import Column, TableRow, render_table
+from cropscale.runs.tables import TableRow, render_table
 from cropscale.study import protocol as P
 from cropscale.study.aggregate import StudyRow, SweepSummary
 from cropscale.study.assertions import write_scaling_assertions
 from cropscale.study.spec import BatchSweepSpec, StudySpec
 
-COLUMNS: tuple[Column, ...] = (
-    Column("protocol", "Protocol", figure=False),
-    column("precision"),
-    column("devices", "N").with_key("world_size"),
-    Column("local_batch", "L", "d", figure=False),
-    Column("accumulation", "A", "d", figure=False),
-    column("global_batch", "G"),
-    Column("lr", "LR", ".4g", figure=False),
-    Column("updates_per_epoch", "Updates/epoch", "g", figure=False),
-    Column("seeds", "Seeds", "d", figure=False),
-    *columns("median_step_ms", "p95_step_ms", "samples_per_s", "train_epoch_s", "train_epoch_cv", "val_epoch_s",
-             "epoch_s"),
-    column("speedup", "S_N"),
-    *columns("speedup_low", "speedup_high"),
-    column("efficiency", "E_N"),
-    column("karp_flatt", "Karp-Flatt e"),
-    *columns("loader_wait_share", "exposed_comm_share", "energy_j_per_sample", "final_miou", "final_miou_sd",
-             "best_miou", "best_miou_sd"),
-)
-"""Columns of the study table, in order."""
-
-PREDICTED = ("train_epoch_s", "samples_per_s", "speedup", "efficiency", "karp_flatt", "speedup_low",
-             "speedup_high")
+PREDICTED = ("train_epoch_s", "samples_per_s", "speedup_vs_1_device", "efficiency", "karp_flatt",
+             "speedup_vs_1_device_low", "speedup_vs_1_device_high")
 """The figures an analytical-scenario row predicts (the others stay n/a)."""
 
 
@@ -56,11 +35,11 @@ def _why_missing(row: StudyRow, key: str) -> str:
         return "not run: only epoch time, samples/s, S_N, E_N are predicted"
     if key == "karp_flatt" and row.world_size == 1:
         return "Karp-Flatt e is undefined at N = 1"
-    if key in ("speedup_low", "speedup_high") and row.world_size == 1:
+    if key in ("speedup_vs_1_device_low", "speedup_vs_1_device_high") and row.world_size == 1:
         return "the 1-rank base"
-    if key in ("speedup_low", "speedup_high") and row.speedup is not None:
+    if key in ("speedup_vs_1_device_low", "speedup_vs_1_device_high") and row["speedup_vs_1_device"] is not None:
         return "fewer than 2 measured epochs x seeds on a side: no interval"
-    if key in ("speedup", "efficiency", "karp_flatt"):
+    if key in ("speedup_vs_1_device", "efficiency", "karp_flatt"):
         return "no measured 1-rank training-epoch time of this protocol and precision"
     return "not recorded by the run(s)"
 
@@ -71,14 +50,15 @@ def table_row(row: StudyRow) -> TableRow:
     The row's notes are attached to the training-epoch time.
     """
     figures = {}
-    for col in COLUMNS:
+    columns = table_columns(STUDY)
+    for col in columns:
         if not col.figure:
             continue
-        value = getattr(row, col.key)
+        value = row[col.key]
         why = row.why.get(col.key) or (None if value is not None else _why_missing(row, col.key))
         note = "; ".join(row.notes) if col.key == "train_epoch_s" and row.notes else row.figure_notes.get(col.key)
         figures[col.key] = Figure(value, row.evidence, why, note)
-    values = {c.key: getattr(row, c.key) for c in COLUMNS if not c.figure}
+    values = {c.key: getattr(row, c.key) for c in columns if not c.figure}
     return TableRow(values=values, figures=figures, evidence=row.evidence)
 
 
@@ -120,16 +100,16 @@ def _blocks(rows: Sequence[TableRow], spec: StudySpec) -> list[str]:
     ):
         subset = [r for r in rows if r.evidence == evidence]
         if subset:
-            blocks.append(render_table(subset, COLUMNS, title=title, intro=intro).markdown)
+            blocks.append(render_table(subset, table_columns(STUDY), title=title, intro=intro).markdown)
     return blocks
 
 
 def verdict_block(comparisons: Sequence[Comparison], spec: StudySpec) -> str:
-    """``## Verdicts``: one line per comparison, then the table (:data:`cropscale.runs.equivalence.VERDICT_COLUMNS`)."""
+    """``## Verdicts``: one line per comparison, then the table (:data:`cropscale.runs.figures.VERDICTS`)."""
     if not comparisons:
         return "## Verdicts\n\nNo two measured configurations to compare.\n"
     lines = "\n".join(f"- {c.line()}" for c in comparisons)
-    table = render_table([verdict_row(c) for c in comparisons], VERDICT_COLUMNS,
+    table = render_table([verdict_row(c) for c in comparisons], table_columns(VERDICTS),
                          intro=verdict_intro(spec.equivalence_margin, spec.target_fraction))
     return f"## Verdicts\n\n{lines}\n\n{table.markdown}"
 
@@ -153,17 +133,18 @@ def write_outputs(rows: Sequence[StudyRow], out: Path, spec: StudySpec, runs: Se
     if checks:
         blocks.append("## Prediction check (N = 1 -> N measured)\n\n" + "\n".join(f"- {c}" for c in checks) + "\n")
     if comparisons:
-        verdicts = render_table([verdict_row(c) for c in comparisons], VERDICT_COLUMNS)
+        verdicts = render_table([verdict_row(c) for c in comparisons], table_columns(VERDICTS))
         paths["verdicts_csv"] = atomic_write_text(out / "study_verdicts.csv", verdicts.csv)
         paths["verdicts"] = plot_verdicts(comparisons, figures_dir / "verdicts.png", spec.equivalence_margin)
     if scaling or sweep is None:
         table_rows = [table_row(r) for r in scaling]
-        paths["csv"] = atomic_write_text(out / "study_table.csv", render_table(table_rows, COLUMNS).csv)
+        paths["csv"] = atomic_write_text(out / "study_table.csv", render_table(table_rows, table_columns(STUDY)).csv)
         paths["scaling"] = plot_scaling(scaling, figures_dir / "scaling.png")
         blocks += _blocks(table_rows, spec)
     if sweep is not None:
         sweep_rows = [sweep_table_row(r, sweep, spec.max_epochs) for c in sweep.curves for r in c.rows]
-        paths["sweep_csv"] = atomic_write_text(out / "batch_sweep.csv", render_table(sweep_rows, SWEEP_COLUMNS).csv)
+        sweep_csv = render_table(sweep_rows, table_columns(SWEEP)).csv
+        paths["sweep_csv"] = atomic_write_text(out / "batch_sweep.csv", sweep_csv)
         paths["batch_sweep"] = plot_batch_sweep(sweep, figures_dir / "batch_sweep.png")
         blocks.append(sweep_block(sweep_rows, sweep, spec))
     if runs:
@@ -177,17 +158,17 @@ def write_outputs(rows: Sequence[StudyRow], out: Path, spec: StudySpec, runs: Se
 
 def _plot_group(axes, rows: Sequence[StudyRow], label: str, color: str) -> None:
     measured = [r for r in rows if r.evidence == MEASURED_RUN]
-    for ax, key in ((axes[0], "speedup"), (axes[1], "efficiency")):
-        pts = [(r.world_size, getattr(r, key)) for r in measured if getattr(r, key) is not None]
+    for ax, key in ((axes[0], "speedup_vs_1_device"), (axes[1], "efficiency")):
+        pts = [(r.world_size, r[key]) for r in measured if r[key] is not None]
         if pts:
             ax.plot(*zip(*pts, strict=True), "o-", color=color, label=f"{label} [{MEASURED_RUN}]")
         last = pts[-1:] if pts else []
-        pred = last + [(r.world_size, getattr(r, key)) for r in rows
-                       if r.evidence == ANALYTICAL_SCENARIO and getattr(r, key) is not None]
+        pred = last + [(r.world_size, r[key]) for r in rows
+                       if r.evidence == ANALYTICAL_SCENARIO and r[key] is not None]
         if len(pred) > len(last):
             ax.plot(*zip(*pred, strict=True), "o--", color=color, markerfacecolor="none",
                     label=f"{label} [{ANALYTICAL_SCENARIO}]")
-    iou = [(r.world_size, r.final_miou, r.final_miou_sd or 0.0) for r in measured if r.final_miou is not None]
+    iou = [(r.world_size, r["final_miou"], r["final_miou_sd"] or 0.0) for r in measured if r["final_miou"] is not None]
     if iou:
         x, y, e = zip(*iou, strict=True)
         axes[2].errorbar(x, y, yerr=e, fmt="o-", color=color, capsize=3, label=f"{label} [{MEASURED_RUN}]")
@@ -223,39 +204,21 @@ def plot_scaling(rows: Sequence[StudyRow], path: Path) -> Path:
 
 
 # ------------------------------------------------------------------------------------------ batch sweep
-SWEEP_COLUMNS: tuple[Column, ...] = (
-    Column("optimizer", "Optimizer", figure=False),
-    Column("lr_scaling", "LR rule", figure=False),
-    column("precision"),
-    column("global_batch", "G"),
-    Column("local_batch", "L", "d", figure=False),
-    column("devices", "N").with_key("world_size"),
-    Column("accumulation", "A", "d", figure=False),
-    Column("lr", "LR", ".4g", figure=False),
-    Column("updates_per_epoch", "Updates/epoch", "g", figure=False),
-    Column("updates_total", "Updates in run", "g", figure=False),
-    Column("seeds", "Seeds", "d", figure=False),
-    *columns("best_miou", "best_miou_sd", "best_miou_delta"),
-    Column("holds", "Holds", figure=False),
-    *columns("samples_per_s", "train_epoch_s"),
-)
-"""Columns of the batch-sweep table, in order (``vs baseline``: mean best macro IoU minus the baseline's)."""
-
-
 def sweep_table_row(row: StudyRow, sweep: SweepSummary, epochs: int) -> TableRow:
     """A batch-sweep row: the plan (counts), the measured figures and the comparison with the baseline.
 
     ``epochs``: the epochs of every run (updates in the run = updates per epoch x epochs).
     """
     base = table_row(row)
-    values = {c.key: getattr(row, c.key, None) for c in SWEEP_COLUMNS if not c.figure}
+    values = {c.key: getattr(row, c.key, None) for c in table_columns(SWEEP) if not c.figure}
     values["updates_total"] = row.updates_per_epoch * epochs if row.updates_per_epoch is not None else None
-    figures = {k: base.figures[k] for k in ("best_miou", "best_miou_sd", "samples_per_s", "train_epoch_s")}
-    if sweep.baseline is None or row.best_miou is None:
+    figures = {c.key: base.figures.get(c.key) or Figure(row[c.key], row.evidence, row.why.get(c.key))
+               for c in table_columns(SWEEP) if c.figure}
+    if sweep.baseline is None or row["best_miou"] is None:
         figures["best_miou_delta"] = Figure(None, MEASURED_RUN, sweep.why or "no measured best macro IoU")
         values["holds"] = None
     else:
-        delta = row.best_miou - sweep.baseline.best_miou
+        delta = row["best_miou"] - sweep.baseline["best_miou"]
         figures["best_miou_delta"] = Figure(delta, MEASURED_RUN)
         values["holds"] = "yes" if delta >= -sweep.tolerance else "no"
     return TableRow(values=values, figures=figures, evidence=MEASURED_RUN)
@@ -268,12 +231,13 @@ def sweep_block(rows: Sequence[TableRow], sweep: SweepSummary, spec: StudySpec) 
     if b is None:
         lines.append(f"No baseline: {sweep.why}.")
     else:
-        sd = "n/a (one seed)" if b.best_miou_sd is None else f"{b.best_miou_sd:.4f}"
+        best, best_sd = b["best_miou"], b["best_miou_sd"]
+        sd = "n/a (one seed)" if best_sd is None else f"{best_sd:.4f}"
         lines.append(
-            f"Baseline: {b.optimizer}, LR rule {b.lr_scaling}, G = {b.global_batch}: best macro IoU {b.best_miou:.4f}"
+            f"Baseline: {b.optimizer}, LR rule {b.lr_scaling}, G = {b.global_batch}: best macro IoU {best:.4f}"
             f" (mean over {b.seeds} seed(s), sd {sd}) [{MEASURED_RUN}]. A point holds when its mean best macro IoU"
             f" is at least the baseline's minus the tolerance {sweep.tolerance:g},"
-            f" i.e. >= {b.best_miou - sweep.tolerance:.4f}.")
+            f" i.e. >= {best - sweep.tolerance:.4f}.")
     lines.append("")
     for c in sweep.curves:
         lines.append(f"- {c.optimizer}, LR rule {c.lr_scaling}, {c.precision}: {c.verdict}")
@@ -282,7 +246,8 @@ def sweep_block(rows: Sequence[TableRow], sweep: SweepSummary, spec: StudySpec) 
              " printed batch line and global step. Best mIoU: best validation macro IoU of a run, mean and sample sd"
              f" over seeds; samples/s and training-epoch time: median over seeds of the {spec.measured_epochs} measured"
              f" epoch(s) after {spec.warmup_epochs} excluded.")
-    lines += ["", render_table(rows, SWEEP_COLUMNS, title=f"Batch sweep table ({MEASURED_RUN})", intro=intro).markdown]
+    table = render_table(rows, table_columns(SWEEP), title=f"Batch sweep table ({MEASURED_RUN})", intro=intro)
+    lines += ["", table.markdown]
     if sweep.not_run:
         lines += ["## Batch sweep: not run", "", "Listed, not measured, nothing predicted:", ""]
         lines += [f"- G = {g}, {opt}, LR rule {rule}: {reason}" for _, g, opt, rule, reason in sweep.not_run]
@@ -301,18 +266,18 @@ def plot_batch_sweep(sweep: SweepSummary, path: Path) -> Path:
     gs = sorted({r.global_batch for c in sweep.curves for r in c.rows} | {g for _, g, *_ in sweep.not_run})
     b = sweep.baseline
     if b is not None:
-        sd = b.best_miou_sd or 0.0
-        axes[0].axhspan(b.best_miou - sd, b.best_miou + sd, color="grey", alpha=0.25,
+        sd = b["best_miou_sd"] or 0.0
+        axes[0].axhspan(b["best_miou"] - sd, b["best_miou"] + sd, color="grey", alpha=0.25,
                         label=f"baseline {b.optimizer} {b.lr_scaling} G={b.global_batch}: mean +- sd")
-        axes[0].axhline(b.best_miou - sweep.tolerance, color="grey", ls="--", lw=1,
+        axes[0].axhline(b["best_miou"] - sweep.tolerance, color="grey", ls="--", lw=1,
                         label=f"baseline - tolerance {sweep.tolerance:g}")
     for i, c in enumerate(sweep.curves):
         label = f"{c.optimizer} {c.lr_scaling} {c.precision}"
-        iou = [(r.global_batch, r.best_miou, r.best_miou_sd or 0.0) for r in c.rows if r.best_miou is not None]
+        iou = [(r.global_batch, r["best_miou"], r["best_miou_sd"] or 0.0) for r in c.rows if r["best_miou"] is not None]
         if iou:
             x, y, e = zip(*iou, strict=True)
             axes[0].errorbar(x, y, yerr=e, fmt="o-", color=f"C{i}", capsize=3, label=label)
-        rate = [(r.global_batch, r.samples_per_s) for r in c.rows if r.samples_per_s is not None]
+        rate = [(r.global_batch, r["samples_per_s"]) for r in c.rows if r["samples_per_s"] is not None]
         if rate:
             axes[1].plot(*zip(*rate, strict=True), "s-", color=f"C{i}", label=label)
     skipped = sorted({g for _, g, *_ in sweep.not_run})

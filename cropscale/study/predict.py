@@ -51,9 +51,10 @@ def gradient_buckets(spec: StudySpec) -> tuple[int, list[float], str]:
 
 def _interval_of_e(ref: StudyRow) -> tuple[float, float] | None:
     """The Karp-Flatt fraction at the ends of the reference row's S_N interval (``e`` falls as ``S`` grows)."""
-    if ref.speedup_low is None or ref.speedup_high is None:
+    low, high = ref["speedup_vs_1_device_low"], ref["speedup_vs_1_device_high"]
+    if low is None or high is None:
         return None
-    return karp_flatt(ref.speedup_high, ref.world_size), karp_flatt(ref.speedup_low, ref.world_size)
+    return karp_flatt(high, ref.world_size), karp_flatt(low, ref.world_size)
 
 
 def _refusal(e: float, n_ref: int) -> str | None:
@@ -69,15 +70,16 @@ def _predict_interval(row: StudyRow, one: StudyRow, ref: StudyRow | None, e: flo
                       comm: tuple[int, float, float]) -> None:
     """Propagate the measured intervals (T_1 of the 1-rank runs, S at N_ref) through the prediction, in place."""
     updates, comm_n, comm_ref = comm
-    t1_lo = one.train_epoch_s_low if one.train_epoch_s_low is not None else one.train_epoch_s
-    t1_hi = one.train_epoch_s_high if one.train_epoch_s_high is not None else one.train_epoch_s
+    t1_lo = one.train_epoch_s_low if one.train_epoch_s_low is not None else one["train_epoch_s"]
+    t1_hi = one.train_epoch_s_high if one.train_epoch_s_high is not None else one["train_epoch_s"]
     e_lo, e_hi = (e, e) if ref is None else (_interval_of_e(ref) or (None, None))
     if e_lo is None or t1_lo is None or t1_lo <= 0:
-        row.why["speedup_low"] = row.why["speedup_high"] = "no interval of the measured S_N at N_ref"
+        why = "no interval of the measured S_N at N_ref"
+        row.why["speedup_vs_1_device_low"] = row.why["speedup_vs_1_device_high"] = why
         return
     clipped = (min(1.0, max(0.0, e_lo)), min(1.0, max(0.0, e_hi)))
     if clipped != (e_lo, e_hi):
-        row.figure_notes["speedup_low"] = (f"the e interval {e_lo:.3f}..{e_hi:.3f} clipped to [0, 1]:"
+        row.figure_notes["speedup_vs_1_device_low"] = (f"the e interval {e_lo:.3f}..{e_hi:.3f} clipped to [0, 1]:"
                                            f" {clipped[0]:.3f}..{clipped[1]:.3f}")
     e_lo, e_hi = clipped
 
@@ -85,8 +87,8 @@ def _predict_interval(row: StudyRow, one: StudyRow, ref: StudyRow | None, e: flo
         return P.predicted_epoch_time(t1, config.world_size, frac, updates, comm_n, comm_ref)
 
     row.train_epoch_s_low, row.train_epoch_s_high = t_n(t1_lo, e_lo), t_n(t1_hi, e_hi)
-    row.speedup_low = t1_lo / t_n(t1_lo, e_hi)
-    row.speedup_high = t1_hi / t_n(t1_hi, e_lo)
+    row["speedup_vs_1_device_low"] = t1_lo / t_n(t1_lo, e_hi)
+    row["speedup_vs_1_device_high"] = t1_hi / t_n(t1_hi, e_lo)
 
 
 def analytical_rows(
@@ -103,7 +105,8 @@ def analytical_rows(
     ``t_c`` (:func:`comm_time_per_update`); ``S_N = T_1 / T_N`` (the same samples, so the samples/s ratio),
     ``E_N = S_N / N``, samples/s ``= samples/s_1 x S_N``. An ``e`` outside [0, 1] is refused (the row says why).
     Intervals: the measured 95 % intervals of ``T_1`` and of ``S`` at ``N_ref`` propagated through the formula
-    (``speedup_low/high``, ``train_epoch_s_low/high``). Step times, shares, energy and IoU are not predicted.
+    (``speedup_vs_1_device_low/high``, ``train_epoch_s_low/high``). Step times, shares, energy and IoU are not
+    predicted.
     """
     rows = []
     cache = buckets
@@ -112,18 +115,18 @@ def analytical_rows(
             continue
         row = base_row(config, ANALYTICAL_SCENARIO)
         same = [r for r in measured if r.protocol == row.protocol and r.precision == row.precision
-                and r.train_epoch_s is not None]
+                and r["train_epoch_s"] is not None]
         one = next((r for r in same if r.world_size == 1), None)
         if one is None:
             row.notes.append("no prediction: the 1-rank configuration has no measured training-epoch time")
             rows.append(row)
             continue
-        refs = [r for r in same if r.world_size > 1 and r.karp_flatt is not None]
+        refs = [r for r in same if r.world_size > 1 and r["karp_flatt"] is not None]
         ref = max(refs, key=lambda r: r.world_size) if refs else None
-        e, n_ref = (ref.karp_flatt, ref.world_size) if ref else (0.0, 1)
+        e, n_ref = (ref["karp_flatt"], ref.world_size) if ref else (0.0, 1)
         refused = _refusal(e, n_ref)
         if refused:
-            row.karp_flatt = e
+            row["karp_flatt"] = e
             row.notes.append(f"not run ({config.reason}); {refused}")
             rows.append(row)
             continue
@@ -143,13 +146,13 @@ def analytical_rows(
             )
         else:
             comm_note = "; all-reduce growth not modelled (train_samples_per_epoch unknown)"
-        t_n = P.predicted_epoch_time(one.train_epoch_s, config.world_size, e, updates or 0, comm_n, comm_ref)
-        row.train_epoch_s = t_n
-        row.speedup = P.speedup(one.train_epoch_s, t_n)
-        row.efficiency = P.efficiency(row.speedup, config.world_size)
-        row.karp_flatt = e
-        if one.samples_per_s is not None:
-            row.samples_per_s = one.samples_per_s * row.speedup
+        t_n = P.predicted_epoch_time(one["train_epoch_s"], config.world_size, e, updates or 0, comm_n, comm_ref)
+        row["train_epoch_s"] = t_n
+        row["speedup_vs_1_device"] = P.speedup(one["train_epoch_s"], t_n)
+        row["efficiency"] = P.efficiency(row["speedup_vs_1_device"], config.world_size)
+        row["karp_flatt"] = e
+        if one["samples_per_s"] is not None:
+            row["samples_per_s"] = one["samples_per_s"] * row["speedup_vs_1_device"]
         _predict_interval(row, one, ref, e, config, (updates or 0, comm_n, comm_ref))
         basis = (f"Karp-Flatt e = {e:.3f} from measured N = {n_ref}" if ref
                  else "ideal compute scaling (e = 0: only N = 1 measured)")

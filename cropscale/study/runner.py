@@ -317,7 +317,7 @@ def run_study(
         study.write_doc()
         return study.doc
     rows = _rows(study)
-    study.doc["rows"] = [asdict(r) for r in rows]
+    study.doc["rows"] = [r.to_json() for r in rows]
     study.doc["failed_runs"] = sum(study.failures.values())
     sweep = next((p for p in spec.protocols if isinstance(p, BatchSweepSpec)), None)
     summary = None

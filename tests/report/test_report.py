@@ -17,8 +17,8 @@ import yaml
 
 from cropscale import CropScaleError
 from cropscale.report import cli as rp
-from cropscale.report.columns import COLUMNS
 from cropscale.report.pairs import precision_pairs
+from cropscale.runs.figures import PAIRS, RUNS, table_columns
 from cropscale.runs.record import load_benchmark, load_inputs, load_run
 from cropscale.runs.rules import Figure
 from cropscale.runs.tables import Column, TableRow, write_table
@@ -158,13 +158,13 @@ def test_pairs_only_differ_in_precision(fake_inputs):
     assert set(by_other) == {"amp/version_0", "bench.json: AMP FP16 b4"}  # fp32_b8 differs in batch: no pair
     run_pair = by_other["amp/version_0"]
     assert run_pair.base == "fp32/version_0"
-    assert run_pair.figures["speedup"].value == pytest.approx((406 / 29) / (420 / 42))  # 14 / 10
+    assert run_pair.figures["speedup_vs_fp32"].value == pytest.approx((406 / 29) / (420 / 42))  # 14 / 10
     assert run_pair.figures["step_ratio"].value == 70.0 / 100.0
     assert run_pair.figures["iou_difference"].value == pytest.approx(0.33 - 0.35, abs=1e-7)
     assert run_pair.figures["memory_ratio"].value == 2.4 / 3.0
     assert run_pair.evidence == "measured-run"
     bench_pair = by_other["bench.json: AMP FP16 b4"]
-    assert bench_pair.figures["speedup"].value == (4 / 0.08) / (4 / 0.1)
+    assert bench_pair.figures["speedup_vs_fp32"].value == (4 / 0.08) / (4 / 0.1)
     iou_difference = bench_pair.figures["iou_difference"]
     assert iou_difference.value is None and "compute-only" in iou_difference.why
 
@@ -313,7 +313,7 @@ def test_strategy_short_name(tmp_path, strategy, shown):
     folder = _plain_run(tmp_path / "v0", _plain_config(strategy=strategy, devices=2))
     r = load_run(folder)
     assert r.strategy == shown
-    md, _ = write_table([TableRow.of(r, COLUMNS)], tmp_path / "out", "t", COLUMNS)
+    md, _ = write_table([TableRow.of(r, table_columns(RUNS))], tmp_path / "out", "t", table_columns(RUNS))
     cells = _md_row(md.read_text(), r.name)
     assert cells[4] == shown and "class_path" not in md.read_text()
 
@@ -350,7 +350,7 @@ def test_devices_from_config(tmp_path, devices, num_nodes, count, shown, why):
     assert desc.value == shown
     text = desc.why if shown is None else desc.note
     assert (text is None) if why is None else (why in text)
-    md, csv_path = write_table([TableRow.of(r, COLUMNS)], tmp_path / "out", "t", COLUMNS)
+    md, csv_path = write_table([TableRow.of(r, table_columns(RUNS))], tmp_path / "out", "t", table_columns(RUNS))
     cell = _md_row(md.read_text(), r.name)[5]
     if why is None:
         assert cell == str(shown)
@@ -390,7 +390,8 @@ def test_requested_precision_is_labelled_and_footnoted(tmp_path):
     assert pair[1] == "amp/version_0" and pair[2].startswith("AMP FP16 (requested) [")
     pnote = _footnote(pairs, pair[2])
     assert "not verified" in pnote and "amp/version_0" in pnote and "bf16-mixed" in pnote
-    assert pair[10].startswith("+0.0200")  # the IoU difference is measured all the same
+    iou = [c.key for c in table_columns(PAIRS)].index("iou_difference")
+    assert pair[iou].startswith("+0.0200")  # the IoU difference is measured all the same
     assert "| AMP FP16 |" not in md
     with open(out / "report_pairs.csv", newline="") as f:
         prow = next(csv.DictReader(f))
@@ -497,7 +498,8 @@ def test_report_on_two_tiny_fits(tmp_path, flanders_root):
     pairs = md.split("## Precision pairs")[1]
     pair = next(line for line in pairs.splitlines() if line.startswith("| fp32/version_0 | bf16/version_0 |"))
     cells = [c.strip() for c in pair.strip("|").split("|")]
-    assert float(cells[6]) > 0  # speed-up
-    assert cells[10].startswith(("+", "-"))  # IoU difference
+    keys = [c.key for c in table_columns(PAIRS)]
+    assert float(cells[keys.index("speedup_vs_fp32")]) > 0
+    assert cells[keys.index("iou_difference")].startswith(("+", "-"))
     for name in FIGURES:
         assert mpimg.imread(tmp_path / "report" / name).ndim == 3

@@ -18,7 +18,7 @@ def _rows(step_ms, precision="32-true", evidence=MEASURED_RUN, protocols=("equal
             for b in LOCAL:
                 rows.append(StudyRow(evidence=evidence, protocol=proto, precision=precision, world_size=n,
                                      local_batch=b, accumulation=1, global_batch=n * b, lr=1e-3, lr_scaling="none",
-                                     updates_per_epoch=None, median_step_ms=step_ms(n, b, proto)))
+                                     updates_per_epoch=None, figures={"median_step_ms": step_ms(n, b, proto)}))
     return rows
 
 

@@ -30,12 +30,13 @@ def _setup(s2: float, s2_ci: tuple[float, float] | None, t1_ci=(90.0, 110.0)):
     for n, s in ((1, 1.0), (2, s2)):
         r = StudyRow(evidence=MEASURED_RUN, protocol="equal-global", precision="FP32", world_size=n, local_batch=1,
                      accumulation=4 // n, global_batch=4, lr=1e-3, lr_scaling="sqrt", updates_per_epoch=4,
-                     train_epoch_s=100.0 / s, samples_per_s=0.16 * s, speedup=s, config_key=f"equal-global_fp32_n{n}")
+                     figures={"train_epoch_s": 100.0 / s, "samples_per_s": 0.16 * s, "speedup_vs_1_device": s},
+                     config_key=f"equal-global_fp32_n{n}")
         if n == 1:
             r.train_epoch_s_low, r.train_epoch_s_high = t1_ci
         else:
-            r.karp_flatt = karp_flatt(s, 2)
-            r.speedup_low, r.speedup_high = s2_ci or (None, None)
+            r["karp_flatt"] = karp_flatt(s, 2)
+            r["speedup_vs_1_device_low"], r["speedup_vs_1_device_high"] = s2_ci or (None, None)
         rows.append(r)
     return spec, configs, rows
 
@@ -46,9 +47,9 @@ def test_analytical_row_carries_the_propagated_interval():
     four = next(r for r in analytical_rows(spec, configs, rows) if r.world_size == 4)
     e_lo, e_hi = 2 / 1.7 - 1, 2 / 1.5 - 1
     assert four.evidence == ANALYTICAL_SCENARIO
-    assert four.speedup == pytest.approx(1 / (0.25 + 0.75 / 4), rel=1e-6)  # 2.2857
-    assert four.speedup_low == pytest.approx(1 / (e_hi + (1 - e_hi) / 4), rel=1e-6)  # 2.0
-    assert four.speedup_high == pytest.approx(1 / (e_lo + (1 - e_lo) / 4), rel=1e-6)  # 2.5185
+    assert four["speedup_vs_1_device"] == pytest.approx(1 / (0.25 + 0.75 / 4), rel=1e-6)  # 2.2857
+    assert four["speedup_vs_1_device_low"] == pytest.approx(1 / (e_hi + (1 - e_hi) / 4), rel=1e-6)  # 2.0
+    assert four["speedup_vs_1_device_high"] == pytest.approx(1 / (e_lo + (1 - e_lo) / 4), rel=1e-6)  # 2.5185
     assert four.train_epoch_s_low == pytest.approx(90 * (e_lo + (1 - e_lo) / 4), rel=1e-6)
     assert four.train_epoch_s_high == pytest.approx(110 * (e_hi + (1 - e_hi) / 4), rel=1e-6)
 
@@ -57,7 +58,8 @@ def test_analytical_row_carries_the_propagated_interval():
 def test_serial_fraction_outside_0_1_is_refused_with_the_reason(s2, e_text):
     spec, configs, rows = _setup(s2, None)
     four = next(r for r in analytical_rows(spec, configs, rows) if r.world_size == 4)
-    assert four.speedup is None and four.train_epoch_s is None and four.speedup_low is None
+    assert four["speedup_vs_1_device"] is None and four["train_epoch_s"] is None
+    assert four["speedup_vs_1_device_low"] is None
     assert f"e = {e_text}" in four.notes[-1] and "outside [0, 1]" in four.notes[-1]
     assert "not extrapolated" in four.notes[-1]
 
@@ -101,7 +103,7 @@ def test_report_labels_the_fitted_serial_fraction_analytical():
                           serial_fraction=karp_flatt(0.9, 2))
     (row,) = amdahl_rows([series])
     assert row.figures["serial_fraction"].evidence == ANALYTICAL_SCENARIO
-    assert row.figures["speedup_4"].value is None and "refused" in row.figures["speedup_4"].why
+    assert row.figures["amdahl_speedup_4"].value is None and "refused" in row.figures["amdahl_speedup_4"].why
 
 
 def test_runner_records_the_cpu_share_of_each_run(tmp_path):

@@ -206,7 +206,7 @@ def test_configuration_beyond_the_machine_is_not_launched(tmp_path):
     assert evidence == sorted(evidence, key=lambda e: e != "measured-run")
     eg2 = rows[("equal-global", 2)]
     assert eg2["train_epoch_s"] == pytest.approx(60.0)  # the warm-up epoch (3x slower) is left out
-    assert eg2["speedup"] == pytest.approx(100 / 60) and eg2["efficiency"] == pytest.approx(100 / 120)
+    assert eg2["speedup_vs_1_device"] == pytest.approx(100 / 60) and eg2["efficiency"] == pytest.approx(100 / 120)
     assert eg2["karp_flatt"] == pytest.approx(0.2)  # Karp-Flatt (0.6 - 0.5) / 0.5
     assert eg2["loader_wait_share"] == pytest.approx(0.1) and eg2["exposed_comm_share"] == pytest.approx(0.1)
     assert eg2["median_step_ms"] == pytest.approx(20.0) and eg2["p95_step_ms"] == pytest.approx(24.0)
@@ -218,7 +218,7 @@ def test_configuration_beyond_the_machine_is_not_launched(tmp_path):
     eg4 = rows[("equal-global", 4)]
     assert eg4["updates_per_epoch"] == 4
     assert eg4["train_epoch_s"] == pytest.approx(t4, rel=1e-9)
-    assert eg4["speedup"] == pytest.approx(100 / t4) and eg4["efficiency"] == pytest.approx(100 / t4 / 4)
+    assert eg4["speedup_vs_1_device"] == pytest.approx(100 / t4) and eg4["efficiency"] == pytest.approx(100 / t4 / 4)
     assert eg4["samples_per_s"] == pytest.approx(0.16 * 100 / t4)
     el4 = rows[("equal-local", 4)]
     assert el4["updates_per_epoch"] == 2 and el4["global_batch"] == 8
@@ -268,7 +268,7 @@ def test_cpu_study_end_to_end(tmp_path, flanders_root):
                                                                                 row["accumulation"])
             assert not any("optimizer updates/epoch, planned" in note for note in row["notes"]), row["notes"]
         # the one speed-up: samples/s ratio (= T_1 / T_2 here: the same 32 samples, one measured epoch)
-        assert rows[(proto, 2)]["speedup"] == pytest.approx(rows[(proto, 2)]["samples_per_s"]
+        assert rows[(proto, 2)]["speedup_vs_1_device"] == pytest.approx(rows[(proto, 2)]["samples_per_s"]
                                                             / rows[(proto, 1)]["samples_per_s"])
         for n in (4, 8):
             assert rows[(proto, n)]["evidence"] == "analytical-scenario"

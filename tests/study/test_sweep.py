@@ -201,7 +201,7 @@ def test_sweep_end_to_end_with_a_mocked_fit(tmp_path):
         assert row["evidence"] == "measured-run" and row["updates_per_epoch"] == updates
         assert row["best_miou"] == pytest.approx(MIOU[g]) and row["best_miou_sd"] == pytest.approx(0.02 / math.sqrt(2))
         assert not any("planned" in n for n in row["notes"]), row["notes"]  # measured global_step = plan
-        assert row["speedup"] is None  # no device-scaling figures on sweep rows
+        assert row["speedup_vs_1_device"] is None  # no device-scaling figures on sweep rows
     assert rows[("adamw", "none", 4)]["best_miou"] == pytest.approx(0.50)  # the shared runs
     sweep = doc["batch_sweep"]
     assert sweep["baseline"]["optimizer"] == "adamw" and sweep["baseline"]["global_batch"] == 4
