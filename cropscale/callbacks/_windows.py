@@ -150,7 +150,8 @@ class StepMarks:
         warmup: the step is inside the warm-up (left out of the epoch statistics).
         first_in_epoch: the first step of its epoch (no remainder; its data wait holds worker start-up).
         after_validation: the first step after a validation run (no remainder).
-        step, epoch: ``global_step`` after the step and the epoch (for the trace).
+        step, epoch: the step's index (``trainer.global_step`` while its micro-batches ran, 0 for the first; the
+            step Lightning logs its ``train/loss_step`` at) and its epoch (for the trace).
         samples: samples in the batch, when known (for the trace).
     """
 

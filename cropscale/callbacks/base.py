@@ -66,6 +66,14 @@ class ScalingCallback(Callback):
         self._gstep = int(trainer.global_step)
         self._stepped = False
 
+    def _step_done(self) -> bool:
+        """Whether an optimizer step ran in this micro-batch (``_stepped``), clearing the flag.
+
+        Call once per ``on_train_batch_end``; False while gradients accumulate.
+        """
+        stepped, self._stepped = self._stepped, False
+        return stepped
+
     def _count_step(self) -> bool:
         """Count one optimizer step; True when it is a log step (``global_step % log_every_n_steps == 0``).
 

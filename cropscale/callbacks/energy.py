@@ -223,17 +223,13 @@ class EnergyCallback(ScalingCallback):
         self._samples = 0
 
     @override
-    def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
-        self._stepped = False
-
-    @override
     def on_train_batch_end(
         self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
         if self._dev is None:
             return
         self._samples += batch_size(batch) or 0
-        if self._stepped and self._count_step():
+        if self._step_done() and self._count_step():
             t = time.perf_counter()
             e = self._read_counter("a log step") if self._method == "counter" else None
             joules = self._window_j(self._log_t0, self._log_e0, t, e)

@@ -157,10 +157,6 @@ class LossScaleCallback(ScalingCallback):
         self._sched_before = _scheduler_steps(self._schedulers)
 
     @override
-    def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
-        self._stepped = False
-
-    @override
     def on_train_batch_end(
         self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
@@ -169,7 +165,7 @@ class LossScaleCallback(ScalingCallback):
         loss = outputs.get("loss") if isinstance(outputs, dict) else None
         if isinstance(loss, torch.Tensor):
             self._losses.append(loss)
-        if not self._stepped:
+        if not self._step_done():
             return
         log_now = self._count_step()
         losses, self._losses = self._losses, []

@@ -89,10 +89,7 @@ class MemoryCallback(ScalingCallback):
     def on_train_batch_end(
         self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        if not self._stepped:
-            return
-        self._stepped = False
-        if not self._count_step():
+        if not self._step_done() or not self._count_step():
             return
         metrics: dict[str, float | None] = {"memory/host_rss_gib": host_rss_gib()}
         if self._device is not None:

@@ -19,10 +19,12 @@ What is checked, per optimizer step (``docs/measuring.md``, "Gradient accumulati
   overflow: it skips the step and backs off, counted by
   :class:`~cropscale.callbacks.LossScaleCallback`), so only losses and inputs are checked.
 
-A *non-finite batch* is a micro-batch whose loss is NaN/inf; its record names the micro-batch (index in
-the optimizer step, ``batch_idx``), its sample ids (``patch_id``, ``crop_yx``) and which of input / loss /
-gradients was non-finite. When the gradients are non-finite but every loss was finite, one record names
-the step (``micro_batch: null``, the sample ids of all its micro-batches). Counts are per micro-batch.
+A *non-finite batch* is a micro-batch whose loss is NaN/inf; its record names its optimizer step (``global_step``:
+the step's 0-based index, ``trainer.global_step`` while the micro-batch ran, as in the step-timing trace; Lightning
+counts a skipped step as a step), the micro-batch (index in the optimizer step, ``batch_idx``), its sample ids
+(``patch_id``, ``crop_yx``) and which of input / loss / gradients was non-finite. When the gradients are non-finite
+but every loss was finite, one record names the step (``micro_batch: null``, the sample ids of all its
+micro-batches). Counts are per micro-batch.
 
 Policies:
 
@@ -247,7 +249,7 @@ class NonFiniteCallback(ScalingCallback):
         if self.check_grads and self._scaler is None:
             parts = grad_norm_parts(trainer, self._params, optimizer, self._gstep, sharded=self._layout)
         self._stepped = True
-        meta = (self._gstep + 1, self._epoch)  # global step after this optimizer step
+        meta = (self._gstep, self._epoch)  # this optimizer step's index: trainer.global_step before it
         if not self._early:  # log: the step's last micro-batch is recorded in on_train_batch_end
             self._step = (parts, meta)
             return
@@ -303,7 +305,7 @@ class NonFiniteCallback(ScalingCallback):
             if tap is not None and tap.calls != self._tap_seen:  # clipped: an optimizer step ran, with its norm
                 self._tap_seen = tap.calls
                 self._stepped = True
-                self._step = (GradNormParts([tap.last]), (self._gstep + 1, self._epoch))
+                self._step = (GradNormParts([tap.last]), (self._gstep, self._epoch))  # counted just below
             if self._stepped:
                 micros, self._micros = self._micros, []
                 self._pending.append((micros, *self._step))

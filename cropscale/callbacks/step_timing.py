@@ -404,10 +404,11 @@ class StepTimingCallback(ScalingCallback):
             return
         self.steps_total += 1
         self._steps_this_fit += 1
+        step = self._gstep  # this optimizer step's index (trainer.global_step before it), counted just below
         log_now = self._count_step()
         self._pending.append(StepMarks(
             self._micros, self._micro_comm, self._prev_end, warmup=self._steps_this_fit <= self.warmup_steps,
-            first_in_epoch=self._first_in_epoch, after_validation=self._after_val, step=self._gstep,
+            first_in_epoch=self._first_in_epoch, after_validation=self._after_val, step=step,
             epoch=self._epoch, samples=batch_size(batch) if self._trace is not None else None,
         ))
         if not (self._pending[-1].excluded or self._pending[-1].prev_end is None):

@@ -216,10 +216,9 @@ class ThroughputCallback(ScalingCallback):
         if self._stretch_t is not None:
             self._train_s += t - self._stretch_t
         self._stretch_t = t
-        if not self._stepped:  # accumulating: the optimizer step spans more micro-batches
+        if not self._step_done():  # accumulating: the optimizer step spans more micro-batches
             self._step_samples += n
             return
-        self._stepped = False
         step_samples = self._step_samples + n
         self._step_samples = 0
         self._steps_this_fit += 1

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 from cropscale.evidence import MEASURED_RUN
 from cropscale.numbers import median, speedup
-from cropscale.runs.record import RunRecord
+from cropscale.runs.record import RunRecord, flatten_config
 from cropscale.runs.rules import Figure
 from cropscale.scaling.amdahl import fit_serial_fraction, karp_flatt
 
@@ -71,16 +71,6 @@ class DeviceSeries:
         return f"{self.precision}, {self.protocol} ({kind} batch {self.batch})"
 
 
-def flatten_config(obj: object, prefix: str = "") -> dict[str, object]:
-    """A nested configuration as ``{"trainer.devices": 2, ...}`` (mappings flattened, lists kept as values)."""
-    if isinstance(obj, dict):
-        out: dict[str, object] = {}
-        for k, v in obj.items():
-            out.update(flatten_config(v, f"{prefix}.{k}" if prefix else str(k)))
-        return out
-    return {prefix: obj}
-
-
 def series_key(record: RunRecord) -> str | None:
     """What the runs of a device series share: the configuration without :data:`DEVICE_KNOBS`, precision, accelerator.
 
@@ -88,7 +78,8 @@ def series_key(record: RunRecord) -> str | None:
     """
     if record.kind != "run" or not record.config or record.devices is None:
         return None
-    flat = {k: v for k, v in flatten_config(record.config).items() if not k.startswith(DEVICE_KNOBS)}
+    flat = {k: v for k, v in flatten_config(record.config, split_lists=False).items()
+            if not k.startswith(DEVICE_KNOBS)}
     ran_on = (record.run_json.distributed.get("accelerator") if record.run_json is not None else None) \
         or (record.config.get("trainer") or {}).get("accelerator")
     return json.dumps({"precision": record.precision, "accelerator": ran_on, "config": flat}, sort_keys=True,

@@ -20,9 +20,9 @@ import json
 from collections.abc import Sequence
 
 from cropscale.report.pairs import FAILED
-from cropscale.report.scaling import DEVICE_KNOBS, flatten_config, series_key
+from cropscale.report.scaling import DEVICE_KNOBS, series_key
 from cropscale.runs.equivalence import DEFAULT_MARGIN, TARGET_FRACTION, Comparison, compare_runs
-from cropscale.runs.record import RunRecord
+from cropscale.runs.record import RunRecord, flatten_config
 
 SEED = "seed_everything"
 NOTHING_COMPUTED = ("trainer.logger", "trainer.default_root_dir", "trainer.enable_progress_bar",
@@ -40,7 +40,7 @@ def usable(record: RunRecord) -> bool:
 
 
 def _key(record: RunRecord, drop: tuple[str, ...], extra: dict | None = None) -> str:
-    flat = {k: v for k, v in flatten_config(record.config).items()
+    flat = {k: v for k, v in flatten_config(record.config, split_lists=False).items()
             if not k.startswith((SEED, *NOTHING_COMPUTED, *drop))}
     return json.dumps({"config": flat, **(extra or {})}, sort_keys=True, default=str)
 

@@ -189,16 +189,21 @@ def _load_config(folder: Path, run_json: RunJson | None) -> dict[str, Any] | Non
     return data if isinstance(data, dict) else None
 
 
-def _flatten(obj: Any, prefix: str = "") -> dict[str, Any]:
+def flatten_config(obj: Any, prefix: str = "", split_lists: bool = True) -> dict[str, Any]:
+    """A nested configuration as ``{"trainer.devices": 2, ...}``: mappings flattened into dotted keys.
+
+    Lists too, by index (``"data.test_folds.0"``; an empty one stays ``[]``), unless ``split_lists`` is False (then a
+    list is one value).
+    """
     if isinstance(obj, dict):
         out: dict[str, Any] = {}
         for k, v in obj.items():
-            out.update(_flatten(v, f"{prefix}.{k}" if prefix else str(k)))
+            out.update(flatten_config(v, f"{prefix}.{k}" if prefix else str(k), split_lists))
         return out
-    if isinstance(obj, list):
+    if isinstance(obj, list) and split_lists:
         out = {}
         for i, v in enumerate(obj):
-            out.update(_flatten(v, f"{prefix}.{i}"))
+            out.update(flatten_config(v, f"{prefix}.{i}"))
         return out if obj else {prefix: []}
     return {prefix: obj}
 
@@ -211,7 +216,7 @@ def pair_key(config: dict[str, Any] | None, fallback: dict[str, Any]) -> str:
     processes paired across world sizes), else ``fallback``'s fields.
     """
     if config:
-        flat = {k: v for k, v in _flatten(config).items() if not k.startswith(PAIR_IGNORED_PREFIXES)}
+        flat = {k: v for k, v in flatten_config(config).items() if not k.startswith(PAIR_IGNORED_PREFIXES)}
         return "config:" + json.dumps({"config": flat, **fallback}, sort_keys=True, default=str)
     return "fields:" + json.dumps(fallback, sort_keys=True, default=str)
 

@@ -289,7 +289,9 @@ class RankCounts(Record):
 class NonFiniteRecord(Record):
     """One non-finite batch: where (step, epoch, micro-batch, rank), what was not finite and the sample ids.
 
-    ``micro_batch`` is the 0-based index of the micro-batch in its optimizer step (``None`` when the
+    ``global_step`` is the 0-based index of the optimizer step the micro-batch belongs to (``trainer.global_step``
+    while it ran, skipped steps counted; the step of the trace line and of Lightning's ``train/loss_step`` point for
+    that step), ``micro_batch`` the 0-based index of the micro-batch in its optimizer step (``None`` when the
     gradients alone were non-finite: the record then names every micro-batch of the step);
     ``input_finite`` whether its floating-point batch tensors were finite (``None``: not checked) and
     ``nonfinite_inputs`` the keys of those that were not.

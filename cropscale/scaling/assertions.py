@@ -32,9 +32,7 @@ from cropscale.scaling.pmnf import PMNFModel, Term, fit_pmnf
 from cropscale.scaling.verdict import (
     DEFAULT_RESAMPLES,
     DEFAULT_RESOLUTION,
-    FAIL,
-    INCONCLUSIVE,
-    PASS,
+    AssertionOutcome,
     ClassVerdict,
     judge,
 )
@@ -49,7 +47,7 @@ __all__ = [
 
 
 @dataclass(frozen=True)
-class ScalingVerdict:
+class ScalingVerdict(AssertionOutcome):
     """The outcome of one performance assertion.
 
     Attributes:
@@ -69,21 +67,6 @@ class ScalingVerdict:
     model: PMNFModel
     label: str = ""
     evidence: str = ""
-
-    @property
-    def passed(self) -> bool:
-        """The data excludes a lead order above the expectation."""
-        return self.status == PASS
-
-    @property
-    def failed(self) -> bool:
-        """The data supports a lead order above the expectation."""
-        return self.status == FAIL
-
-    @property
-    def inconclusive(self) -> bool:
-        """The data cannot separate the expectation from the class above it."""
-        return self.status == INCONCLUSIVE
 
     @property
     def order_ok(self) -> bool:
@@ -113,11 +96,9 @@ class ScalingVerdict:
     def message(self) -> str:
         """Multi-line explanation, used as the message of :func:`assert_scaling`'s errors."""
         c, m, var = self.classes, self.model, self.variable
-        held = {PASS: "held", FAIL: "failed", INCONCLUSIVE: "was inconclusive"}[self.status]
         sup = "n/a (no repetitions)" if math.isnan(c.support) else f"{100 * c.support:.0f} %"
         lines = [
-            f"performance assertion {held}" + (f" for {self.label}" if self.label else "")
-            + (f" [{self.evidence}]" if self.evidence else ""),
+            self._heading(),
             f"  expected : {self.expected_text} -> {self.expected.big_o(var)}",
             f"  verdict  : {self.status.upper()}: {self._verdict_text()}",
             f"  within   : best model of {self.expected.big_o(var)} or below: f({var}) = {c.within.formula(var)} "

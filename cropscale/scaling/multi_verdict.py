@@ -50,6 +50,7 @@ from cropscale.scaling.verdict import (
     FAIL,
     INCONCLUSIVE,
     PASS,
+    AssertionOutcome,
     ClassVerdict,
     judge,
 )
@@ -103,7 +104,7 @@ def product_text(orders: tuple[Term, ...], variables: tuple[str, ...]) -> str:
 
 
 @dataclass(frozen=True)
-class MultiVerdict:
+class MultiVerdict(AssertionOutcome):
     """The outcome of a two-parameter assertion.
 
     Attributes:
@@ -127,21 +128,6 @@ class MultiVerdict:
     evidence: str = ""
 
     @property
-    def passed(self) -> bool:
-        """Both parameters' verdicts pass."""
-        return self.status == PASS
-
-    @property
-    def failed(self) -> bool:
-        """The metric grows faster than expected in one parameter at least."""
-        return self.status == FAIL
-
-    @property
-    def inconclusive(self) -> bool:
-        """Neither failed, and one parameter's verdict is undecided."""
-        return self.status == INCONCLUSIVE
-
-    @property
     def reason(self) -> str:
         """The undecided parameters' reasons (empty unless inconclusive)."""
         if self.status != INCONCLUSIVE:
@@ -163,10 +149,8 @@ class MultiVerdict:
 
     def message(self) -> str:
         """Multi-line explanation (the message of :func:`cropscale.scaling.assertions.assert_scaling`)."""
-        held = {PASS: "held", FAIL: "failed", INCONCLUSIVE: "was inconclusive"}[self.status]
         lines = [
-            f"performance assertion {held}" + (f" for {self.label}" if self.label else "")
-            + (f" [{self.evidence}]" if self.evidence else ""),
+            self._heading(),
             f"  expected : {self.expected_text} -> {product_text(self.expected, self.variables)}",
         ]
         lines += [f"  {self._parameter_text(p)}" for p in range(len(self.variables))]

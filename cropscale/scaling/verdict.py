@@ -85,6 +85,35 @@ from cropscale.scaling.pmnf import Term
 PASS, FAIL, INCONCLUSIVE = "pass", "fail", "inconclusive"
 STATUSES: tuple[str, ...] = (PASS, FAIL, INCONCLUSIVE)
 """The three outcomes of a verdict."""
+
+
+class AssertionOutcome:
+    """What a performance assertion's verdict (one or more parameters) says from ``status``, ``label``, ``evidence``."""
+
+    status: str
+    label: str
+    evidence: str
+
+    @property
+    def passed(self) -> bool:
+        """The data excludes a growth above the expectation."""
+        return self.status == PASS
+
+    @property
+    def failed(self) -> bool:
+        """The data supports a growth above the expectation (in one parameter at least)."""
+        return self.status == FAIL
+
+    @property
+    def inconclusive(self) -> bool:
+        """The data cannot separate the expectation from the class above it (none failed)."""
+        return self.status == INCONCLUSIVE
+
+    def _heading(self) -> str:
+        """``performance assertion held for <label> [<evidence>]``: the first line of ``message()``."""
+        held = {PASS: "held", FAIL: "failed", INCONCLUSIVE: "was inconclusive"}[self.status]
+        return (f"performance assertion {held}" + (f" for {self.label}" if self.label else "")
+                + (f" [{self.evidence}]" if self.evidence else ""))
 NOISE_FLOOR = 1e-6
 """Relative noise below which a series counts as exact (1 ppm of the value)."""
 MIN_POINTS = 5

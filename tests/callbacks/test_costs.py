@@ -109,7 +109,7 @@ def test_trace_is_complete_after_an_exception_at_a_log_step(tmp_path):
             toy_batches(21, 1, 4), batch_size=None))
     lines = [json.loads(x) for x in (tmp_path / "trace.jsonl").read_text().splitlines()]  # whole JSON lines only
     steps = sorted(x["step"] for x in lines if x["callpath"] == "train_step")
-    assert steps == [1, 2, 3, 4, 5, 6]
+    assert steps == [0, 1, 2, 3, 4, 5]  # the trace numbers steps from 0: step 5 ends at global step 6
     assert all(x["value"] >= 0 for x in lines)
 
 

@@ -190,7 +190,7 @@ def test_step_timing_windows_and_trace(full_run):
         assert x["params"] == {"world_size": 1, "local_batch": 4} and x["metric"] == "time"
         assert isinstance(x["value"], float)
     steps = [x for x in lines if x["callpath"] == "train_step"]
-    assert [x["step"] for x in steps] == list(range(1, 9)) and [x["warmup"] for x in steps][:2] == [True, False]
+    assert [x["step"] for x in steps] == list(range(8)) and [x["warmup"] for x in steps][:2] == [True, False]
 
 
 def test_profiler_wrapper_removed_after_fit(full_run):

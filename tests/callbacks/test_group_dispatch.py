@@ -89,13 +89,13 @@ def test_nonfinite_log_records_name_the_micro_batch_grouped_or_not(tmp_path):
     _fit(tmp_path / "s", [NormSpy(), *separate], nan_patch_ids={1005})
     rg = _figures(grouped, NormSpy())["records"]
     assert rg == _figures(separate, NormSpy())["records"]
-    # by hand: sample 1005 is in batch 1 (ids 1004-1007), the second micro-batch (index 1) of optimizer step 1;
-    # its NaN loss makes the gradients, then the weights NaN (policy log does not skip), so every later
-    # micro-batch is NaN too: batches 2, 3 (step 2), then all four batches of epoch 1 (steps 3 and 4)
+    # by hand: sample 1005 is in batch 1 (ids 1004-1007), the second micro-batch (index 1) of optimizer step 0
+    # (steps numbered from 0); its NaN loss makes the gradients, then the weights NaN (policy log does not skip),
+    # so every later micro-batch is NaN too: batches 2, 3 (step 1), then all four batches of epoch 1 (steps 2, 3)
     ids = [[1000, 1001, 1002, 1003], [1004, 1005, 1006, 1007], [1008, 1009, 1010, 1011], [1012, 1013, 1014, 1015]]
-    expected = [(1, 1, ids[1], False, False), (2, 0, ids[2], False, False), (2, 1, ids[3], False, False),
-                (3, 0, ids[0], False, False), (3, 1, ids[1], False, False), (4, 0, ids[2], False, False),
-                (4, 1, ids[3], False, False)]
+    expected = [(0, 1, ids[1], False, False), (1, 0, ids[2], False, False), (1, 1, ids[3], False, False),
+                (2, 0, ids[0], False, False), (2, 1, ids[1], False, False), (3, 0, ids[2], False, False),
+                (3, 1, ids[3], False, False)]
     assert rg == expected
     assert grouped[2].nonfinite_batches == 7 and grouped[3].nonfinite_steps == 4
 

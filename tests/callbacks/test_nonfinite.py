@@ -54,7 +54,7 @@ def test_log_policy_records_the_exact_sample_ids():
     assert nf.nonfinite_batches == 1 and nf.skipped_steps == 0
     rec = nf.records[0]
     assert rec.patch_id == BATCH3 and rec.crop_yx == YX3
-    assert (rec.global_step, rec.epoch, rec.batch_idx, rec.rank) == (4, 0, 3, 0)
+    assert (rec.global_step, rec.epoch, rec.batch_idx, rec.rank) == (3, 0, 3, 0)  # batch 3 is step 3
     assert rec.loss_finite is False and rec.grads_finite is False
     assert nf.summary().records == [rec]
 
@@ -80,7 +80,7 @@ def test_skip_policy_skips_the_step_and_keeps_training():
 
 def test_raise_policy_names_the_samples():
     torch.manual_seed(0)
-    with pytest.raises(NonFiniteError, match=r"global step 2 .*patch_id=\[1004, 1005, 1006, 1007\]"):
+    with pytest.raises(NonFiniteError, match=r"global step 1 .*patch_id=\[1004, 1005, 1006, 1007\]"):
         run([NonFiniteCallback(policy="raise")], ToyTask(nan_patch_ids={1005}))
 
 
@@ -91,7 +91,7 @@ def test_nan_gradients_with_a_finite_loss():
     assert nf.nonfinite_batches == 1
     rec = nf.records[0]
     assert rec.loss_finite is True and rec.grads_finite is False
-    assert rec.patch_id == [1008, 1009, 1010, 1011] and rec.global_step == 3
+    assert rec.patch_id == [1008, 1009, 1010, 1011] and rec.global_step == 2  # the step ToyTask poisoned
     assert rec.nonfinite_input_patch_id == []
     assert rec.micro_batch is None and rec.input_finite is True  # the step, not one micro-batch: inputs were fine
 
@@ -142,7 +142,7 @@ def test_log_policy_names_the_micro_batch_under_accumulation(precision):
     assert nf.nonfinite_batches == 1 and len(nf.records) == 1
     rec = nf.records[0]
     assert rec.patch_id == BAD_IDS and rec.crop_yx == BAD_YX  # not the step's last micro-batch [1014, 1015]
-    assert (rec.global_step, rec.batch_idx, rec.micro_batch) == (2, 5, 1)
+    assert (rec.global_step, rec.batch_idx, rec.micro_batch) == (1, 5, 1)  # batch 5 // ACC, 5 % ACC
     assert rec.loss_finite is False
     assert rec.input_finite is False and rec.nonfinite_inputs == ["s2"]
     assert rec.grads_finite is (None if precision == "16-mixed" else False)  # the scaler's business under fp16
@@ -184,20 +184,20 @@ def test_skip_drops_exactly_that_optimizer_step_under_accumulation(precision):
 
 def test_raise_under_fp16_names_the_micro_batch():
     torch.manual_seed(0)
-    with pytest.raises(NonFiniteError, match=r"global step 2 .*micro-batch 1: patch_id=\[1010, 1011\]"):
+    with pytest.raises(NonFiniteError, match=r"global step 1 .*micro-batch 1: patch_id=\[1010, 1011\]"):
         run([NonFiniteCallback(policy="raise")], ToyTask(batch_size=2, nan_patch_ids={1010}),
             accumulate_grad_batches=ACC, plugins=fp16_plugins())
 
 
 def test_counts_are_exact_with_two_bad_micro_batches_in_one_step():
-    """NaN in 1002 (micro-batch 1) and 1006 (micro-batch 3), both in optimizer step 1: two non-finite batches,
-    one skipped step."""
+    """NaN in 1002 (micro-batch 1) and 1006 (micro-batch 3), both in the first optimizer step (step 0): two
+    non-finite batches, one skipped step."""
     torch.manual_seed(0)
     nf = NonFiniteCallback(policy="skip")
     run([nf], ToyTask(batch_size=2, nan_patch_ids={1002, 1006}), accumulate_grad_batches=ACC)
     assert nf.nonfinite_batches == 2 and nf.skipped_steps == 1
-    assert [(r.global_step, r.micro_batch, r.patch_id) for r in nf.records] == [(1, 1, [1002, 1003]),
-                                                                                 (1, 3, [1006, 1007])]
+    assert [(r.global_step, r.micro_batch, r.patch_id) for r in nf.records] == [(0, 1, [1002, 1003]),
+                                                                                 (0, 3, [1006, 1007])]
 
 
 def test_input_check_is_one_value_per_tensor_and_finite_exactly_when_every_element_is():

@@ -126,22 +126,22 @@ def ddp_run(tmp_path_factory):
 
 
 def _bad_steps(rank_result):
-    """1-based optimizer steps whose micro-batches on this rank held the NaN sample."""
-    return [i + 1 for i, s in enumerate(rank_result["spy"]) if NAN_ID in s["ids"]]
+    """Optimizer steps (0-based, as the records number them) whose micro-batches on this rank held the NaN sample."""
+    return [i for i, s in enumerate(rank_result["spy"]) if NAN_ID in s["ids"]]
 
 
 def test_skip_is_consistent_across_ranks(ddp_run):
     r0, r1 = ddp_run["ranks"]
     assert r0["global_step"] == r1["global_step"] == 8  # both ranks finished: no hang (2 epochs x 4 steps)
-    assert _bad_steps(r0) == [] and _bad_steps(r1) == [2, 6]  # only rank 1 ever saw the NaN sample
+    assert _bad_steps(r0) == [] and _bad_steps(r1) == [1, 5]  # only rank 1 ever saw the NaN sample
     for r in (r0, r1):  # the same steps skipped on both ranks, parameters untouched there
         assert r["nonfinite"]["skipped"] == 2
-        assert [not s["changed"] for s in r["spy"]] == [i + 1 in (2, 6) for i in range(8)]
+        assert [not s["changed"] for s in r["spy"]] == [i in (1, 5) for i in range(8)]
         assert r["adam_steps"] == [6, 6]
     assert r0["params"] == r1["params"]  # replicas stayed identical
     assert r0["nonfinite"]["records"] == []  # rank 0's losses were finite: rank 1 owns the record
     recs = r1["nonfinite"]["records"]
-    assert [rec["global_step"] for rec in recs] == [2, 6]
+    assert [rec["global_step"] for rec in recs] == [1, 5]
     for rec in recs:
         assert (rec["rank"], rec["micro_batch"], rec["batch_idx"]) == (1, 0, 2)
         assert rec["patch_id"] == [1020, NAN_ID] and rec["crop_yx"] == [[0, 8], NAN_YX]
@@ -155,7 +155,7 @@ def test_run_json_gathers_both_ranks(ddp_run):
     assert [d["global_rank"] for d in rec["devices"]] == [0, 1]
     nf = rec["summary"]["nonfinite"]
     assert [(r["rank"], r["global_step"], r["patch_id"]) for r in nf["records"]] == [
-        (1, 2, [1020, NAN_ID]), (1, 6, [1020, NAN_ID])]
+        (1, 1, [1020, NAN_ID]), (1, 5, [1020, NAN_ID])]
     assert nf["per_rank"] == [{"nonfinite_batches": 0, "skipped_steps": 2},
                               {"nonfinite_batches": 2, "skipped_steps": 2}]
     assert rec["summary"]["energy"]["available"] is False

@@ -70,7 +70,8 @@ def test_cuda_event_marks_do_not_block_the_host():
 
 
 class _EventBracket(Callback):
-    """This test's own clock: a CUDA event at every ``on_train_batch_end``, keyed by global step."""
+    """This test's own clock: a CUDA event at every ``on_train_batch_end``, keyed by the index of the step it ends
+    (``global_step - 1``: the trace's step numbers)."""
 
     def __init__(self) -> None:
         self.events: dict[int, torch.cuda.Event] = {}
@@ -78,7 +79,7 @@ class _EventBracket(Callback):
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         ev = torch.cuda.Event(enable_timing=True)
         ev.record()
-        self.events[trainer.global_step] = ev
+        self.events[trainer.global_step - 1] = ev
 
 
 class _SyncCounter:
