@@ -56,7 +56,7 @@ def read_steps(work: Path) -> list[dict[str, Any]]:
 
 _BENCH_KEYS = ("precision", "precision_label", "batch_size", "status", "error", "compile", "compile_mode",
                "samples_per_s", "median_step_ms", "p95_step_ms", "achieved_tflops", "peak_tflops", "mfu",
-               "mfu_reason", "peak_memory_gib", "peak_memory_kind", "energy_j", "energy_per_sample_j",
+               "mfu_reason", "peak_memory_gib", "peak_memory_kind", "energy_j", "energy_j_per_sample",
                "energy_method", "energy_reason", "avg_power_w", "nonfinite_steps", "evidence")
 
 
@@ -156,7 +156,7 @@ def _bench_lines(benches: dict[str, Any]) -> list[str]:
             lines.append(f"| {name.removeprefix('bench-')} | {label} | {r['batch_size']} | {r['status']} | "
                          f"{_f(r['samples_per_s'], '.1f')} | {_f(r['median_step_ms'], '.2f')} | "
                          f"{_f(r['mfu'], '.3f')} | "
-                         f"{_f(r['peak_memory_gib'], '.3f')} | {_f(r['energy_per_sample_j'], '.4f')} |")
+                         f"{_f(r['peak_memory_gib'], '.3f')} | {_f(r['energy_j_per_sample'], '.4f')} |")
     reasons = {r.get("mfu_reason") for d in benches.values() for r in d["rows"] if r.get("mfu_reason")}
     reasons |= {r.get("energy_reason") for d in benches.values() for r in d["rows"] if r.get("energy_reason")}
     lines += [f"- {why}" for why in sorted(reasons)[:4]]

@@ -60,7 +60,7 @@ the rest still run, and the command exits with status 1.
 
 Energy (CUDA): the NVML total-energy counter of the GPU (matched by UUID, :mod:`cropscale.env.nvml`) read
 just before the first measured step and just after the last one (both synchronised): ``energy_j`` over
-``energy_window_s``, ``energy_per_sample_j`` = J / (iterations x batch), ``avg_power_w``. The counter
+``energy_window_s``, ``energy_j_per_sample`` = J / (iterations x batch), ``avg_power_w``. The counter
 moves in steps of its own update interval, so a window under a second is coarse (``energy_reason`` says
 so). On CPU, or without the counter, the energy fields are ``None`` with ``energy_reason``.
 
