@@ -64,7 +64,10 @@ just before the first measured step and just after the last one (both synchronis
 moves in steps of its own update interval, so a window under a second is coarse (``energy_reason`` says
 so). On CPU, or without the counter, the energy fields are ``None`` with ``energy_reason``.
 
-Every figure here is evidence ``measured-microbenchmark``.
+Every figure here is evidence ``measured-microbenchmark``. The document's ``environment``
+(:func:`cropscale.env.host.environment_record`) names the code that measured it: ``source_files``, the SHA-256
+of every package module the command runs (``step_run.py`` with the timed step, the model, ...), and
+``source_files_sha256``, one digest over them.
 
 Modules: the settings and their checks in :mod:`~cropscale.bench.step_config`; one configuration's
 set-up and timed steps in :mod:`~cropscale.bench.step_run`; its energy in

@@ -105,8 +105,16 @@ def test_json_schema(cli_run, argv=(*COMMAND, *SMALL)):
     assert all(v > 0 for v in doc["flops_by_class"].values())
 
     env = doc["environment"]
-    source = Path(bm.__file__)
-    assert env["source_sha256"] == hashlib.sha256(source.read_bytes()).hexdigest()
+    # every module of the measured code path, the timed step's own (step_run.py) included, by its SHA-256
+    package = Path(bm.__file__).resolve().parents[1]
+    files = env["source_files"]
+    assert {f"cropscale/bench/{m}.py" for m in ("step", "step_run", "step_config", "step_energy", "step_mfu",
+                                                "step_rows")} <= set(files)
+    assert "cropscale/model/network.py" in files and "cropscale/model/losses.py" in files
+    for name, digest in files.items():
+        assert digest == hashlib.sha256((package.parent / name).read_bytes()).hexdigest(), name
+    listing = "".join(f"{files[name]}  {name}\n" for name in sorted(files))
+    assert env["source_files_sha256"] == hashlib.sha256(listing.encode()).hexdigest()
     assert env["invocation"]["argv"] == [*argv[1:], "--output", env["invocation"]["argv"][-1]]
     assert env["host"]["hostname"]
     assert len(env["host"]["load_average_1_5_15_min"]) == 3 and len(env["host"]["load_average_1_5_15_min_end"]) == 3
