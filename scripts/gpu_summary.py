@@ -1,6 +1,6 @@
 """Gather the GPU check's figures into what comes back: gpu_check.json, summary.md, report.png, logs_tail.txt.
 
-``python scripts/gpu_summary.py --work WORK --out OUT --mode gpu|dry-run-cpu --elapsed S --budget S``
+``python scripts/gpu_summary.py --work WORK --output OUT --mode gpu|dry-run-cpu --elapsed S --budget S``
 reads WORK/steps.tsv (one line per step: name, status, seconds, limit, log, note), the JSON documents of
 WORK/json/ (benchmark, callback-bench, pipeline-bench, imports, pytest's JUnit XML), the run.json of every
 fit under WORK/runs/ and the report's samples/s figure, and writes at most four files directly under OUT
@@ -247,7 +247,7 @@ def main() -> int:
     p.add_argument("--best-batch", default=None, help="benchmark JSON: print the fastest batch of --precision")
     p.add_argument("--precision", default="bf16-mixed")
     p.add_argument("--work", type=Path)
-    p.add_argument("--out", type=Path)
+    p.add_argument("--output", type=Path)
     p.add_argument("--mode", default="gpu")
     p.add_argument("--elapsed", type=int, default=0)
     p.add_argument("--budget", type=int, default=0)
@@ -260,16 +260,16 @@ def main() -> int:
         print(best)
         return 0
     doc = gather(args.work, args.mode, args.elapsed, args.budget, args.carry)
-    args.out.mkdir(parents=True, exist_ok=True)
+    args.output.mkdir(parents=True, exist_ok=True)
     for name in OUT_FILES:  # what an earlier run left here must not come back as this run's
-        (args.out / name).unlink(missing_ok=True)
-    (args.out / "gpu_check.json").write_text(json.dumps(doc, indent=1, default=str) + "\n")
+        (args.output / name).unlink(missing_ok=True)
+    (args.output / "gpu_check.json").write_text(json.dumps(doc, indent=1, default=str) + "\n")
     png = args.work / "report" / "throughput.png"
     if png.exists():
-        shutil.copyfile(png, args.out / "report.png")
-    (args.out / "logs_tail.txt").write_text(logs_tail(doc["steps"]))
+        shutil.copyfile(png, args.output / "report.png")
+    (args.output / "logs_tail.txt").write_text(logs_tail(doc["steps"]))
     text = summary_text(doc)
-    (args.out / "summary.md").write_text(text)
+    (args.output / "summary.md").write_text(text)
     sys.stdout.write(text)
     return 0 if all(s["status"] in ("ok", "not-rehearsed") for s in doc["steps"]) else 1
 

@@ -1,6 +1,6 @@
 """The one reader of a run folder: :func:`load_run` -> :class:`RunRecord`, for the report and the study.
 
-A benchmark JSON (``python -m cropscale benchmark --output``) reads into records of the same type
+A benchmark JSON (``python -m cropscale benchmark --json``) reads into records of the same type
 (:func:`load_benchmark`), so the report can set both side by side.
 
 A run folder is the TensorBoard version folder ``runs/<name>/version_<n>/`` of ``python -m cropscale
