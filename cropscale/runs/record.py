@@ -396,7 +396,8 @@ def _benchmark_figures(row: dict[str, Any]) -> dict[str, Figure]:
     figures["final_train_loss"] = Figure(None, E, "synthetic batch: the loss is not a quality figure")
     energy_why = failed if not ok else row.get("energy_reason") or "not measured by the benchmark"
     for key in ("energy_j", "energy_j_per_sample"):  # NVML counter around the measured steps (CUDA)
-        figures[key] = Figure(row.get(key) if ok else None, E, energy_why, row.get("energy_reason"))
+        value = row.get(key) if ok else None  # a present value's energy_reason qualifies it (a short window)
+        figures[key] = Figure(value, E, energy_why, row.get("energy_reason") if value is not None else None)
     steps = f"{row.get('iterations')} measured steps after {row.get('warmup')} warm-up, synchronised"
     for key, note in (("median_step_ms", steps), ("p95_step_ms", steps), ("samples_per_s", "batch / median step")):
         figures[key] = Figure(row.get(key) if ok else None, E, failed, note)

@@ -96,3 +96,15 @@ def test_the_report_reads_the_energy_of_a_benchmark_row(tmp_path):
     assert record.figures["energy_j"].value == 30.0
     assert record.figures["energy_j_per_sample"].value == 5.0
     assert record.figures["energy_j"].evidence == "measured-microbenchmark"
+
+
+def test_a_cpu_row_reads_as_no_energy_with_the_reason(tmp_path):
+    from cropscale.runs.record import load_benchmark
+
+    row = step_rows.empty_row(bm.BenchmarkConfig(), "32-true", 1, torch.device("cpu"))
+    row.update(median_step_ms=100.0, samples_per_s=10.0, energy_reason="not on a CUDA GPU")
+    path = tmp_path / "bench.json"
+    path.write_text(json.dumps({"schema": bm.SCHEMA, "environment": {"device": {"name": "CPU"}}, "results": [row]}))
+    (record,) = load_benchmark(path)
+    fig = record.figures["energy_j_per_sample"]
+    assert fig.value is None and fig.why == "not on a CUDA GPU" and fig.note is None
