@@ -39,7 +39,7 @@ fit: install data
 # The quality-and-speed report of every run under runs/ (Markdown, CSV, PNG) into reports/.
 report: install
 	@test -d runs || { echo "make report: no runs/ folder here yet: run make fit first"; exit 2; }
-	$(PY) -m cropscale report runs --out reports $(ARGS)
+	$(PY) -m cropscale report runs --output reports $(ARGS)
 
 test: install data lint
 	$(PY) -m pytest -q $(ARGS)
@@ -93,7 +93,7 @@ bench: install data
 	@echo "make bench: [1/8] summary" >&2
 	$(PY) -m cropscale summary
 	@echo "make bench: [2/8] benchmark (bf16 is slow on a CPU without bfloat16 units)" >&2
-	$(PY) -m cropscale benchmark --precision 32-true bf16-mixed --batch-sizes 1 4 --output reports/bench_cpu.json
+	$(PY) -m cropscale benchmark --precision 32-true bf16-mixed --batch-sizes 1 4 --json reports/bench_cpu.json
 	@echo "make bench: [3/8] lever-bench" >&2
 	$(PY) -m cropscale lever-bench
 	@echo "make bench: [4/8] loader-bench" >&2
@@ -121,7 +121,7 @@ compare-cpu: install data
 	@mkdir -p runs/study
 	OMP_NUM_THREADS=1 $(PY) -m cropscale study --config configs/study/compare_cpu.yaml $(ARGS) > runs/study/compare_cpu.log
 	@echo "make compare-cpu: study table runs/study/compare_cpu/study_table.md, its output runs/study/compare_cpu.log"
-	$(PY) -m cropscale report runs/study/compare_cpu/runs --out runs/study/compare_cpu/report --verdicts-only
+	$(PY) -m cropscale report runs/study/compare_cpu/runs --output runs/study/compare_cpu/report --verdicts-only
 
 clean:
 	rm -rf runs reports lightning_logs .pytest_cache

@@ -128,7 +128,7 @@ def report_command(trainer: Trainer) -> str:
         shown = os.path.relpath(save_dir)
     except ValueError:  # another drive (Windows)
         shown = str(save_dir)
-    command = f"python -m cropscale report {shown} --out reports"
+    command = f"python -m cropscale report {shown} --output reports"
     if shown == "runs" and Path("Makefile").is_file():
         return f"make report   (= {command})"
     return command

@@ -12,6 +12,10 @@ is empty, are repeatable, ``--speedup 2:1.6 --speedup 4:2.9``; a ``bool`` field
 defaulting to False is a flag, one defaulting to None or True has a ``--no-`` form), lets jsonargparse check
 every value against its type, then builds the dataclass, whose ``__post_init__`` checks the ranges.
 
+One option name per meaning in every command: a JSON file of the figures is ``--json FILE`` (:class:`JsonOut`),
+a folder of outputs ``--output DIR`` (``report``, ``study``, as ``predict --output DIR``). An option an earlier
+release spelt otherwise (``benchmark --output``, ``report --out``) is refused naming the new one.
+
 Errors: a value of the wrong type, an unknown or missing option raise :class:`OptionError`, one line naming
 the option (``--t2: expected an integer, got 'x'``); the CLI prints it as ``cropscale: error: ...`` and exits
 with status 2. ``--help`` prints the options and exits with status 0.
@@ -23,6 +27,7 @@ import argparse
 import dataclasses
 import inspect
 import re
+import sys
 import types
 import typing
 from collections.abc import Callable, Sequence
@@ -45,14 +50,15 @@ class OptionError(CropScaleError):
 class Options:
     """The base of every command's options: range checks from ``AT_LEAST``, then :meth:`check`.
 
-    Class attributes (not options): ``POSITIONAL``, fields given without ``--`` (in order); ``ALIASES``,
-    ``{field: short option}`` (``{"output": "-o"}``); ``AT_LEAST``, ``{field: lowest value}``, merged over the
-    bases.
+    Class attributes (not options): ``POSITIONAL``, fields given without ``--`` (in order); ``AT_LEAST``,
+    ``{field: lowest value}``, merged over the bases; ``RENAMED``, ``{old option: field}`` for an option of an
+    earlier release, refused with one line naming the field's option (``--out is now --output: ...``), never
+    silently ignored.
     """
 
     POSITIONAL: ClassVar[tuple[str, ...]] = ()
-    ALIASES: ClassVar[dict[str, str]] = {}
     AT_LEAST: ClassVar[dict[str, float]] = {}
+    RENAMED: ClassVar[dict[str, str]] = {}
 
     def __post_init__(self) -> None:
         lows: dict[str, float] = {}
@@ -142,7 +148,7 @@ class Seed(Options):
 
 @dataclasses.dataclass(kw_only=True)
 class JsonOut(Options):
-    """A JSON file the command also writes."""
+    """A JSON file the command also writes: ``--json FILE`` in every command (a folder is ``--output DIR``)."""
 
     json: str | None = None
     """also write the figures to this JSON file"""
@@ -200,13 +206,13 @@ def describe_type(tp: Any) -> str:
     return {int: "an integer", float: "a number", str: "a string", bool: "true or false"}.get(tp, str(tp))
 
 
-def _add_field(parser: Any, f: dataclasses.Field, tp: Any, doc: str, positional: bool, alias: str | None) -> None:
-    """Add the option (or positional argument, or option with a short ``alias``) of the field ``f``."""
+def _add_field(parser: Any, f: dataclasses.Field, tp: Any, doc: str, positional: bool) -> None:
+    """Add the option (or positional argument) of the field ``f``."""
     default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
     required = default is dataclasses.MISSING
     inner, optional = _without_none(tp)
     help_text = doc or f.name.replace("_", " ")
-    names = (flag(f.name), alias) if alias else (flag(f.name),)
+    names = (flag(f.name),)
     if inner is bool:
         action = "store_true" if default is False else argparse.BooleanOptionalAction
         parser.add_argument(*names, action=action, default=default, help=help_text)
@@ -248,8 +254,7 @@ def options_parser(cls: type, prog: str, description: str | None = None, epilog:
     # the command's own options first, then the shared ones
     for f in sorted(dataclasses.fields(cls), key=lambda f: f.name not in own or f.name in _base_fields(cls)):
         if f.init:
-            _add_field(parser, f, hints[f.name], docs.get(f.name, ""), f.name in positional,
-                       getattr(cls, "ALIASES", {}).get(f.name))
+            _add_field(parser, f, hints[f.name], docs.get(f.name, ""), f.name in positional)
     return parser
 
 
@@ -279,16 +284,28 @@ def error_line(err: Exception, cls: type, show: Callable[[str], str] = flag) -> 
     return " ".join(text.split())
 
 
+def _refuse_renamed(cls: type, argv: Sequence[str] | None, prog: str) -> None:
+    """Raise :class:`OptionError` on an option of ``cls.RENAMED`` (``--out`` or ``--out=DIR``), naming its new name."""
+    renamed = getattr(cls, "RENAMED", {})
+    for token in sys.argv[1:] if argv is None else argv:
+        old = token.split("=", 1)[0]
+        if old in renamed:
+            field = renamed[old]
+            doc = _field_docs(cls).get(field, "")
+            raise OptionError(f"{old} is now {flag(field)}{': ' + doc if doc else ''} (see: {prog} --help)")
+
+
 def parse_options(cls: type[T], argv: Sequence[str] | None, prog: str, description: str | None = None,
                   epilog: str | None = None) -> T:
     """Parse ``argv`` into the options dataclass ``cls`` (``--help`` prints them and exits with status 0).
 
     Raises:
         OptionError: an unknown or missing option, a value of the wrong type (one line naming the option),
-            or a value that ``cls.__post_init__`` refuses.
+            an option of ``cls.RENAMED`` (naming the new one), or a value that ``cls.__post_init__`` refuses.
     """
     from jsonargparse import ArgumentError
 
+    _refuse_renamed(cls, argv, prog)
     parser = options_parser(cls, prog, description, epilog)
     try:
         namespace = parser.parse_args(list(argv) if argv is not None else None)

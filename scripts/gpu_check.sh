@@ -168,15 +168,15 @@ if [ "$DRY" -eq 0 ]; then
     # shellcheck disable=SC2086  # BATCHES is a list of numbers
     run_step bench-eager 60 9 "$PY" -m cropscale benchmark --device cuda --precision 32-true bf16-mixed 16-mixed \
         --batch-sizes $BATCHES --warmup 5 --iterations 20 --stop-at-oom --max-seconds 45 --details \
-        --output "$WORK/json/bench-eager.json"
+        --json "$WORK/json/bench-eager.json"
     # shellcheck disable=SC2086
     run_step bench-tf32 20 8 "$PY" -m cropscale benchmark --device cuda --precision 32-true --tf32 \
         --batch-sizes $BATCHES --warmup 5 --iterations 20 --stop-at-oom --max-seconds 12 --details \
-        --output "$WORK/json/bench-tf32.json"
+        --json "$WORK/json/bench-tf32.json"
 else
     run_step bench-eager 60 9 "$PY" -m cropscale benchmark --device cpu --precision 32-true --batch-sizes 1 \
         --warmup 0 --iterations 1 --t2 4 --t1 2 --crop-size 16 --threads 1 --details \
-        --output "$WORK/json/bench-eager.json"
+        --json "$WORK/json/bench-eager.json"
     not_run bench-tf32 "dry mode: TF32 is a CUDA switch"
 fi
 
@@ -187,7 +187,7 @@ if [ "$DRY" -eq 0 ]; then
     for mode in default reduce-overhead; do
         run_step "bench-compile-$mode" 40 7 "$PY" -m cropscale benchmark --device cuda --compile --compile-mode "$mode" \
             --precision bf16-mixed --batch-sizes "$BEST" --warmup 5 --iterations 20 --details \
-            --output "$WORK/json/bench-compile-$mode.json"
+            --json "$WORK/json/bench-compile-$mode.json"
     done
 else
     not_run bench-compile-default "dry mode: would compile at batch $BEST"
@@ -245,10 +245,10 @@ inputs=()
 for d in "$WORK"/runs/*/version_*; do [ -d "$d" ] && inputs+=("$d"); done
 for f in "$WORK"/json/bench-*.json; do [ -s "$f" ] && inputs+=("$f"); done
 if [ "${#inputs[@]}" -gt 0 ]; then
-    run_step report 15 0 "$PY" -m cropscale report "${inputs[@]}" --out "$WORK/report"
+    run_step report 15 0 "$PY" -m cropscale report "${inputs[@]}" --output "$WORK/report"
 else
     record report skipped 0 0 "" "nothing to report"
 fi
-"$PY" "$PROJECT/scripts/gpu_summary.py" --work "$WORK" --out "$OUT_DIR" --mode "$([ "$DRY" -eq 1 ] && echo dry-run-cpu || echo gpu)" \
+"$PY" "$PROJECT/scripts/gpu_summary.py" --work "$WORK" --output "$OUT_DIR" --mode "$([ "$DRY" -eq 1 ] && echo dry-run-cpu || echo gpu)" \
     --elapsed "$((SECONDS - START))" --budget "$BUDGET_S" --carry "$CARRY" || status=1
 exit "$status"

@@ -1,6 +1,6 @@
 """Gather the GPU check's figures into what comes back: gpu_check.json, summary.md, report.png, logs_tail.txt.
 
-``python scripts/gpu_summary.py --work WORK --out OUT --mode gpu|dry-run-cpu --elapsed S --budget S``
+``python scripts/gpu_summary.py --work WORK --output OUT --mode gpu|dry-run-cpu --elapsed S --budget S``
 reads WORK/steps.tsv (one line per step: name, status, seconds, limit, log, note), the JSON documents of
 WORK/json/ (benchmark, callback-bench, pipeline-bench, imports, pytest's JUnit XML), the run.json of every
 fit under WORK/runs/ and the report's samples/s figure, and writes at most four files directly under OUT
@@ -56,7 +56,7 @@ def read_steps(work: Path) -> list[dict[str, Any]]:
 
 _BENCH_KEYS = ("precision", "precision_label", "batch_size", "status", "error", "compile", "compile_mode",
                "samples_per_s", "median_step_ms", "p95_step_ms", "achieved_tflops", "peak_tflops", "mfu",
-               "mfu_reason", "peak_memory_gib", "peak_memory_kind", "energy_j", "energy_per_sample_j",
+               "mfu_reason", "peak_memory_gib", "peak_memory_kind", "energy_j", "energy_j_per_sample",
                "energy_method", "energy_reason", "avg_power_w", "nonfinite_steps", "evidence")
 
 
@@ -156,7 +156,7 @@ def _bench_lines(benches: dict[str, Any]) -> list[str]:
             lines.append(f"| {name.removeprefix('bench-')} | {label} | {r['batch_size']} | {r['status']} | "
                          f"{_f(r['samples_per_s'], '.1f')} | {_f(r['median_step_ms'], '.2f')} | "
                          f"{_f(r['mfu'], '.3f')} | "
-                         f"{_f(r['peak_memory_gib'], '.3f')} | {_f(r['energy_per_sample_j'], '.4f')} |")
+                         f"{_f(r['peak_memory_gib'], '.3f')} | {_f(r['energy_j_per_sample'], '.4f')} |")
     reasons = {r.get("mfu_reason") for d in benches.values() for r in d["rows"] if r.get("mfu_reason")}
     reasons |= {r.get("energy_reason") for d in benches.values() for r in d["rows"] if r.get("energy_reason")}
     lines += [f"- {why}" for why in sorted(reasons)[:4]]
@@ -247,7 +247,7 @@ def main() -> int:
     p.add_argument("--best-batch", default=None, help="benchmark JSON: print the fastest batch of --precision")
     p.add_argument("--precision", default="bf16-mixed")
     p.add_argument("--work", type=Path)
-    p.add_argument("--out", type=Path)
+    p.add_argument("--output", type=Path)
     p.add_argument("--mode", default="gpu")
     p.add_argument("--elapsed", type=int, default=0)
     p.add_argument("--budget", type=int, default=0)
@@ -260,16 +260,16 @@ def main() -> int:
         print(best)
         return 0
     doc = gather(args.work, args.mode, args.elapsed, args.budget, args.carry)
-    args.out.mkdir(parents=True, exist_ok=True)
+    args.output.mkdir(parents=True, exist_ok=True)
     for name in OUT_FILES:  # what an earlier run left here must not come back as this run's
-        (args.out / name).unlink(missing_ok=True)
-    (args.out / "gpu_check.json").write_text(json.dumps(doc, indent=1, default=str) + "\n")
+        (args.output / name).unlink(missing_ok=True)
+    (args.output / "gpu_check.json").write_text(json.dumps(doc, indent=1, default=str) + "\n")
     png = args.work / "report" / "throughput.png"
     if png.exists():
-        shutil.copyfile(png, args.out / "report.png")
-    (args.out / "logs_tail.txt").write_text(logs_tail(doc["steps"]))
+        shutil.copyfile(png, args.output / "report.png")
+    (args.output / "logs_tail.txt").write_text(logs_tail(doc["steps"]))
     text = summary_text(doc)
-    (args.out / "summary.md").write_text(text)
+    (args.output / "summary.md").write_text(text)
     sys.stdout.write(text)
     return 0 if all(s["status"] in ("ok", "not-rehearsed") for s in doc["steps"]) else 1
 

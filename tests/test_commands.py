@@ -56,7 +56,7 @@ def _arguments(rest: str) -> list[str]:
         if token.startswith("$(") and token.endswith(")"):  # a Makefile variable such as $(ARGS)
             continue
         token = token.strip("[]()")
-        if token.endswith(":"):  # "cropscale report runs --out reports: reports/report.md ..."
+        if token.endswith(":"):  # "cropscale report runs --output reports: reports/report.md ..."
             out.append(token[:-1])
             break
         if token not in ("", "..."):
@@ -100,11 +100,44 @@ def test_every_documented_command_line_parses(where, sub, argv):
 
 def test_documented_values_arrive_in_the_options():
     """One documented line read field by field (README: the benchmark of the CPU section)."""
-    argv = ["--precision", "32-true", "bf16-mixed", "--batch-sizes", "1", "4", "--output", "bench.json"]
+    argv = ["--precision", "32-true", "bf16-mixed", "--batch-sizes", "1", "4", "--json", "bench.json"]
     assert argv in [a for _, s, a in DOCUMENTED if s == "benchmark"]
     options = parse_options(BenchmarkOptions, argv, "benchmark")
     assert options.precision == ["32-true", "bf16-mixed"] and options.batch_sizes == [1, 4]
-    assert options.output == "bench.json" and options.warmup == 10 and options.t2 == 16 and options.threads is None
+    assert options.json == "bench.json" and options.warmup == 10 and options.t2 == 16 and options.threads is None
+
+
+#: the analysis commands that write a JSON file of their figures, and those that write into a folder
+JSON_FILE_COMMANDS = ("benchmark", "tiling-bench", "callback-bench", "lever-bench", "loader-bench", "pipeline-bench",
+                      "scaling")
+FOLDER_COMMANDS = ("report", "study")
+
+
+def test_one_option_name_per_meaning():
+    """A JSON file is ``--json FILE`` in every command, a folder ``--output DIR`` (as ``predict --output DIR``)."""
+    names = {sub: {f.name for f in dataclasses.fields(cls)} for sub, cls in OPTIONS.items()}
+    assert all("json" in names[sub] and "output" not in names[sub] for sub in JSON_FILE_COMMANDS), names
+    assert all("output" in names[sub] and "json" not in names[sub] for sub in FOLDER_COMMANDS), names
+    assert not any("out" in fields for fields in names.values())
+    assert parse_options(BenchmarkOptions, ["--json", "b.json"], "benchmark").json == "b.json"
+    assert parse_options(TilingOptions, ["--json", "t.json"], "tiling-bench").json == "t.json"
+    assert parse_options(ReportOptions, ["runs", "--output", "r"], "report").output == "r"
+    assert parse_options(StudyOptions, ["--config", "c.yaml", "--output", "s"], "study").output == "s"
+
+
+@pytest.mark.parametrize("sub, argv, line", [
+    ("benchmark", ["--output", "b.json"], "--output is now --json: also write the figures to this JSON file"),
+    ("benchmark", ["-o", "b.json"], "-o is now --json: also write the figures to this JSON file"),
+    ("tiling-bench", ["--output=t.json"], "--output is now --json: also write the figures to this JSON file"),
+    ("report", ["runs", "--out", "r"], "--out is now --output: output folder"),
+    ("study", ["--config", "c.yaml", "--out=s"], "--out is now --output: study folder (default runs/study/<name>)"),
+])
+def test_an_old_option_name_is_refused_naming_the_new_one(sub, argv, line):
+    """Parsed only (on a parser that took the old name, the benchmark would run)."""
+    prog = f"python -m cropscale {sub}"
+    with pytest.raises(OptionError) as info:
+        parse_options(OPTIONS[sub], argv, prog)
+    assert str(info.value) == f"{line} (see: {prog} --help)"
 
 
 def _run_cli(argv, capsys) -> tuple[int, str, str]:
@@ -112,6 +145,13 @@ def _run_cli(argv, capsys) -> tuple[int, str, str]:
         cli.main(argv)
     out, err = capsys.readouterr()
     return info.value.code, out, err
+
+
+def test_an_old_option_name_ends_in_one_line_with_status_2(tmp_path, capsys):
+    code, _, err = _run_cli(["report", str(tmp_path), "--out", str(tmp_path / "r")], capsys)
+    assert code == 2
+    assert err.strip().splitlines() == ["cropscale: error: --out is now --output: output folder "
+                                        "(see: python -m cropscale report --help)"]
 
 
 @pytest.mark.parametrize("sub", [*OPTIONS, "scaling assert-bench"])

@@ -45,39 +45,32 @@ minute): there the figure is the ratio to a real step, target at most 2 %.
 clock between ``on_train_batch_end`` hooks: with no per-step sync, the host's steps settle to the device's
 pace only once the launch queue is full, so for a small model it is the host-side (launch and callback)
 cost of a step, which is what the callbacks add to.
+
+Modules: the blocks of callbacks swapped within one fit in :mod:`~cropscale.bench.interleave`; ``--count`` in
+:mod:`~cropscale.bench.callback_counts`; the options, the interleaved fits and the printed figures here.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import importlib
-import importlib.util
 import logging
 import math
 import os
 import statistics
 import tempfile
-import time
 import warnings
-from collections.abc import Callable
-from pathlib import Path
 from typing import Any, Literal
 
-import lightning.pytorch.callbacks as lightning_callbacks
 import torch
-import yaml
 from lightning.pytorch import Callback, Trainer
-from lightning.pytorch.callbacks import DeviceStatsMonitor, LearningRateMonitor, ThroughputMonitor
 from lightning.pytorch.loggers import TensorBoardLogger
-from lightning.pytorch.plugins import MixedPrecision
-from typing_extensions import override
 
-import cropscale.callbacks as cropscale_callbacks
-from cropscale.bench.counts import FIGURES, HookCostCounter
+from cropscale.bench.callback_counts import lightning_monitors, print_counts, run_counts
+from cropscale.bench.interleave import CLOCKS, SETTLE_STEPS, Interleaver
 from cropscale.callbacks import CallbackGroup, StepTimingCallback, all_scaling_callbacks
 from cropscale.commands import CropSize, JsonOut, OptionError, SampleShape, Threads, Warmup, parse_options
 from cropscale.errors import CropScaleError
-from cropscale.evidence import COUNT, MEASURED_MICROBENCHMARK
+from cropscale.evidence import MEASURED_MICROBENCHMARK
 from cropscale.files import atomic_write_json
 from cropscale.progress import Progress
 from cropscale.testing.probe import ProbeTask, SyntheticSamples
@@ -86,91 +79,6 @@ from cropscale.testing.toy import ToyTask, toy_batches
 TARGET_US = 100.0
 TARGET_RATIO = 0.02  # --model network: at most 2 % of the study model's step
 _DEFAULTS = {"steps": (1000, 30), "warmup": (100, 5), "log_every": (50, 10), "block": (20, 5)}  # (linear, network)
-SETTLE_STEPS = 2
-DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "default.yaml"
-_PSUTIL = importlib.util.find_spec("psutil") is not None
-DEVICE_STATS = ("DeviceStatsMonitor with CPU stats (psutil)" if _PSUTIL
-                else "DeviceStatsMonitor(cpu_stats=False): no psutil")
-_CALLBACK_PACKAGES = (cropscale_callbacks, lightning_callbacks)  # frames of their modules can open a region
-"""Steps at the start of each block left out: the first steps after a swap run on cold caches."""
-
-
-CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
-"""``--clock``: wall time, or the CPU time of the process (all threads), in s."""
-
-
-class Interleaver(Callback):
-    """Alternates two sets of callbacks in blocks of optimizer steps within one fit and times every step.
-
-    Put it last in the trainer's callbacks, after every callback of ``arms``. Until ``warmup`` steps have
-    run, all of them are active; then the trainer's callback list goes round the arms, ``arms[0]``,
-    ``arms[1]``, ... (plus this callback), ``block`` steps each, starting with ``arms[0]``; after ``last_step``
-    every callback is active again, for the epoch-end and fit-end hooks. With the callback list it swaps
-    the trainer's profiler: for an arm without callbacks the one the trainer had when :meth:`bind` was
-    called (before a callback such as :class:`~cropscale.callbacks.StepTimingCallback` wrapped it), for the
-    other the one found at ``on_train_start``.
-
-    Args:
-        arms: two or more ``(name, callbacks)`` pairs; the callbacks must be in the trainer too.
-        block: optimizer steps per block (>= ``SETTLE_STEPS + 1``).
-        warmup: optimizer steps before the first block.
-        last_step: optimizer steps of the fit; later steps (none) are not timed.
-        clock: a function returning seconds (``time.perf_counter`` or ``time.process_time``).
-
-    ``periods[name]``: the measured step periods of each arm (s), i.e. the time between this callback's
-    consecutive ``on_train_batch_end`` calls, leaving out the first :data:`SETTLE_STEPS` steps of each
-    block.
-    """
-
-    def __init__(self, arms: list[tuple[str, list[Callback]]], block: int, warmup: int, last_step: int,
-                 clock: Callable[[], float] = time.perf_counter) -> None:
-        if len(arms) < 2 or block <= SETTLE_STEPS:
-            raise CropScaleError(f"Interleaver: two arms or more and block > {SETTLE_STEPS} steps")
-        self.arms = arms
-        self.block, self.warmup, self.last_step = block, warmup, last_step
-        self._now = clock
-        self.periods: dict[str, list[float]] = {name: [] for name, _ in arms}
-        self._steps = 0
-        self._last: float | None = None
-        self._arm: int | None = None  # index into arms; None during warm-up
-        self._in_block = 0
-        self._lists: list[list[Callback]] = []
-        self._profilers: list[Any] = []
-        self._all: list[Callback] = []
-        self._profiler_off: Any = None
-        self._profiler_on: Any = None
-
-    def bind(self, trainer: Trainer) -> None:
-        """Remember ``trainer``'s profiler before ``fit`` (before a callback wraps it)."""
-        self._profiler_off = trainer.profiler
-
-    @override
-    def on_train_start(self, trainer: Trainer, pl_module: Any) -> None:
-        self._all = list(trainer.callbacks)
-        self._profiler_on = trainer.profiler
-        if self._profiler_off is None:
-            self._profiler_off = self._profiler_on
-        in_arms = {id(cb) for _, cbs in self.arms for cb in cbs}
-        for _, cbs in self.arms:
-            mine = {id(cb) for cb in cbs}
-            # the arm's callbacks, this callback and any the trainer added itself, in the trainer's order
-            self._lists.append([cb for cb in self._all if id(cb) in mine or id(cb) not in in_arms])
-            self._profilers.append(self._profiler_on if cbs else self._profiler_off)
-
-    @override
-    def on_train_batch_end(self, trainer: Trainer, *args: Any) -> None:
-        now = self._now()
-        self._steps += 1
-        if self._arm is not None and self._last is not None and self._in_block > SETTLE_STEPS:
-            self.periods[self.arms[self._arm][0]].append(now - self._last)
-        if self._steps >= self.last_step:
-            trainer.callbacks, trainer.profiler = self._all, self._profiler_on
-        elif self._steps >= self.warmup and (self._arm is None or self._in_block >= self.block):
-            self._arm = 0 if self._arm is None else (self._arm + 1) % len(self.arms)
-            self._in_block = 0
-            trainer.callbacks, trainer.profiler = self._lists[self._arm], self._profilers[self._arm]
-        self._in_block += 1
-        self._last = self._now()  # the swap is in no period
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -431,151 +339,6 @@ def verdict(result: dict[str, Any]) -> str:
     return f"{'within' if result['within_target'] else 'ABOVE'} the {target} target"
 
 
-# ----------------------------------------------------------------------------- --count
-
-
-LIGHTNING_ARM = "Lightning monitors"
-"""The reference arm: Lightning's ``ThroughputMonitor`` + ``LearningRateMonitor`` + ``DeviceStatsMonitor``."""
-
-
-def lightning_monitors() -> list[Callback]:
-    """Lightning's own monitors, the reference for the group's cost.
-
-    On a CPU run ``DeviceStatsMonitor`` logs CPU stats through ``psutil``; without ``psutil`` it is built with
-    ``cpu_stats=False`` and logs nothing there (a cheaper reference: :data:`DEVICE_STATS` says which).
-    """
-    return [ThroughputMonitor(batch_size_fn=lambda b: int(b["s2"].shape[0])),
-            LearningRateMonitor(logging_interval="step"), DeviceStatsMonitor(cpu_stats=None if _PSUTIL else False)]
-
-
-def default_group() -> CallbackGroup:
-    """The scaling callbacks as ``configs/default.yaml`` installs them (its ``CallbackGroup`` entry)."""
-    config = yaml.safe_load(DEFAULT_CONFIG.read_text(encoding="utf-8"))
-    for entry in config["trainer"]["callbacks"]:
-        if entry["class_path"] == "cropscale.callbacks.CallbackGroup":
-            members = [_instantiate(m) for m in entry["init_args"]["callbacks"]]
-            return CallbackGroup(members)
-    raise CropScaleError(f"callback-bench --count: no CallbackGroup in {DEFAULT_CONFIG}")
-
-
-def _instantiate(entry: dict[str, Any]) -> Any:
-    module, _, name = entry["class_path"].rpartition(".")
-    return getattr(importlib.import_module(module), name)(**(entry.get("init_args") or {}))
-
-
-class StepCounts(Callback):
-    """Last callback of the counting fit: cuts the counter's totals into optimizer steps.
-
-    At each ``on_train_batch_end`` after an optimizer step, the totals since the previous one become one
-    step's counts, filed as a *log step* when ``global_step % log_every_n_steps == 0`` (Lightning's own rule,
-    ``should_update_logs``), else an *ordinary step*. The first ``skip`` steps (one-off set-up) are left out.
-    """
-
-    def __init__(self, counter: HookCostCounter, skip: int) -> None:
-        self.counter, self.skip = counter, skip
-        self.steps: dict[str, list[dict[str, tuple[int, ...]]]] = {"ordinary": [], "log": []}
-        self._last = counter.snapshot()
-        self._seen = 0
-
-    @override
-    def on_train_start(self, trainer: Trainer, pl_module: Any) -> None:
-        owner = getattr(trainer.profiler, "_owner", None)  # StepTimingCallback's profiler wrapper
-        if owner is not None and id(owner) in self.counter.owners:
-            self.counter.owners[id(trainer.profiler)] = self.counter.owners[id(owner)]
-        self._last = self.counter.snapshot()
-
-    @override
-    def on_train_batch_end(self, trainer: Trainer, *args: Any) -> None:
-        if trainer.global_step == self._seen:  # accumulating: no optimizer step yet
-            return
-        self._seen = trainer.global_step
-        now = self.counter.snapshot()
-        delta = {k: tuple(a - b for a, b in zip(now[k], self._last[k], strict=True)) for k in now}
-        self._last = now
-        if self._seen > self.skip:
-            every = trainer.log_every_n_steps
-            self.steps["log" if every and self._seen % every == 0 else "ordinary"].append(delta)
-
-
-def count_fit(precision: str, steps: int, log_every: int, root: str, features: int = 16) -> dict[str, Any]:
-    """One fit of the tiny model with the group and Lightning's monitors side by side, counted per step.
-
-    ``precision``: ``"32-true"``, or ``"16-mixed"`` (CPU autocast to FP16 with a real
-    ``torch.amp.GradScaler("cpu")``, ``trainer.plugins``). Gradient norm clipped to 1.0 (as
-    ``configs/default.yaml``). Returns ``{"arms": {arm: {kind: {figure: mean}, "max_...": ...}},
-    "members": {...}}``: per arm (the group, with its members, and Lightning's monitors) and per kind of
-    step, the mean of each :data:`~cropscale.bench.counts.FIGURES` per step and the largest torch ops and
-    reads seen on one step.
-    """
-    group, monitors = default_group(), lightning_monitors()
-    owners = {id(group): "CallbackGroup"}
-    owners.update({id(cb): type(cb).__name__ for cb in group.callbacks})
-    owners.update({id(cb): type(cb).__name__ for cb in monitors})
-    files = {str(f) for pkg in _CALLBACK_PACKAGES for f in Path(pkg.__file__).parent.glob("*.py")}
-    counter = HookCostCounter(owners, files, transparent={id(group)})
-    cut = StepCounts(counter, skip=log_every if steps >= 3 * log_every else 0)  # the first interval: set-up
-    plugins, prec = [], precision
-    if precision == "16-mixed":
-        plugins, prec = [MixedPrecision("16-mixed", "cpu", scaler=torch.amp.GradScaler("cpu"))], None
-    trainer = Trainer(
-        accelerator="cpu", devices=1, max_steps=steps, max_epochs=1, precision=prec, plugins=plugins,
-        callbacks=[group, *monitors, cut], logger=TensorBoardLogger(root, name=f"count-{precision}"),
-        log_every_n_steps=log_every, gradient_clip_val=1.0, gradient_clip_algorithm="norm",
-        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
-        default_root_dir=root,
-    )
-    loader = torch.utils.data.DataLoader(toy_batches(steps + 1, 1, features), batch_size=None)
-    with counter:
-        trainer.fit(ToyTask(features=features), train_dataloaders=loader)
-    arms = {"CallbackGroup": ["CallbackGroup", *(type(cb).__name__ for cb in group.callbacks)],
-            LIGHTNING_ARM: [type(cb).__name__ for cb in monitors]}
-    return {"precision": precision, "steps": {k: len(v) for k, v in cut.steps.items()},
-            "arms": {arm: _kinds(cut.steps, names) for arm, names in arms.items()},
-            "members": {arm: {n: _kinds(cut.steps, [n]) for n in names} for arm, names in arms.items()}}
-
-
-def _kinds(steps: dict[str, list[dict[str, tuple[int, ...]]]], names: list[str]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for kind, rows in steps.items():
-        per_step = [[sum(r[n][i] for n in names) for i in range(len(FIGURES))] for r in rows]
-        out[kind] = {f: (statistics.fmean(s[i] for s in per_step) if per_step else None)
-                     for i, f in enumerate(FIGURES)}
-        out[kind]["max_torch_ops"] = max((s[2] for s in per_step), default=None)
-        out[kind]["max_reads"] = max((s[3] for s in per_step), default=None)
-    return out
-
-
-def run_counts(args: CallbackBenchOptions) -> dict[str, Any]:
-    """``--count``: :func:`count_fit` under 32-true and 16-mixed with a GradScaler."""
-    torch.set_num_threads(args.threads)
-    with tempfile.TemporaryDirectory(prefix="cropscale-callback-count-") as root:
-        fits = [count_fit(p, args.steps, args.log_every, root, features=args.features)
-                for p in ("32-true", "16-mixed")]
-    return {"evidence": COUNT, "model": f"nn.Linear({args.features}, 1), batch 1, gradient norm clipped to 1.0",
-            "log_every_n_steps": args.log_every, "device_stats": DEVICE_STATS, "fits": fits}
-
-
-def _print_counts(result: dict[str, Any]) -> None:
-    print(f"callback-bench --count ({result['evidence']}): {result['model']}, "
-          f"log_every_n_steps={result['log_every_n_steps']}, {result['device_stats']}; per step, mean "
-          "(max torch ops / reads on one step)")
-    head = f"{'precision':<9} {'callback':<28} {'step':<8} {'Python calls':>12} {'C calls':>8} {'torch ops':>9} " \
-           f"{'reads':>6} {'max ops':>7} {'max reads':>9}"
-    print(head)
-    for fit in result["fits"]:
-        for arm, members in fit["members"].items():
-            rows = [*members.items(), (f"= {arm}", fit["arms"][arm])]
-            for name, kinds in rows:
-                for kind in ("ordinary", "log"):
-                    k = kinds[kind]
-                    if k["python_calls"] is None:
-                        continue
-                    print(f"{fit['precision']:<9} {name:<28} {kind:<8} {k['python_calls']:>12.1f} "
-                          f"{k['c_calls']:>8.1f} {k['torch_ops']:>9.2f} {k['reads']:>6.2f} "
-                          f"{k['max_torch_ops']:>7d} {k['max_reads']:>9d}")
-        print(f"  {fit['precision']}: {fit['steps']['ordinary']} ordinary and {fit['steps']['log']} log steps counted")
-
-
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``python -m cropscale callback-bench``; returns the exit status.
 
@@ -591,8 +354,9 @@ def main(argv: list[str] | None = None) -> int:
     for name in ("lightning", "lightning.pytorch", "lightning.fabric"):
         logging.getLogger(name).setLevel(logging.ERROR)
     if args.count:
-        result = run_counts(args)
-        _print_counts(result)
+        torch.set_num_threads(args.threads)
+        result = run_counts(args.steps, args.log_every, features=args.features)
+        print_counts(result)
     else:
         result = run_benchmark(args)
         _print(result)

@@ -3,7 +3,7 @@
 The runs go through Lightning's DDP strategy and its launcher; the two step times give the speed-up and the
 Karp-Flatt serial fraction.
 
-    python -m cropscale.bench.ddp_probe --devices 2 --global-batch 4 --out /tmp/ddp2.json
+    python -m cropscale.bench.ddp_probe --devices 2 --global-batch 4 --json /tmp/ddp2.json
 
 Each run trains :class:`cropscale.model.network.CropMappingNet` with
 :class:`cropscale.model.losses.MultiTaskLoss`, AdamW and gradient clipping at 1.0 (the Trainer's
@@ -47,7 +47,7 @@ from cropscale.testing.probe import ProbeTask, StepTimer, SyntheticSamples
 class ProbeOptions(SampleShape, CropSize, Warmup, Threads, Seed):
     """Strong-scaling probe: training step time of the real network on 1 vs N processes under DDP."""
 
-    out: str
+    json: str
     """JSON file written by rank 0"""
     devices: int = 1
     """processes (CPU) or GPUs"""
@@ -62,6 +62,7 @@ class ProbeOptions(SampleShape, CropSize, Warmup, Threads, Seed):
     threads: int | None = 1
 
     AT_LEAST = {"devices": 1, "steps": 1}
+    RENAMED = {"--out": "json"}
 
     def check(self) -> None:
         """Raises OptionError: ``--global-batch`` is not a positive multiple of ``--devices``."""
@@ -72,7 +73,7 @@ class ProbeOptions(SampleShape, CropSize, Warmup, Threads, Seed):
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run one probe (all ranks); rank 0 writes ``--out``. Returns the exit status."""
+    """Run one probe (all ranks); rank 0 writes ``--json``. Returns the exit status."""
     args = parse_options(ProbeOptions, argv, "python -m cropscale.bench.ddp_probe")
     args.apply()
     seed_everything(args.seed, workers=True, verbose=False)
@@ -128,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
                      "platform": platform.platform(), "python": platform.python_version(),
                      "torch": torch.__version__},
         }
-        atomic_write_json(args.out, record)
+        atomic_write_json(args.json, record)
     failed = finish_distributed(trainer)  # gloo group destroyed; rank 0 waits for the other ranks
     if failed:
         raise CropScaleError(f"ddp_probe: rank 0 finished but child ranks failed: {failed} (local rank, exit status)")
@@ -147,7 +148,7 @@ def run_probe(devices: int, out: str | Path, *, timeout_s: float = 600, **option
     Raises:
         CropScaleError: the run failed or timed out (the message ends with its output tail).
     """
-    cmd = [sys.executable, "-m", "cropscale.bench.ddp_probe", "--devices", str(devices), "--out", str(out)]
+    cmd = [sys.executable, "-m", "cropscale.bench.ddp_probe", "--devices", str(devices), "--json", str(out)]
     for key, value in options.items():
         cmd += [f"--{key.replace('_', '-')}", str(value)]
     env = dict(os.environ)

@@ -1,7 +1,7 @@
 """Compute-only training-step microbenchmark: FP32 against AMP FP16 and AMP BF16.
 
 ``python -m cropscale benchmark --precision 32-true 16-mixed bf16-mixed --batch-sizes 1 2 4
---warmup 10 --iterations 30 --device cuda --output bench.json``
+--warmup 10 --iterations 30 --device cuda --json bench.json``
 
 What one step is (the study's compute-only step): synthetic tensors already on
 the device (:func:`cropscale.model.synthetic.synthetic_batch`, ``s2 [B, T2, 10, H, W]``, ``s1a`` /
@@ -60,11 +60,14 @@ the rest still run, and the command exits with status 1.
 
 Energy (CUDA): the NVML total-energy counter of the GPU (matched by UUID, :mod:`cropscale.env.nvml`) read
 just before the first measured step and just after the last one (both synchronised): ``energy_j`` over
-``energy_window_s``, ``energy_per_sample_j`` = J / (iterations x batch), ``avg_power_w``. The counter
+``energy_window_s``, ``energy_j_per_sample`` = J / (iterations x batch), ``avg_power_w``. The counter
 moves in steps of its own update interval, so a window under a second is coarse (``energy_reason`` says
 so). On CPU, or without the counter, the energy fields are ``None`` with ``energy_reason``.
 
-Every figure here is evidence ``measured-microbenchmark``.
+Every figure here is evidence ``measured-microbenchmark``. The document's ``environment``
+(:func:`cropscale.env.host.environment_record`) names the code that measured it: ``source_files``, the SHA-256
+of every package module the command runs (``step_run.py`` with the timed step, the model, ...), and
+``source_files_sha256``, one digest over them.
 
 Modules: the settings and their checks in :mod:`~cropscale.bench.step_config`; one configuration's
 set-up and timed steps in :mod:`~cropscale.bench.step_run`; its energy in
@@ -89,7 +92,7 @@ from cropscale.bench.step_config import AUTOCAST_DTYPE, CLIP_NORM, PRECISIONS, B
 from cropscale.bench.step_mfu import peak_tflops, sample_flops, sample_flops_by_class
 from cropscale.bench.step_rows import amp_ratios, empty_row, format_details, format_table, row_label
 from cropscale.bench.step_run import build_setup, run_configuration, set_tf32, train_step
-from cropscale.commands import CropSize, Device, OptionError, SampleShape, Seed, Threads, Warmup, parse_options
+from cropscale.commands import CropSize, Device, JsonOut, OptionError, SampleShape, Seed, Threads, Warmup, parse_options
 from cropscale.env.host import cpu_bf16_units, environment_record, load_average
 from cropscale.errors import CropScaleError
 from cropscale.evidence import COUNT, MEASURED_MICROBENCHMARK
@@ -191,7 +194,7 @@ def run_benchmark(
 
     Progress (configuration i of n, steps, time left) and configurations known to be slow go to stderr
     through ``progress`` (a new :class:`~cropscale.progress.Progress` when ``None``). ``on_row`` receives
-    the document of the rows so far after each configuration (``main`` writes ``--output`` with it, so
+    the document of the rows so far after each configuration (``main`` writes ``--json`` with it, so
     a run stopped by a time limit keeps what it measured).
 
     Raises:
@@ -271,13 +274,13 @@ def configurations(config: BenchmarkConfig) -> list[tuple[str, int]]:
 
 
 @dataclass(kw_only=True)
-class BenchmarkOptions(SampleShape, CropSize, Warmup, Device, Threads, Seed):
+class BenchmarkOptions(SampleShape, CropSize, Warmup, Device, Threads, Seed, JsonOut):
     """Compute-only training-step microbenchmark of the crop-mapping model.
 
     Synthetic tensors on the device; forward, MultiTaskLoss, backward, clip 1.0, AdamW.
     """
 
-    ALIASES = {"output": "-o"}
+    RENAMED = {"--output": "json", "-o": "json"}
     precision: list[Literal[PRECISIONS]] = field(default_factory=lambda: ["32-true", "16-mixed"])
     """precisions to measure"""
     batch_sizes: list[int] = field(default_factory=lambda: [1, 2, 4])
@@ -311,8 +314,6 @@ class BenchmarkOptions(SampleShape, CropSize, Warmup, Device, Threads, Seed):
     """AdamW weight decay"""
     peak_tflops: float | None = None
     """dense peak TFLOP/s for MFU (overrides the peak table, all precisions)"""
-    output: str | None = None
-    """write the JSON document here"""
     details: bool = False
     """also print TFLOP/s, MFU, loss scale, non-finite counts"""
 
@@ -338,7 +339,7 @@ class BenchmarkOptions(SampleShape, CropSize, Warmup, Device, Threads, Seed):
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m cropscale benchmark ...``; prints the study table, writes ``--output``.
+    """``python -m cropscale benchmark ...``; prints the study table, writes ``--json``.
 
     Returns 0, or 1 if a configuration failed with an error other than out-of-memory.
 
@@ -348,27 +349,27 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_options(BenchmarkOptions, argv, "python -m cropscale benchmark")
     args.apply()
     config = args.config()
-    out = Path(args.output) if args.output else None
+    out = Path(args.json) if args.json else None
 
     def write(document: dict[str, Any]) -> None:
         try:
             atomic_write_text(out, json.dumps(document, indent=2, allow_nan=False) + "\n")
         except OSError as err:
-            raise CropScaleError(f"--output {out}: cannot write: {err}") from None
+            raise CropScaleError(f"--json {out}: cannot write: {err}") from None
 
     if out is not None:
         try:
             out.parent.mkdir(parents=True, exist_ok=True)
         except OSError as err:
-            raise CropScaleError(f"--output {out}: cannot create its folder: {err}") from None
+            raise CropScaleError(f"--json {out}: cannot create its folder: {err}") from None
     doc = run_benchmark(config, argv=list(sys.argv[1:] if argv is None else argv), on_row=write if out else None)
     if out is not None:
         write(doc)
     if args.details:
         print(format_details(doc))
         print()
-    if args.output:
-        print(f"wrote {args.output}")
+    if args.json:
+        print(f"wrote {args.json}")
     print(format_table(doc))
     return 1 if any(r["status"] == "error" for r in doc["results"]) else 0
 

@@ -39,7 +39,7 @@ def energy_end(start: tuple[nvml.NvmlDevice, float, float] | None, row: dict[str
         row["energy_reason"] = "the NVML energy counter went backwards (driver reload)"
         return
     row.update(energy_j=joules, energy_window_s=seconds, energy_method="nvml-counter",
-               energy_per_sample_j=joules / samples if samples else None,
+               energy_j_per_sample=joules / samples if samples else None,
                avg_power_w=joules / seconds if seconds > 0 else None)
     if seconds < 1.0:
         row["energy_reason"] = (f"window {seconds:.3f} s: under a second the counter's update interval makes "

@@ -64,7 +64,7 @@ def empty_row(config: BenchmarkConfig, precision: str, batch_size: int, device: 
         "nonfinite_warmup_steps": None,
         "final_loss": None,
         "energy_j": None,
-        "energy_per_sample_j": None,
+        "energy_j_per_sample": None,
         "energy_window_s": None,
         "avg_power_w": None,
         "energy_method": None,

@@ -32,7 +32,7 @@ import torch.nn.functional as F
 
 from cropscale.batch import HR_SCALE, model_inputs
 from cropscale.bench.step import AUTOCAST_DTYPE, resolve_device
-from cropscale.commands import Device, OptionError, SampleShape, Threads, Warmup, parse_options
+from cropscale.commands import Device, JsonOut, OptionError, SampleShape, Threads, Warmup, parse_options
 from cropscale.env.host import environment_record
 from cropscale.errors import CropScaleError
 from cropscale.evidence import MEASURED_MICROBENCHMARK
@@ -122,7 +122,7 @@ def _timed(fn: Callable[[], object], device: torch.device, warmup: int, repeats:
 
 
 @dataclasses.dataclass(kw_only=True)
-class TilingOptions(SampleShape, Warmup, Device, Threads):
+class TilingOptions(SampleShape, Warmup, Device, Threads, JsonOut):
     """Tiled validation time against the tile count times one tile's forward."""
 
     model: Literal["auto", "cropmapping", "conv", "zeros"] = "auto"
@@ -147,9 +147,7 @@ class TilingOptions(SampleShape, Warmup, Device, Threads):
     warmup: int = 1
     repeats: int = 3
     """measured runs (one-tile: max(5, repeats))"""
-    output: str | None = None
-    """also write the results as JSON here"""
-
+    RENAMED = {"--output": "json"}
     AT_LEAST = {"patches": 1, "height": 1, "width": 1, "window": 1, "tile_batch_size": 1, "repeats": 1}
 
     def check(self) -> None:
@@ -227,11 +225,11 @@ def _write_output(args: TilingOptions, fig: dict[str, Any], model_desc: str, dev
         **fig,
         "environment": environment_record(__file__, list(sys.argv[1:] if argv is None else argv), device),
     }
-    out = Path(args.output)
+    out = Path(args.json)
     try:
         atomic_write_json(out, doc)
     except CropScaleError as err:
-        raise CropScaleError(f"--output {out}: {err}") from None
+        raise CropScaleError(f"--json {out}: {err}") from None
     print(f"wrote {out}")
 
 
@@ -239,7 +237,7 @@ def main(argv: list[str] | None = None) -> int:
     """Run the benchmark, print the three labelled figures; return 0.
 
     Raises:
-        CropScaleError: a bad argument (sizes < 1, unknown device, unwritable ``--output``).
+        CropScaleError: a bad argument (sizes < 1, unknown device, unwritable ``--json``).
     """
     args = parse_options(TilingOptions, argv, "python -m cropscale tiling-bench", __doc__.split("\n\n")[0])
     args.apply()
@@ -248,7 +246,7 @@ def main(argv: list[str] | None = None) -> int:
     net, model_desc = _build_model(args.model, args.num_classes)
     fig = _measure(args, net.to(device).eval(), device)
     _print_figures(args, fig, model_desc, device)
-    if args.output:
+    if args.json:
         _write_output(args, fig, model_desc, device, argv)
     return 0
 

@@ -27,6 +27,7 @@ import torch
 
 import cropscale
 from cropscale.env.nvml import open_device_for
+from cropscale.env.sources import PACKAGE_DIR, source_digests
 from cropscale.errors import ConfigError, CropScaleError
 
 __all__ = [
@@ -45,9 +46,6 @@ __all__ = [
     "usable_cores",
     "utc_now",
 ]
-
-PACKAGE_DIR = Path(cropscale.__file__).resolve().parent
-"""The folder of the cropscale package (its git checkout is the code a measurement ran)."""
 
 _LIBRARIES = ("cropscale", "torch", "lightning", "torchmetrics", "numpy", "jsonargparse", "nvidia-ml-py",
               "tensorboard", "matplotlib")
@@ -362,19 +360,24 @@ def environment_record(source: str | Path, argv: list[str] | None, device: torch
     """Everything needed to trace a measurement back to its origin.
 
     Args:
-        source: the measuring source file (its SHA-256 goes into ``source_sha256``).
+        source: the measuring command's module file; it and every package module it imports are hashed
+            (:func:`cropscale.env.sources.source_digests`).
         argv: the arguments the command was given (``None`` = ``sys.argv[1:]``).
         device: the measured device.
 
     Returns:
-        ``{"source", "source_sha256", "invocation": {"executable", "sys_argv", "argv", "cwd"},
-        "git": git_info(PACKAGE_DIR), "host": {"hostname", "platform", "machine",
+        ``{"source", "source_files", "source_files_sha256", "invocation": {"executable", "sys_argv", "argv",
+        "cwd"}, "git": git_info(PACKAGE_DIR), "host": {"hostname", "platform", "machine",
         "load_average_1_5_15_min"} (at the start), "device": device_record(device),
-        "libraries": library_versions()}``.
+        "libraries": library_versions()}``; ``source_files`` maps each file of the measured code path
+        (``cropscale/bench/step_run.py``, ...) to its hex SHA-256, ``source_files_sha256`` is the SHA-256 of
+        their ``sha256sum`` listing (one digest for the whole code path).
     """
+    files, combined = source_digests(source)
     return {
         "source": str(Path(source).resolve()),
-        "source_sha256": sha256_file(source),
+        "source_files": files,
+        "source_files_sha256": combined,
         "invocation": {
             "executable": sys.executable,
             "sys_argv": list(sys.argv),

@@ -1,10 +1,10 @@
 """The quality-and-speed report: training runs and microbenchmarks side by side (Markdown, CSV, PNG).
 
-``python -m cropscale report RUN_DIR_OR_BENCH_JSON ... [--out DIR] [--stem report]``; ``make report``
+``python -m cropscale report RUN_DIR_OR_BENCH_JSON ... [--output DIR] [--stem report]``; ``make report``
 runs it on ``runs/``.
 
 Inputs, any mix of run folders (or folders holding them, e.g. ``runs/``) and benchmark JSON files
-(``python -m cropscale benchmark --output``), read by :mod:`cropscale.runs.record`; each figure
+(``python -m cropscale benchmark --json``), read by :mod:`cropscale.runs.record`; each figure
 follows its rule in :mod:`cropscale.runs.rules` (the first epoch of a multi-epoch run is left out as
 warm-up).
 
@@ -15,7 +15,7 @@ configuration on one device (:mod:`cropscale.report.scaling`). Detail tables fol
 step decomposition in percent of the median step, memory / energy / numerics), then the precision
 pairs, device scaling with the Amdahl fit, and the figures, each with the statistic it shows.
 
-Files in ``--out`` (default ``reports/``): ``<stem>.md``; ``<stem>.csv`` (every figure of every run,
+Files in ``--output`` (default ``reports/``): ``<stem>.md``; ``<stem>.csv`` (every figure of every run,
 one row each), ``<stem>_comparison.csv``, ``<stem>_pairs.csv`` and ``<stem>_scaling.csv`` (when there
 are pairs / device series); the figures of :data:`FIGURE_FILES`.
 
@@ -222,7 +222,7 @@ class ReportOptions(Options):
     POSITIONAL = ("inputs",)
     inputs: list[str]
     """run folders (or folders holding them) and benchmark JSON files"""
-    out: str = "reports"
+    output: str = "reports"
     """output folder"""
     stem: str = "report"
     """file name stem of the tables"""
@@ -233,9 +233,11 @@ class ReportOptions(Options):
     verdicts_only: bool = False
     """print only the verdict lines (the files as usual)"""
 
+    RENAMED = {"--out": "output"}
+
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m cropscale report INPUT ... [--out DIR]``: writes the report, prints it.
+    """``python -m cropscale report INPUT ... [--output DIR]``: writes the report, prints it.
 
     Raises:
         CropScaleError: an input that is neither a run folder nor a benchmark JSON (named).
@@ -243,7 +245,7 @@ def main(argv: list[str] | None = None) -> int:
     """
     args = parse_options(ReportOptions, argv, "python -m cropscale report")
     records = load_inputs(args.inputs)
-    paths = write_report(records, args.out, args.stem, args.margin, args.target_fraction)
+    paths = write_report(records, args.output, args.stem, args.margin, args.target_fraction)
     if args.verdicts_only:
         found = comparisons(records, args.margin, args.target_fraction)
         print("\n".join(c.line() for c in found) or "no comparison among the usable runs")

@@ -1,6 +1,6 @@
 """The one reader of a run folder: :func:`load_run` -> :class:`RunRecord`, for the report and the study.
 
-A benchmark JSON (``python -m cropscale benchmark --output``) reads into records of the same type
+A benchmark JSON (``python -m cropscale benchmark --json``) reads into records of the same type
 (:func:`load_benchmark`), so the report can set both side by side.
 
 A run folder is the TensorBoard version folder ``runs/<name>/version_<n>/`` of ``python -m cropscale
@@ -378,6 +378,10 @@ def _benchmark_figures(row: dict[str, Any]) -> dict[str, Figure]:
     figures = {key: Figure(None, E, _COMPUTE_ONLY)
                for key in ("best_miou", "best_epoch", "final_miou", "train_epoch_s", "val_epoch_s", "epoch_s")}
     figures["final_train_loss"] = Figure(None, E, "synthetic batch: the loss is not a quality figure")
+    energy_why = failed if not ok else row.get("energy_reason") or "not measured by the benchmark"
+    for key in ("energy_j", "energy_j_per_sample"):  # NVML counter around the measured steps (CUDA)
+        value = row.get(key) if ok else None  # a present value's energy_reason qualifies it (a short window)
+        figures[key] = Figure(value, E, energy_why, row.get("energy_reason") if value is not None else None)
     steps = f"{row.get('iterations')} measured steps after {row.get('warmup')} warm-up, synchronised"
     for key, note in (("median_step_ms", steps), ("p95_step_ms", steps), ("samples_per_s", "batch / median step")):
         figures[key] = Figure(row.get(key) if ok else None, E, failed, note)
@@ -401,7 +405,8 @@ def _benchmark_figures(row: dict[str, Any]) -> dict[str, Figure]:
 def load_benchmark(path: str | Path) -> list[RunRecord]:
     """Read a ``python -m cropscale benchmark`` JSON into one record per configuration.
 
-    Figures are ``measured-microbenchmark``; quality, epoch-time and energy figures are n/a (compute-only).
+    Figures are ``measured-microbenchmark``; quality and epoch-time figures are n/a (compute-only), energy is
+    n/a where the row has none (CPU, no NVML counter: its ``energy_reason``).
     A record's name is ``<file>: <row label> b<batch>`` (``TF32`` for a ``--tf32`` row), `` compiled`` added
     for a ``--compile`` row.
 

@@ -29,7 +29,7 @@ from cropscale.numbers import median_p95
 RUN_SCHEMA = "cropscale.run/1"
 """Schema id of ``run.json``."""
 BENCHMARK_SCHEMA = "cropscale.benchmark/1"
-"""Schema id of the benchmark JSON (``python -m cropscale benchmark --output``)."""
+"""Schema id of the benchmark JSON (``python -m cropscale benchmark --json``)."""
 
 STEP_WINDOWS: tuple[str, ...] = ("data_wait", "transfer", "forward", "backward", "optimizer", "remainder")
 """The disjoint windows of one optimizer step that :class:`cropscale.callbacks.StepTimingCallback` records and

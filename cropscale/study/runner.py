@@ -16,7 +16,7 @@ epochs, the strategy, base ``fit`` configs and overrides, and the accelerator. T
    seeds (:mod:`cropscale.study.aggregate`) and writes the table and figures
    (:mod:`cropscale.study.outputs`).
 
-Study folder layout (``--out``, default ``runs/study/<name>``)::
+Study folder layout (``--output``, default ``runs/study/<name>``)::
 
     study.json                 spec, plan, commands, exit codes, environment, git commit
     runs/<config>/seed<k>/     the fit run (Lightning log dir: run.json, events, config.yaml)
@@ -352,7 +352,7 @@ class StudyOptions(Options):
 
     config: str
     """study spec YAML, e.g. configs/study/cpu.yaml"""
-    out: str | None = None
+    output: str | None = None
     """study folder (default runs/study/<name>)"""
     data_root: str | None = None
     """data root for every run (overrides the spec's data_root)"""
@@ -367,10 +367,11 @@ class StudyOptions(Options):
     """ranks that may run at once (default: GPUs visible, or max_cpu_processes / cpu count)"""
 
     AT_LEAST = {"node_rank": 0, "max_devices": 1}
+    RENAMED = {"--out": "output"}
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m cropscale study --config configs/study/<name>.yaml [--out DIR] [--dry-run]``.
+    """``python -m cropscale study --config configs/study/<name>.yaml [--output DIR] [--dry-run]``.
 
     Returns 0 when every launched run finished, 1 when one failed (its row says so).
 
@@ -380,7 +381,7 @@ def main(argv: list[str] | None = None) -> int:
     """
     args = parse_options(StudyOptions, argv, "python -m cropscale study")
     spec = load_spec(args.config)
-    out = Path(args.out) if args.out else Path("runs") / "study" / spec.name
+    out = Path(args.output) if args.output else Path("runs") / "study" / spec.name
     doc = run_study(spec, out, data_root=args.data_root, available=args.max_devices, dry_run=args.dry_run,
                     resume=args.resume, node_rank=args.node_rank)
     if args.dry_run or args.node_rank > 0:

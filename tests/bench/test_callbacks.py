@@ -11,6 +11,8 @@ from lightning.pytorch import Callback, Trainer
 
 from cropscale import CropScaleError
 from cropscale.bench import callbacks as callback_overhead
+from cropscale.bench.callback_counts import LIGHTNING_ARM
+from cropscale.bench.interleave import Interleaver
 from cropscale.callbacks._logging import deferred_logging, log_metrics
 from cropscale.testing.toy import ToyTask, toy_batches
 
@@ -123,7 +125,7 @@ def test_interleaver_times_each_arm_with_a_fake_clock(tmp_path):
     cost, timing = Cost(), StepTimingCallback()
     warmup, block, rounds = 3, 4, 3
     steps = warmup + 2 * block * rounds
-    switch = callback_overhead.Interleaver([("off", []), ("on", [timing, cost])], block=block, warmup=warmup,
+    switch = Interleaver([("off", []), ("on", [timing, cost])], block=block, warmup=warmup,
                                            last_step=steps, clock=lambda: now[0])
     trainer = Trainer(accelerator="cpu", devices=1, max_steps=steps, max_epochs=1, logger=False,
                       callbacks=[tick, timing, cost, switch], enable_progress_bar=False, enable_model_summary=False,
@@ -161,7 +163,7 @@ def test_interleaver_goes_round_three_arms(tmp_path):
     a, b = Cost(2.0), Cost(7.0)
     warmup, block, rounds = 2, 3, 2
     steps = warmup + 3 * block * rounds
-    switch = callback_overhead.Interleaver([("off", []), ("a", [a]), ("b", [b])], block=block, warmup=warmup,
+    switch = Interleaver([("off", []), ("a", [a]), ("b", [b])], block=block, warmup=warmup,
                                            last_step=steps, clock=lambda: now[0])
     trainer = Trainer(accelerator="cpu", devices=1, max_steps=steps, max_epochs=1, logger=False,
                       callbacks=[Tick(), a, b, switch], enable_progress_bar=False, enable_model_summary=False,
@@ -179,7 +181,7 @@ def test_callback_bench_count_prints_both_arms_and_precisions(tmp_path, capsys):
     res = json.loads(out.read_text())
     assert res["evidence"] == "count" and [f["precision"] for f in res["fits"]] == ["32-true", "16-mixed"]
     for fit in res["fits"]:
-        assert set(fit["arms"]) == {"CallbackGroup", callback_overhead.LIGHTNING_ARM}
+        assert set(fit["arms"]) == {"CallbackGroup", LIGHTNING_ARM}
         assert fit["arms"]["CallbackGroup"]["ordinary"]["max_reads"] == 0
     printed = capsys.readouterr().out
     assert "= CallbackGroup" in printed and "= Lightning monitors" in printed and "16-mixed" in printed

@@ -32,7 +32,7 @@ def test_summary_labels_parameters_and_flops_as_counts(capsys):
 def test_ddp_probe_is_a_microbenchmark(tmp_path):
     out = tmp_path / "probe.json"
     assert ddp_probe.main(["--devices", "1", "--global-batch", "1", "--steps", "1", "--warmup", "0",
-                           "--crop-size", "8", "--t2", "2", "--t1", "1", "--out", str(out)]) == 0
+                           "--crop-size", "8", "--t2", "2", "--t1", "1", "--json", str(out)]) == 0
     record = json.loads(out.read_text())
     assert record["evidence"] == MEASURED_MICROBENCHMARK
     assert record["timed_steps"] == 1 and record["world_size"] == 1

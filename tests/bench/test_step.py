@@ -47,12 +47,12 @@ def one_thread():
 
 
 def _run_cli(argv: list[str], out: Path) -> tuple[int, str, dict]:
-    """``python -m cropscale <argv> --output out`` in this process (the CLI's dispatcher)."""
+    """``python -m cropscale <argv> --json out`` in this process (the CLI's dispatcher)."""
     from cropscale.cli import main
 
     buf = io.StringIO()
     with contextlib.redirect_stdout(buf), pytest.raises(SystemExit) as exit_info:
-        main([*argv, "--output", str(out)])
+        main([*argv, "--json", str(out)])
     return exit_info.value.code, buf.getvalue(), json.loads(out.read_text())
 
 
@@ -105,9 +105,17 @@ def test_json_schema(cli_run, argv=(*COMMAND, *SMALL)):
     assert all(v > 0 for v in doc["flops_by_class"].values())
 
     env = doc["environment"]
-    source = Path(bm.__file__)
-    assert env["source_sha256"] == hashlib.sha256(source.read_bytes()).hexdigest()
-    assert env["invocation"]["argv"] == [*argv[1:], "--output", env["invocation"]["argv"][-1]]
+    # every module of the measured code path, the timed step's own (step_run.py) included, by its SHA-256
+    package = Path(bm.__file__).resolve().parents[1]
+    files = env["source_files"]
+    assert {f"cropscale/bench/{m}.py" for m in ("step", "step_run", "step_config", "step_energy", "step_mfu",
+                                                "step_rows")} <= set(files)
+    assert "cropscale/model/network.py" in files and "cropscale/model/losses.py" in files
+    for name, digest in files.items():
+        assert digest == hashlib.sha256((package.parent / name).read_bytes()).hexdigest(), name
+    listing = "".join(f"{files[name]}  {name}\n" for name in sorted(files))
+    assert env["source_files_sha256"] == hashlib.sha256(listing.encode()).hexdigest()
+    assert env["invocation"]["argv"] == [*argv[1:], "--json", env["invocation"]["argv"][-1]]
     assert env["host"]["hostname"]
     assert len(env["host"]["load_average_1_5_15_min"]) == 3 and len(env["host"]["load_average_1_5_15_min_end"]) == 3
     if env["git"]["available"]:
@@ -188,7 +196,7 @@ def test_other_errors_are_recorded_and_exit_status_is_one(monkeypatch, tmp_path,
 
     monkeypatch.setattr(step_run, "train_step", broken)
     status = bm.main(["--precision", "32-true", "--batch-sizes", "1", "--t2", "2", "--t1", "1", "--crop-size", "8",
-                      "--warmup", "0", "--iterations", "1", "--device", "cpu", "--output", str(tmp_path / "b.json")])
+                      "--warmup", "0", "--iterations", "1", "--device", "cpu", "--json", str(tmp_path / "b.json")])
     assert status == 1
     row = json.loads((tmp_path / "b.json").read_text())["results"][0]
     assert row["status"] == "error" and row["error"] == "RuntimeError: kernel exploded"
@@ -398,7 +406,7 @@ def test_batch_order_and_the_output_written_after_every_configuration(tmp_path, 
     monkeypatch.setattr(bm, "run_configuration", spy)
     status = bm.main(["--precision", "32-true", "16-mixed", "--batch-sizes", "1", "2", "--order", "batch",
                       "--t2", "2", "--t1", "1", "--crop-size", "8", "--warmup", "0", "--iterations", "1",
-                      "--device", "cpu", "--output", str(out)])
+                      "--device", "cpu", "--json", str(out)])
     assert status == 0
     doc = json.loads(out.read_text())
     assert [(r["precision"], r["batch_size"]) for r in doc["results"]] == [

@@ -13,7 +13,7 @@ import torch
 from lightning.pytorch import Callback, Trainer
 from lightning.pytorch.plugins import MixedPrecision
 
-from cropscale.bench import callbacks as bench
+from cropscale.bench import callback_counts as bench
 from cropscale.bench.counts import HookCostCounter
 from cropscale.callbacks import CallbackGroup, LossScaleCallback, StepTimingCallback
 from cropscale.testing.toy import ToyTask, toy_batches

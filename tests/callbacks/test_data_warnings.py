@@ -48,7 +48,7 @@ def test_data_warnings_are_written_and_reported(tmp_path):
     assert record["data_warnings"] == ["patch 7: S2 scale off", "2 patch id(s) have files but no entry in metadata"]
     assert load_run(tmp_path / "run").data_warnings == record["data_warnings"]
     out = tmp_path / "rep"
-    assert rp.main([str(tmp_path / "run"), "--out", str(out)]) == 0
+    assert rp.main([str(tmp_path / "run"), "--output", str(out)]) == 0
     md = (out / "report.md").read_text()
     header = next(x for x in md.splitlines() if x.startswith("| Run |") and "| Data warnings |" in x)
     col = [c.strip() for c in header.strip("|").split("|")].index("Data warnings")

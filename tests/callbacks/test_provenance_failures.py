@@ -77,7 +77,7 @@ def test_a_fit_refused_at_setup_leaves_a_failed_run_json_and_a_failed_report_row
     (run,) = load_inputs([tmp_path / "runs"], on_skip=skipped.append)
     assert skipped == [] and run.training_run and run.status == "failed"
     out = tmp_path / "rep"
-    assert rp.main([str(tmp_path / "runs"), "--out", str(out)]) == 0
+    assert rp.main([str(tmp_path / "runs"), "--output", str(out)]) == 0
     assert "skipped" not in capsys.readouterr().out
     quality = (out / "report.md").read_text().split("### Quality")[1]
     cell = _md_row(quality, "default/version_0")[1]

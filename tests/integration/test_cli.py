@@ -132,7 +132,7 @@ def test_fit_end_to_end_on_real_sample(tmp_path, flanders_root):
     assert lines["numerics"] == ("0 non-finite batch(es), 0 skipped step(s); the last logged training loss is finite")
     assert sum(r["nonfinite_batches"] for r in s["nonfinite"]["per_rank"]) == 0
     assert (tmp_path / lines["run folder"]).resolve() == run_dir.resolve()
-    assert lines["report"] == "python -m cropscale report runs --out reports"
+    assert lines["report"] == "python -m cropscale report runs --output reports"
 
 
 def _events(run_dir: Path, tag: str) -> list:

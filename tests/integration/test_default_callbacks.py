@@ -104,8 +104,8 @@ def test_merge_callbacks_on_plain_entries():
 def test_report_command_names_make_report_beside_the_makefile(tmp_path, monkeypatch):
     trainer = SimpleNamespace(logger=SimpleNamespace(save_dir=str(tmp_path / "runs")), default_root_dir=None)
     monkeypatch.chdir(tmp_path)
-    assert report_command(trainer) == "python -m cropscale report runs --out reports"
+    assert report_command(trainer) == "python -m cropscale report runs --output reports"
     (tmp_path / "Makefile").write_text("report:\n")
-    assert report_command(trainer) == "make report   (= python -m cropscale report runs --out reports)"
+    assert report_command(trainer) == "make report   (= python -m cropscale report runs --output reports)"
     other = SimpleNamespace(logger=SimpleNamespace(save_dir=str(tmp_path / "elsewhere")), default_root_dir=None)
-    assert report_command(other) == "python -m cropscale report elsewhere --out reports"
+    assert report_command(other) == "python -m cropscale report elsewhere --output reports"

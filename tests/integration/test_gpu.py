@@ -188,7 +188,7 @@ def test_benchmark_tflops_against_event_timed_steps_and_a_matmul_ceiling():
     assert row["achieved_tflops"] < 1.05 * ceiling
     if row["mfu"] is not None:
         assert 0 < row["mfu"] <= 1.05 * ceiling / row["peak_tflops"]
-    assert row["energy_per_sample_j"] is None or row["energy_per_sample_j"] > 0
+    assert row["energy_j_per_sample"] is None or row["energy_j_per_sample"] > 0
     assert row["energy_reason"] is None or "window" in row["energy_reason"] or row["energy_j"] is None
 
 

@@ -26,7 +26,7 @@ echo "$*" >> "$CALLS"
 if [ "$1" = "-c" ]; then case "$2" in *entry_points*) exit 1;; esac; exit 0; fi
 prev=""
 for a in "$@"; do
-    if [ "$prev" = "--output" ] || [ "$prev" = "--json" ]; then
+    if [ "$prev" = "--json" ]; then
         echo '{"evidence": "measured-microbenchmark", "results": [
           {"precision": "bf16-mixed", "batch_size": 8, "status": "ok", "samples_per_s": 100.0,
            "precision_label": "AMP BF16"},

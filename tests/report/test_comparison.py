@@ -95,7 +95,7 @@ def test_status_marks_diverged_failed_and_incomplete(mixed, tmp_path):
 def test_report_marks_a_diverged_run_everywhere_it_is_listed(mixed):
     tmp, _, _, _ = mixed
     out = tmp / "report"
-    assert rp.main([str(tmp / "runs"), "--out", str(out)]) == 0
+    assert rp.main([str(tmp / "runs"), "--output", str(out)]) == 0
     md = (out / "report.md").read_text()
     assert _md_row(md, "amp/version_0")[1] == "diverged"  # the comparison
     quality = md.split("### Quality")[1]
@@ -116,7 +116,7 @@ def test_step_decomposition_is_percent_of_the_median_step_and_agrees_with_the_sp
     assert f["share_optimizer"] == pytest.approx(18.5) and f["share_remainder"] == 0.0
     assert f["share_sum"] == pytest.approx(100.0) and f["median_step_ms"] == 100.0
     out = tmp / "report"
-    rp.main([str(tmp / "runs"), "--out", str(out)])
+    rp.main([str(tmp / "runs"), "--output", str(out)])
     md = (out / "report.md").read_text()
     speed = _md_row(md.split("### Speed")[1], "fp32/version_0")
     step = _md_row(md.split("### Step decomposition")[1], "fp32/version_0")
@@ -141,7 +141,7 @@ def test_device_series_speedup_efficiency_and_amdahl_fit_by_hand(tmp_path):
     # least squares in 1/S: x = 1 - 1/N, y = 1/S - 1/N -> (0.5 x 0.125 + 0.75 x 0.15) / (0.25 + 0.5625)
     assert series.serial_fraction == pytest.approx(0.175 / 0.8125)
     out = tmp_path / "report"
-    assert rp.main([str(runs), "--out", str(out)]) == 0
+    assert rp.main([str(runs), "--output", str(out)]) == 0
     md = (out / "report.md").read_text()
     assert _md_row(md, "n4/version_0")[9] == "0.62"  # efficiency in the comparison: 2.5 / 4
     assert _md_row(md, "other/version_0")[9].startswith("n/a [")

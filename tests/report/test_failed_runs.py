@@ -87,7 +87,7 @@ def test_report_marks_them_and_pairs_none(tmp_path, capsys):
     records = load_inputs([tmp_path / "runs"], on_skip=None)
     assert precision_pairs(records) == []  # no FP32 pair with a run that did not finish
     out = tmp_path / "rep"
-    assert rp.main([str(tmp_path / "runs"), "--out", str(out)]) == 0
+    assert rp.main([str(tmp_path / "runs"), "--output", str(out)]) == 0
     printed = capsys.readouterr().out
     assert "skipped" not in printed
     md = (out / "report.md").read_text()

@@ -172,7 +172,7 @@ def test_pairs_only_differ_in_precision(fake_inputs):
 def test_main_writes_tables_and_figures(fake_inputs, capsys):
     tmp, a, b, c, bench = fake_inputs
     out = tmp / "report"
-    assert rp.main([str(tmp / "runs"), str(bench), "--out", str(out)]) == 0
+    assert rp.main([str(tmp / "runs"), str(bench), "--output", str(out)]) == 0
     md = (out / "report.md").read_text()
     assert md.index("## Comparison") < md.index("## Detail") < md.index("## Precision pairs")
     lead = _md_row(md, "fp32/version_0")  # the comparison table comes first
@@ -374,7 +374,7 @@ def test_requested_precision_is_labelled_and_footnoted(tmp_path):
     assert rb.precision_label == "AMP FP16 (requested)"
 
     out = tmp_path / "rep"
-    assert rp.main([str(runs), "--out", str(out)]) == 0
+    assert rp.main([str(runs), "--output", str(out)]) == 0
     md = (out / "report.md").read_text()
     cell = _md_row(md, "amp/version_0")[2]
     assert cell.startswith("AMP FP16 (requested) [")
@@ -431,20 +431,20 @@ def test_validate_folders_are_skipped(tmp_path, capsys):
     assert lines == [f"skipped {val}: no training run (validate/test only)"]
 
     out = tmp_path / "rep"
-    assert rp.main([str(runs), "--out", str(out)]) == 0
+    assert rp.main([str(runs), "--output", str(out)]) == 0
     printed = capsys.readouterr().out
     assert f"skipped {val}: no training run (validate/test only)\n" in printed
     md = (out / "report.md").read_text()
     assert "default/version_0" in md and "default/version_1" not in md
 
     # named explicitly: still skipped, with the reason
-    assert rp.main([str(fit), str(val), "--out", str(out)]) == 0
+    assert rp.main([str(fit), str(val), "--output", str(out)]) == 0
     printed = capsys.readouterr().out
     line = next(x for x in printed.splitlines() if x.startswith(f"skipped {val}:"))
     assert "named explicitly" in line and "train/loss_epoch" in line and "no run.json" in line
     assert "default/version_1" not in (out / "report.md").read_text()
     with pytest.raises(CropScaleError, match="no training run or benchmark among the inputs"):
-        rp.main([str(val), "--out", str(out)])
+        rp.main([str(val), "--output", str(out)])
 
     # run.json with a training summary keeps a folder without train/* scalars (and one without: skipped)
     (val / "run.json").write_text(json.dumps({"schema": "cropscale.run/1", "status": "finished",
@@ -482,7 +482,7 @@ def test_report_on_two_tiny_fits(tmp_path, flanders_root):
     from cropscale.cli import main
 
     with pytest.raises(SystemExit) as exit_info:
-        main(["report", str(tmp_path / "runs"), "--out", str(tmp_path / "report")])
+        main(["report", str(tmp_path / "runs"), "--output", str(tmp_path / "report")])
     assert exit_info.value.code == 0
     md = (tmp_path / "report" / "report.md").read_text()
     rows = {line.split("|")[1].strip(): [c.strip() for c in line.strip("|").split("|")]

@@ -62,12 +62,12 @@ def test_a_shift_beyond_the_margin_is_worse_in_the_report(tmp_path, capsys):
     assert c.target == pytest.approx(0.494)
     assert "not reached by other" in c.time_text()
     out = tmp_path / "rep"
-    assert rp.main([str(tmp_path / "runs"), "--out", str(out)]) == 0
+    assert rp.main([str(tmp_path / "runs"), "--output", str(out)]) == 0
     md = (out / "report.md").read_text()
     assert md.index("## Verdicts") < md.index("## Comparison")
     assert "- AMP BF16 vs FP32 (G 4, N 1): worse quality (-0.0600, 95 % CI -0.0848..-0.0352, margin 0.02" in md
     assert (out / "verdicts.png").stat().st_size > 0 and (out / "report_verdicts.csv").is_file()
-    assert rp.main([str(tmp_path / "runs"), "--out", str(out), "--verdicts-only", "--margin", "0.05"]) == 0
+    assert rp.main([str(tmp_path / "runs"), "--output", str(out), "--verdicts-only", "--margin", "0.05"]) == 0
     printed = capsys.readouterr().out
     assert "AMP BF16 vs FP32 (G 4, N 1): quality inconclusive (need more seeds" in printed  # crosses -0.05
 

@@ -247,7 +247,7 @@ def test_cpu_study_end_to_end(tmp_path, flanders_root):
     spec_path.write_text(yaml.safe_dump(data))
     env = dict(os.environ, PYTHONPATH=str(REPO_ROOT))
     res = subprocess.run(
-        [sys.executable, "-m", "cropscale", "study", "--config", str(spec_path), "--out", str(tmp_path / "study"),
+        [sys.executable, "-m", "cropscale", "study", "--config", str(spec_path), "--output", str(tmp_path / "study"),
          "--data-root", str(flanders_root), "--max-devices", "2"],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=1800,
     )

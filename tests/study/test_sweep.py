@@ -246,7 +246,7 @@ def test_cpu_batch_sweep_end_to_end(tmp_path, flanders_root):
     spec_path.write_text(yaml.safe_dump(data))
     env = dict(os.environ, PYTHONPATH=str(REPO_ROOT))
     res = subprocess.run(
-        [sys.executable, "-m", "cropscale", "study", "--config", str(spec_path), "--out", str(tmp_path / "s"),
+        [sys.executable, "-m", "cropscale", "study", "--config", str(spec_path), "--output", str(tmp_path / "s"),
          "--data-root", str(flanders_root)],
         cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=1200,
     )
