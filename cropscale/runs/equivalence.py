@@ -485,7 +485,7 @@ def verdict_row(c: Comparison) -> TableRow:
     """
     speed_ci = _ci(c.speedup, ".2f") + (" (includes 1)" if c.speedup.includes(1.0) else "")
     values = {
-        "label": c.label, "kind": c.kind, "seeds": f"{c.best.interval.n_base} / {c.best.interval.n_other}",
+        "label": c.label, "compared": c.kind, "seeds": f"{c.best.interval.n_base} / {c.best.interval.n_other}",
         "best_ci": _ci(c.best.interval, "+.4f"), "best_verdict": c.best.text().split(" (")[0],
         "final_verdict": c.final.text().split(" (")[0], "speedup_vs_base_ci": speed_ci,
         "classes": "; ".join(f"{name}: {v.interval.estimate:+.3f} {v.text().split(' (')[0]}" for name, v in c.classes)

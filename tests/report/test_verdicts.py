@@ -3,6 +3,7 @@ verdict, speed-up with its interval, time to target; runs that failed form no pa
 
 from __future__ import annotations
 
+import csv
 import json
 import math
 from pathlib import Path
@@ -90,3 +91,18 @@ def test_a_failed_run_forms_no_comparison(tmp_path):
     _records(tmp_path, {0: 0.50, 1: 0.52}, {})
     _run(tmp_path / "runs" / "bad" / "version_0", "bf16-mixed", 0, 0.5, status="failed")
     assert comparisons(load_inputs([tmp_path / "runs"], on_skip=None, warmup_epochs=1)) == []
+
+
+def test_the_verdicts_compared_setting_and_the_runs_kind_are_two_columns(tmp_path):
+    """One name, one meaning: the runs table's "Kind" is run or microbenchmark; the verdict table names the setting
+    that differs between the two sides (here the precision) under its own key, read back from the two CSVs."""
+    _records(tmp_path, {0: 0.50, 1: 0.52}, {0: 0.44, 1: 0.47})
+    out = tmp_path / "rep"
+    assert rp.main([str(tmp_path / "runs"), "--output", str(out)]) == 0
+    with open(out / "report.csv", newline="") as f:
+        runs = list(csv.DictReader(f))
+    with open(out / "report_verdicts.csv", newline="") as f:
+        verdicts = list(csv.DictReader(f))
+    assert {row["kind"] for row in runs} == {"run"} and len(runs) == 4
+    assert "kind" not in verdicts[0]
+    assert [row["compared"] for row in verdicts] == ["precision"]

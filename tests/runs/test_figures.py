@@ -203,7 +203,7 @@ def test_a_new_figure_is_one_registry_entry_plus_its_producer(tmp_path, monkeypa
     assert expected == pytest.approx([10 / 52, 13 / 42, 4 / 44])
     # the report: the Speed table (a member) shows it formatted ".2%", report.csv holds it unrounded
     out = tmp_path / "report"
-    assert rp.main([str(tmp_path / "runs"), "--out", str(out), "--verdicts-only"]) == 0
+    assert rp.main([str(tmp_path / "runs"), "--output", str(out), "--verdicts-only"]) == 0
     md = (out / "report.md").read_text()
     speed = md.split("### Speed")[1].split("###")[0]
     header = next(line for line in speed.splitlines() if line.startswith("| Run |"))
