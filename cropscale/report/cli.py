@@ -82,7 +82,7 @@ FIGURE_CAPTIONS = {
                         " is its last point.",
     "throughput.png": "Samples/s by precision and global batch: training runs over their measured epochs"
                       " (the Samples/s column), compute-only benchmarks from their median step.",
-    "peak_memory.png": "Peak memory by precision and global batch: allocated GPU memory, or the host RSS of the"
+    "peak_memory.png": "Peak GiB by precision and global batch: allocated GPU memory, or the host RSS of the"
                        " training process on a CPU (the Peak GiB column).",
     "step_decomposition.png": "Step decomposition in percent of the median step: each window's median over the"
                               " step median, as in the Step decomposition table (100 % = its Median step).",
@@ -199,12 +199,8 @@ def write_report(records: Sequence[RunRecord], out_dir: str | Path, stem: str = 
         pairs_md = "## Precision pairs\n\nNo two inputs differ only in precision.\n"
     scaling_md = _scaling_section(records, out, stem, paths)
     paths["iou_by_epoch"] = plot_iou_by_epoch(records, out / "iou_by_epoch.png")
-    paths["throughput"] = plot_by_precision_and_batch(
-        records, "samples_per_s", "samples/s (runs: training samples / training s)", out / "throughput.png",
-        "Samples/s by precision and global batch")
-    paths["peak_memory"] = plot_by_precision_and_batch(
-        records, "peak_memory_gib", "peak memory (GiB)", out / "peak_memory.png",
-        "Peak memory by precision and global batch")
+    paths["throughput"] = plot_by_precision_and_batch(records, "samples_per_s", out / "throughput.png")
+    paths["peak_memory"] = plot_by_precision_and_batch(records, "peak_memory_gib", out / "peak_memory.png")
     paths["step_decomposition"] = plot_step_decomposition(records, out / "step_decomposition.png")
     paths["device_scaling"] = plot_device_scaling(series, out / "device_scaling.png")
     figures_md = "\n\n".join(f"![{name}]({name})\n\n{FIGURE_CAPTIONS[name]}" for name in FIGURE_FILES[1:])

@@ -12,6 +12,7 @@ from pathlib import Path
 from cropscale.evidence import ANALYTICAL_SCENARIO, MEASURED_MICROBENCHMARK, MEASURED_RUN
 from cropscale.numbers import median
 from cropscale.report.scaling import DeviceSeries
+from cropscale.runs.figures import FIGURES
 from cropscale.runs.plots import no_data, pyplot, save
 from cropscale.runs.record import RunRecord
 from cropscale.scaling.amdahl import amdahl_speedup
@@ -25,14 +26,19 @@ def _left_out(record: RunRecord) -> str | None:
     return None
 
 
-def plot_by_precision_and_batch(records: Sequence[RunRecord], key: str, ylabel: str, path: str | Path,
-                                title: str) -> Path:
+def plot_by_precision_and_batch(records: Sequence[RunRecord], key: str, path: str | Path) -> Path:
     """Plot ``figures[key]`` against global batch size and write a PNG to ``path``.
 
-    One line per (precision, kind: run or microbenchmark, what was measured: the figure's note, e.g.
-    host RSS vs GPU memory); x on a log2 axis. The title names the evidence labels shown. Runs that
-    diverged or failed are left out, and the figure says which.
+    The y axis and the title name the figure by its registry header (:data:`cropscale.runs.figures.FIGURES`,
+    the tables' column header). One line per (precision, kind: run or microbenchmark, what was measured: the
+    figure's note, e.g. host RSS vs GPU memory); x on a log2 axis. The title names the evidence labels shown.
+    Runs that diverged or failed are left out, and the figure says which.
+
+    Raises:
+        KeyError: ``key`` is not a registered figure.
     """
+    ylabel = FIGURES[key].header
+    title = f"{ylabel} by precision and global batch"
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(8, 4.5))
     series: dict[tuple[str, str, str], list[tuple[int, float]]] = {}
