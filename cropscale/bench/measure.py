@@ -462,7 +462,7 @@ def allreduce_volume_vs_world_size(
 
 
 def speedup_and_karp_flatt(t1_s: float, tn_s: float, n: int) -> dict[str, float]:
-    """Speed-up ``S = T_1 / T_N``, efficiency ``S / N`` and the Karp-Flatt serial fraction.
+    """Speed-up ``S = T_1 / T_N`` (``speedup_vs_1_device``), efficiency ``S / N``, the Karp-Flatt serial fraction.
 
     Args:
         t1_s: time of the work on 1 device (s, > 0).
@@ -473,4 +473,4 @@ def speedup_and_karp_flatt(t1_s: float, tn_s: float, n: int) -> dict[str, float]
         if not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
             raise CropScaleError(f"{name} must be a positive time in seconds, got {v!r}")
     s = t1_s / tn_s
-    return {"speedup": s, "efficiency": s / n, "karp_flatt": karp_flatt(s, n)}
+    return {"speedup_vs_1_device": s, "efficiency": s / n, "karp_flatt": karp_flatt(s, n)}

@@ -179,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
             e = karp_flatt(s, n)
             eff = efficiency(s, n)
             print(f"| {n} | {s:.2f}x | {100 * eff:.1f} % | {e:.3f} | {args.speedup_evidence} |")
-            all_rows["karp_flatt"].append({"n": n, "speedup": s, "efficiency": eff, "karp_flatt": e,
+            all_rows["karp_flatt"].append({"n": n, "speedup_vs_1_device": s, "efficiency": eff, "karp_flatt": e,
                                            "evidence": args.speedup_evidence})
     if args.json:
         atomic_write_json(args.json, all_rows, indent=2, allow_nan=True)

@@ -133,7 +133,7 @@ def test_helpers_run_against_the_real_modules():
 
 def test_speedup_and_karp_flatt():
     r = speedup_and_karp_flatt(10.0, 6.0, 2)
-    assert r["speedup"] == pytest.approx(10 / 6) and r["efficiency"] == pytest.approx(10 / 12)
+    assert r["speedup_vs_1_device"] == pytest.approx(10 / 6) and r["efficiency"] == pytest.approx(10 / 12)
     assert r["karp_flatt"] == pytest.approx((0.6 - 0.5) / 0.5)
     with pytest.raises(CropScaleError, match="t1_s"):
         speedup_and_karp_flatt(0.0, 1.0, 2)

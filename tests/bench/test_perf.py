@@ -84,7 +84,7 @@ def test_karp_flatt_from_measured_cpu_ddp_runs(tmp_path, record_property):
     assert len(two["per_rank"]) == 2 and all(len(r["step_times_s"]) == 6 for r in two["per_rank"])
     r = speedup_and_karp_flatt(one["median_step_s"], two["median_step_s"], 2)
     speedup = one["median_step_s"] / two["median_step_s"]
-    assert r["speedup"] == pytest.approx(speedup) and r["efficiency"] == pytest.approx(speedup / 2)
+    assert r["speedup_vs_1_device"] == pytest.approx(speedup) and r["efficiency"] == pytest.approx(speedup / 2)
     assert r["karp_flatt"] == pytest.approx((1 / speedup - 1 / 2) / (1 - 1 / 2))  # e = (1/S - 1/N) / (1 - 1/N)
     line = (
         f"Karp-Flatt [measured-microbenchmark; CPU, gloo, {os.cpu_count()} cores, 1 torch thread per process, "

@@ -17,6 +17,8 @@ import torch
 from cropscale import CropScaleError
 from cropscale.bench import step as bm
 from cropscale.bench import step_config, step_mfu, step_run
+from cropscale.bench.measure import speedup_and_karp_flatt
+from cropscale.runs.figures import FIGURES
 
 COMMAND = ["benchmark", "--precision", "32-true", "bf16-mixed", "--batch-sizes", "1", "2",
            "--warmup", "2", "--iterations", "5"]
@@ -157,7 +159,7 @@ def test_json_schema(cli_run, argv=(*COMMAND, *SMALL)):
     assert [(a["precision"], a["batch_size"]) for a in ratios] == [("bf16-mixed", 1), ("bf16-mixed", 2)]
     by = {(r["precision"], r["batch_size"]): r for r in doc["results"]}
     for a in ratios:
-        assert a["speedup"] == by[(a["precision"], a["batch_size"])]["samples_per_s"] / by[
+        assert a["speedup_vs_fp32"] == by[(a["precision"], a["batch_size"])]["samples_per_s"] / by[
             ("32-true", a["batch_size"])]["samples_per_s"]
 
 
@@ -237,7 +239,7 @@ def test_amp_ratios_exact():
     ]
     (ratio,) = bm.amp_ratios(rows)  # batch 8 has no FP32 row, the BF16 row ran out of memory
     assert ratio["batch_size"] == 4 and ratio["precision"] == "16-mixed"
-    assert ratio["speedup"] == 54.3 / 38.1
+    assert ratio["speedup_vs_fp32"] == 54.3 / 38.1
     assert round(ratio["throughput_gain_pct"], 1) == 42.5  # the study's 42.6 % is from unrounded figures
     assert round(ratio["memory_saving_pct"], 1) == 24.0  # the study: 22.7-24.0 % less peak memory
 
@@ -412,3 +414,16 @@ def test_batch_order_and_the_output_written_after_every_configuration(tmp_path, 
     assert [(r["precision"], r["batch_size"]) for r in doc["results"]] == [
         ("32-true", 1), ("16-mixed", 1), ("32-true", 2), ("16-mixed", 2)]
     assert seen_rows == [1, 2, 3]
+
+
+def test_the_benchmark_ratios_are_named_by_the_figure_registry():
+    """One name per figure: the benchmark JSON's AMP-vs-FP32 ratios and the device speed-up carry the keys the
+    report and the study use (cropscale.runs.figures), not a bare ``speedup`` of unnamed base."""
+    rows = [{"precision": "32-true", "batch_size": 2, "status": "ok", "samples_per_s": 10.0, "peak_memory_gib": 2.0},
+            {"precision": "bf16-mixed", "batch_size": 2, "status": "ok", "samples_per_s": 15.0, "peak_memory_gib": 1.5}]
+    (ratio,) = bm.amp_ratios(rows)
+    figures = {k for k in ratio if k in FIGURES}
+    assert figures == {"precision", "speedup_vs_fp32", "memory_ratio"}
+    assert (ratio["speedup_vs_fp32"], ratio["memory_ratio"]) == (1.5, 0.75)  # 15 / 10, 1.5 / 2.0 by hand
+    assert {k for k in speedup_and_karp_flatt(8.0, 5.0, 2) if k in FIGURES} == {
+        "speedup_vs_1_device", "efficiency", "karp_flatt"}

@@ -46,6 +46,7 @@ def test_several_bandwidths_json_and_karp_flatt(tmp_path, capsys):
     assert len(data["amdahl"]) == 9 and len(data["allreduce"]) == 6
     assert {r["evidence"] for r in data["amdahl"] + data["allreduce"]} == {"analytical-scenario"}
     assert data["karp_flatt"][0]["karp_flatt"] == pytest.approx(0.25)
+    assert data["karp_flatt"][0]["speedup_vs_1_device"] == 1.6  # the registry's name of S_N, as given
 
 
 def test_from_model_uses_the_real_network(capsys):
