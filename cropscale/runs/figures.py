@@ -194,7 +194,7 @@ def _descriptive(key: str, header: str, fmt: str = "", source: str = "",
 
 
 def _quality(which: str) -> Producer:
-    return lambda i: getattr(rules.quality(i.scalars), which)
+    return lambda i: getattr(i.once(rules.quality, i.scalars), which)
 
 
 def _final_train_loss(i: RunInputs) -> Figure:
@@ -208,7 +208,7 @@ def _epoch_time(field: str) -> Producer:
 
 def _nth(rule: Callable[..., tuple[Figure, ...]], n: int, *, warmup: bool = True) -> Producer:
     """The ``n``-th figure of a rule that gives several (``rule(summary, [warmup,] no_json)``)."""
-    return lambda i: (rule(i.summary, i.warmup, i.no_json) if warmup else rule(i.summary, i.no_json))[n]
+    return lambda i: (i.once(rule, i.summary, i.warmup, i.no_json) if warmup else i.once(rule, i.summary, i.no_json))[n]
 
 
 FIGURES: dict[str, FigureSpec] = _specs(

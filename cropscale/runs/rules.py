@@ -45,8 +45,8 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from cropscale.errors import CropScaleError
@@ -93,6 +93,16 @@ class RunInputs:
     scalars: Scalars
     warmup: int
     no_json: str | None = None
+    _results: dict[Callable[..., Any], Any] = field(default_factory=dict, compare=False, repr=False)
+
+    def once(self, rule: Callable[..., Any], *args: Any) -> Any:
+        """``rule(*args)``, computed once for this run: a rule that gives several figures serves each producer.
+
+        ``args`` are this run's inputs, the same in every call for one ``rule``.
+        """
+        if rule not in self._results:
+            self._results[rule] = rule(*args)
+        return self._results[rule]
 
 
 class _Epoch(Protocol):

@@ -228,3 +228,17 @@ def test_a_new_figure_is_one_registry_entry_plus_its_producer(tmp_path, monkeypa
     header = next(line for line in table.splitlines() if line.startswith("| Protocol |")).split(" | ")
     cells = next(line for line in table.splitlines() if line.startswith("| equal-global |")).split(" | ")
     assert cells[header.index("Validation share of wall")] == "19.23%"  # 10 / 52 formatted ".2%"
+
+
+def test_a_rule_of_several_figures_runs_once_per_run():
+    """The producers of one rule's figures (median and p95 step, best/final mIoU ...) share one computation: a count."""
+    calls = []
+
+    def rule(summary, warmup, no_json):
+        calls.append(warmup)
+        return Figure(1.0), Figure(2.0)
+
+    inputs = RunInputs(schema.RunSummary(), {}, 1)
+    got = [inputs.once(rule, inputs.summary, inputs.warmup, inputs.no_json)[n].value for n in (0, 1, 0)]
+    assert got == [1.0, 2.0, 1.0] and calls == [1]
+    assert RunInputs(schema.RunSummary(), {}, 1).once(rule, None, 2, None)[1].value == 2.0 and calls == [1, 2]
