@@ -3,12 +3,9 @@
 =====================  ==================================================================
 module                 content
 =====================  ==================================================================
-``step``               ``python -m cropscale benchmark``: compute-only training step, FP32 vs AMP
-``step_config``        the benchmark's settings (``BenchmarkConfig``) and their checks
-``step_run``           one benchmark configuration: set-up, timed steps, its figures
-``step_energy``        NVML energy of the measured steps
-``step_mfu``           FLOPs per sample, dense peaks, MFU
-``step_rows``          the benchmark's result rows and Markdown tables
+``step/``              ``python -m cropscale benchmark`` (``step.command``): compute-only training step, FP32 vs
+                       AMP; ``step.config`` its settings, ``step.run`` the timed steps, ``step.energy``,
+                       ``step.mfu``, ``step.rows``
 ``loader``             ``python -m cropscale loader-bench``: data-pipeline samples/s by worker count
 ``tiling``             ``python -m cropscale tiling-bench``: tiled validation time per patch
 ``callbacks``          ``python -m cropscale callback-bench``: per-step overhead of the callbacks

@@ -68,10 +68,10 @@ from lightning.pytorch.loggers import TensorBoardLogger
 from cropscale.bench.callback_counts import lightning_monitors, print_counts, run_counts
 from cropscale.bench.interleave import CLOCKS, SETTLE_STEPS, Interleaver
 from cropscale.callbacks import CallbackGroup, StepTimingCallback, all_scaling_callbacks
-from cropscale.commands import CropSize, JsonOut, OptionError, SampleShape, Threads, Warmup, parse_options
 from cropscale.errors import CropScaleError
 from cropscale.evidence import MEASURED_MICROBENCHMARK
 from cropscale.files import atomic_write_json
+from cropscale.options import CropSize, JsonOut, OptionError, SampleShape, Threads, Warmup, parse_options
 from cropscale.progress import Progress
 from cropscale.testing.probe import ProbeTask, SyntheticSamples
 from cropscale.testing.toy import ToyTask, toy_batches

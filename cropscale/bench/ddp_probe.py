@@ -35,11 +35,11 @@ import torch
 import torch.distributed as dist
 from lightning.pytorch import Trainer, seed_everything
 
-from cropscale.commands import CropSize, OptionError, SampleShape, Seed, Threads, Warmup, parse_options
 from cropscale.distributed import finish_distributed
 from cropscale.errors import CropScaleError
 from cropscale.evidence import MEASURED_MICROBENCHMARK
 from cropscale.files import atomic_write_json
+from cropscale.options import CropSize, OptionError, SampleShape, Seed, Threads, Warmup, parse_options
 from cropscale.testing.probe import ProbeTask, StepTimer, SyntheticSamples
 
 

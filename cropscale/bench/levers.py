@@ -4,7 +4,7 @@
 [--levers channels_last fused compile pinned] [--warmup 3] [--iterations 10]``
 
 One process, one seed, one batch size and precision. The compute-only step of
-:mod:`cropscale.bench.step` is built once per variant (eager, and each lever on its own,
+:mod:`cropscale.bench.step.command` is built once per variant (eager, and each lever on its own,
 :mod:`cropscale.model.speed`), each variant is warmed up (compilation falls there), then the measured
 steps are **interleaved**: step i of every variant runs before step i + 1 of any, so that the load of
 other processes on a shared machine falls on every variant alike and the ratios stay meaningful:
@@ -34,21 +34,14 @@ from typing import Any, Literal
 
 import torch
 
-from cropscale.bench.step import (
-    AUTOCAST_DTYPE,
-    PRECISIONS,
-    BenchmarkConfig,
-    build_setup,
-    resolve_device,
-    set_tf32,
-    train_step,
-)
-from cropscale.commands import CropSize, Device, JsonOut, SampleShape, Seed, Threads, Warmup, parse_options
+from cropscale.bench.step.config import AUTOCAST_DTYPE, PRECISIONS, BenchmarkConfig, resolve_device
+from cropscale.bench.step.run import build_setup, set_tf32, train_step
 from cropscale.env.host import environment_record
 from cropscale.evidence import MEASURED_MICROBENCHMARK
 from cropscale.files import atomic_write_json
 from cropscale.model.speed import COMPILE_MODES, compile_unavailable_reason, fused_devices
 from cropscale.model.synthetic import synthetic_batch
+from cropscale.options import CropSize, Device, JsonOut, SampleShape, Seed, Threads, Warmup, parse_options
 from cropscale.progress import Progress
 
 __all__ = ["LEVERS", "main", "measure_transfer", "run"]

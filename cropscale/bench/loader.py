@@ -28,7 +28,6 @@ from pathlib import Path
 import torch
 
 from cropscale.batch import model_inputs
-from cropscale.commands import CropSize, JsonOut, SampleShape, Seed, Warmup, parse_options
 from cropscale.data.datamodule import PastisHDDataModule
 from cropscale.env.host import environment_record
 from cropscale.errors import CropScaleError
@@ -36,6 +35,7 @@ from cropscale.evidence import MEASURED_MICROBENCHMARK
 from cropscale.files import atomic_write_json
 from cropscale.model.losses import MultiTaskLoss
 from cropscale.model.network import CropMappingNet
+from cropscale.options import CropSize, JsonOut, SampleShape, Seed, Warmup, parse_options
 from cropscale.progress import Progress
 
 _REPO = Path(__file__).resolve().parents[2]

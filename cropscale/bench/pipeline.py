@@ -35,14 +35,15 @@ import torch
 from lightning.pytorch import Callback, Trainer
 
 from cropscale.bench.loader import _default_root, measure_loader
-from cropscale.bench.step import PRECISIONS, BenchmarkConfig, resolve_device, run_configuration
-from cropscale.commands import CropSize, Device, JsonOut, SampleShape, Seed, Threads, Warmup, parse_options
+from cropscale.bench.step.config import PRECISIONS, BenchmarkConfig, resolve_device
+from cropscale.bench.step.run import run_configuration
 from cropscale.data.datamodule import PastisHDDataModule
 from cropscale.env.host import environment_record
 from cropscale.errors import CropScaleError
 from cropscale.evidence import MEASURED_MICROBENCHMARK
 from cropscale.files import atomic_write_json
 from cropscale.model.task import CropMappingTask
+from cropscale.options import CropSize, Device, JsonOut, SampleShape, Seed, Threads, Warmup, parse_options
 from cropscale.progress import Progress
 
 __all__ = ["main", "measure_end_to_end", "run"]

@@ -21,12 +21,12 @@ import time
 import torch
 
 from cropscale.batch import model_inputs
-from cropscale.commands import SampleShape, Threads, Warmup, parse_options
 from cropscale.evidence import COUNT, MEASURED_MICROBENCHMARK
 from cropscale.model.flops import flops_per_sample
 from cropscale.model.losses import MultiTaskLoss
 from cropscale.model.network import CropMappingNet, count_parameters
 from cropscale.model.synthetic import synthetic_batch
+from cropscale.options import SampleShape, Threads, Warmup, parse_options
 
 STUDY_PARAMETERS = 1_947_456
 """Parameter count of the study's model as the study reports it (the reference of the printed difference)."""

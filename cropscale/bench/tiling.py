@@ -31,14 +31,14 @@ import torch
 import torch.nn.functional as F
 
 from cropscale.batch import HR_SCALE, model_inputs
-from cropscale.bench.step import AUTOCAST_DTYPE, resolve_device
-from cropscale.commands import Device, JsonOut, OptionError, SampleShape, Threads, Warmup, parse_options
+from cropscale.bench.step.config import AUTOCAST_DTYPE, resolve_device
 from cropscale.env.host import environment_record
 from cropscale.errors import CropScaleError
 from cropscale.evidence import MEASURED_MICROBENCHMARK
 from cropscale.files import atomic_write_json
 from cropscale.model.network import CropMappingNet
 from cropscale.model.synthetic import synthetic_batch
+from cropscale.options import Device, JsonOut, OptionError, SampleShape, Threads, Warmup, parse_options
 from cropscale.precision import normalise
 from cropscale.progress import Progress
 from cropscale.tiling import TilingStats, sliding_window_inference

@@ -370,7 +370,7 @@ def environment_record(source: str | Path, argv: list[str] | None, device: torch
         "cwd"}, "git": git_info(PACKAGE_DIR), "host": {"hostname", "platform", "machine",
         "load_average_1_5_15_min"} (at the start), "device": device_record(device),
         "libraries": library_versions()}``; ``source_files`` maps each file of the measured code path
-        (``cropscale/bench/step_run.py``, ...) to its hex SHA-256, ``source_files_sha256`` is the SHA-256 of
+        (``cropscale/bench/step/run.py``, ...) to its hex SHA-256, ``source_files_sha256`` is the SHA-256 of
         their ``sha256sum`` listing (one digest for the whole code path).
     """
     files, combined = source_digests(source)

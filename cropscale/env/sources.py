@@ -26,7 +26,7 @@ PACKAGE_DIR = Path(cropscale.__file__).resolve().parent
 
 
 def _module_file(module: str, root: Path) -> Path | None:
-    """The file of ``module`` (``cropscale.bench.step``) inside the package folder ``root``, or ``None``."""
+    """The file of ``module`` (``cropscale.bench.step.command``) inside the package folder ``root``, or ``None``."""
     parts = module.split(".")
     if parts[0] != root.name:
         return None
@@ -38,7 +38,7 @@ def _module_file(module: str, root: Path) -> Path | None:
 
 
 def _module_name(path: Path, root: Path) -> str:
-    """``root/bench/step.py`` -> ``cropscale.bench.step`` (``__init__.py``: the package's name)."""
+    """``root/bench/step/command.py`` -> ``cropscale.bench.step.command`` (``__init__.py``: the package's name)."""
     parts = [root.name, *path.relative_to(root).with_suffix("").parts]
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
@@ -69,7 +69,7 @@ def measured_sources(entry: str | Path, root: str | Path = PACKAGE_DIR) -> list[
     """The package's source files that running ``entry`` executes, sorted by path.
 
     Args:
-        entry: a module file of the package (e.g. ``cropscale/bench/step.py``).
+        entry: a module file of the package (e.g. ``cropscale/bench/step/command.py``).
         root: the package folder (default the installed cropscale; a copy elsewhere for a test).
 
     Returns:

@@ -5,8 +5,7 @@ module             content
 =================  ==================================================================
 ``network``        :class:`~cropscale.model.network.CropMappingNet` (plain ``nn.Module``)
 ``losses``         :class:`~cropscale.model.losses.MultiTaskLoss`, the weighted multi-task loss
-``optim``          batch-size arithmetic, learning-rate scaling rules, warm-up schedule
-``optim_setup``    the task's optimiser and LR schedule from the Trainer's facts; gradient clipping
+``optim``          optimisers, batch-size arithmetic, LR scaling rules, warm-up; their set-up from the Trainer
 ``speed``          speed levers: ``torch.compile`` of the network, fused AdamW choice
 ``flops``          FLOPs per training sample (``FlopCounterMode``)
 ``synthetic``      synthetic batches that follow the batch contract (:mod:`cropscale.batch`)

@@ -4,7 +4,7 @@ Training: random crops (see :mod:`cropscale.data`), weighted multi-task loss
 (:class:`~cropscale.model.losses.MultiTaskLoss`), AdamW (or SGD, LARS, LAMB: :mod:`cropscale.model.optim`)
 with an optional linear warm-up (in optimiser updates or epochs) and cosine decay, an LR scaling rule
 relative to a reference global batch, gradient clipping through the Trainer (``gradient_clip_val: 1.0``
-in ``configs/default.yaml``); set up from the Trainer's facts in :mod:`cropscale.model.optim_setup`.
+in ``configs/default.yaml``); set up from the Trainer's facts in :mod:`cropscale.model.optim`.
 
 Validation and test: overlap-weighted tiled inference over whole patches
 (:func:`~cropscale.tiling.sliding_window_inference`), metrics whose states are summed across ranks
@@ -34,8 +34,7 @@ from cropscale.model.evaluation import class_iou_keys, loss_term_counts, weighte
 from cropscale.model.flops import flops_per_sample, flops_per_sample_by_class
 from cropscale.model.losses import MultiTaskLoss
 from cropscale.model.network import CropMappingNet
-from cropscale.model.optim import LRScaling, OptimizerName, Schedule
-from cropscale.model.optim_setup import clip_gradients_by_norm, configure_optimization
+from cropscale.model.optim import LRScaling, OptimizerName, Schedule, clip_gradients_by_norm, configure_optimization
 from cropscale.model.settings import architecture_mismatch, check_settings
 from cropscale.model.speed import compile_network
 from cropscale.model.synthetic import synthetic_batch
@@ -327,14 +326,14 @@ class CropMappingTask(LightningModule):
     # --------------------------------------------------------------- optimiser
     @override
     def configure_optimizers(self):
-        """The optimiser and LR schedule (:func:`~cropscale.model.optim_setup.configure_optimization`), printed."""
+        """The optimiser and LR schedule (:func:`~cropscale.model.optim.configure_optimization`), printed."""
         setup = configure_optimization(self.trainer, self.named_parameters(), self.hparams)
         self.global_batch, self.lr_effective, self.fused_optimizer_used = (setup.global_batch, setup.lr_effective,
                                                                           setup.fused)
         return setup.config
 
     def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None) -> None:
-        """Clip by global norm, under FSDP too (:func:`~cropscale.model.optim_setup.clip_gradients_by_norm`)."""
+        """Clip by global norm, under FSDP too (:func:`~cropscale.model.optim.clip_gradients_by_norm`)."""
         clip_gradients_by_norm(self, optimizer, gradient_clip_val, gradient_clip_algorithm)
 
     @override

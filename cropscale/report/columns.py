@@ -9,8 +9,7 @@ and membership are each figure's entry there, so a figure reads the same in ever
 
 from __future__ import annotations
 
-from cropscale.runs.figures import column
-from cropscale.runs.tables import Column
+from cropscale.runs.figures import Column, column
 
 NONFINITE_COLUMNS: tuple[Column, ...] = (
     column("name"),

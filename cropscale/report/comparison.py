@@ -18,11 +18,11 @@ from collections.abc import Sequence
 from cropscale.evidence import ANALYTICAL_SCENARIO, MEASURED_RUN, derived_label
 from cropscale.report.pairs import PrecisionPair, diverged
 from cropscale.report.scaling import DeviceSeries, efficiency_of
-from cropscale.runs.figures import AMDAHL_DEVICES
+from cropscale.report.tables import TableRow
+from cropscale.runs.figures import AMDAHL_DEVICES, Column
 from cropscale.runs.record import RunRecord
 from cropscale.runs.rules import Figure
 from cropscale.runs.schema import STEP_WINDOWS
-from cropscale.runs.tables import Column, TableRow
 from cropscale.scaling.amdahl import amdahl_speedup
 
 UNFINISHED = {"failed": "failed", "running": "incomplete"}

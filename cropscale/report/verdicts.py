@@ -10,7 +10,7 @@ comparison, each of a base against another configuration that differs in one thi
   equal-global or equal-local batch);
 - ``global batch``: the smallest global batch against each larger one at the same precision and devices.
 
-Statistics, verdicts and time to target: :mod:`cropscale.runs.equivalence`. Runs that diverged, failed,
+Statistics, verdicts and time to target: :mod:`cropscale.report.equivalence`. Runs that diverged, failed,
 did not finish or did not train take part in no comparison (the statuses of :mod:`cropscale.report.pairs`).
 """
 
@@ -19,9 +19,9 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 
+from cropscale.report.equivalence import DEFAULT_MARGIN, TARGET_FRACTION, Comparison, compare_runs
 from cropscale.report.pairs import FAILED
 from cropscale.report.scaling import DEVICE_KNOBS, series_key
-from cropscale.runs.equivalence import DEFAULT_MARGIN, TARGET_FRACTION, Comparison, compare_runs
 from cropscale.runs.record import RunRecord, flatten_config
 
 SEED = "seed_everything"
@@ -125,7 +125,7 @@ def comparisons(records: Sequence[RunRecord], margin: float = DEFAULT_MARGIN,
     """Every precision, device and global-batch comparison among the usable runs of ``records``.
 
     Raises:
-        CropScaleError: a margin or target fraction out of range (:func:`~cropscale.runs.equivalence.compare_runs`).
+        CropScaleError: a margin or target fraction out of range (:func:`~cropscale.report.equivalence.compare_runs`).
     """
     runs = [r for r in records if usable(r)]
     return (_precision(runs, margin, target_fraction) + _devices(runs, margin, target_fraction)

@@ -30,6 +30,7 @@ field a callback writes when the figure needs a new one). ``tests/runs/test_figu
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -37,7 +38,6 @@ from cropscale.evidence import ANALYTICAL_SCENARIO, MEASURED_RUN, check_label
 from cropscale.runs import rules
 from cropscale.runs.rules import Figure, RunInputs
 from cropscale.runs.schema import STEP_WINDOWS
-from cropscale.runs.tables import Column
 
 # ------------------------------------------------------------------------------------ tables
 RUNS = "runs"
@@ -72,6 +72,29 @@ AMDAHL_DEVICES = (2, 4, 8)
 """The device counts of the Amdahl table."""
 
 
+
+@dataclass(frozen=True)
+class Column:
+    """One table column.
+
+    Attributes:
+        key: the row's figure or value; header: the Markdown header; fmt: a ``format`` spec for
+            numbers; figure: True for a figure with an evidence label, False for a descriptive value;
+            qualifiers: False to leave a present value's note out of the Markdown footnotes (a short
+            table whose detail tables carry them); an n/a cell's reason is always footnoted, and the
+            CSV keeps every note.
+    """
+
+    key: str
+    header: str
+    fmt: str = ""
+    figure: bool = True
+    qualifiers: bool = True
+
+    def with_key(self, key: str) -> Column:
+        """The same column reading the row's ``key`` (e.g. the base run's figure under the figure's header)."""
+        return dataclasses.replace(self, key=key)
+
 @dataclass(frozen=True)
 class Place:
     """Where a figure sits in one table, when not plainly (its registry header and key).
@@ -81,7 +104,7 @@ class Place:
         header: the table's (terse) header instead of the registry's.
         key: the row's key when the table's rows name the value otherwise (a study row's ``world_size``).
         qualifiers: False to leave a present value's note out of the Markdown footnotes
-            (:attr:`cropscale.runs.tables.Column.qualifiers`).
+            (:attr:`cropscale.report.tables.Column.qualifiers`).
         paired: two columns, ``base_<key>`` (header ``FP32 ...``) and ``other_<key>`` (``Mixed ...``).
     """
 
@@ -215,7 +238,7 @@ FIGURES: dict[str, FigureSpec] = _specs(
     # ---------------------------------------------------------------- what ran (descriptive)
     _descriptive("name", "Run", source="the run folder", tables=(RUNS, COMPARISON, QUALITY, SPEED, STEP, RESOURCES)),
     _descriptive("series", "Configuration", source="report.scaling.DeviceSeries.label", tables=(SCALING, AMDAHL)),
-    _descriptive("label", "Comparison", source="runs.equivalence.Comparison.label", tables=(VERDICTS,)),
+    _descriptive("label", "Comparison", source="report.equivalence.Comparison.label", tables=(VERDICTS,)),
     _descriptive("base", "FP32 run", source="report.pairs.PrecisionPair.base", tables=(PAIRS,)),
     _descriptive("other", "Mixed-precision run", source="report.pairs.PrecisionPair.other", tables=(PAIRS,)),
     _descriptive("protocol", "Protocol", source="the study spec", tables=(STUDY,)),
@@ -223,7 +246,8 @@ FIGURES: dict[str, FigureSpec] = _specs(
     _descriptive("lr_scaling", "LR rule", source="the study spec", tables=(SWEEP,)),
     _descriptive("status", "Status", source="run.json status", tables=(RUNS, Place(COMPARISON, **_QUIET), QUALITY)),
     _descriptive("kind", "Kind", source="run or microbenchmark", tables=(RUNS, SPEED)),
-    _descriptive("compared", "Compared", source="runs.equivalence.Comparison.kind: precision, devices or global batch",
+    _descriptive("compared", "Compared",
+                 source="report.equivalence.Comparison.kind: precision, devices or global batch",
                  tables=(VERDICTS,)),
     _descriptive("precision", "Precision", source="run.json precision", tables=(RUNS, COMPARISON, PAIRS, STUDY, SWEEP)),
     _descriptive("strategy", "Strategy", source="run.json distributed", tables=(RUNS, SPEED)),
@@ -259,13 +283,13 @@ FIGURES: dict[str, FigureSpec] = _specs(
     FigureSpec("iou_difference", "mIoU change vs FP32", fmt="+.4f", source="derived: best_miou", rule="pairs._ratio",
                tables=(Place(COMPARISON, **_QUIET), PAIRS)),
     FigureSpec("best_diff", "Best mIoU change", fmt="+.4f", source="derived: best_miou over seeds, other - base",
-               rule="runs.equivalence.quality_verdict", tables=(VERDICTS,)),
-    _descriptive("best_ci", "95 % CI", source="runs.equivalence.quality_verdict", tables=(VERDICTS,)),
-    _descriptive("best_verdict", "Quality verdict", source="runs.equivalence.quality_verdict", tables=(VERDICTS,)),
+               rule="report.equivalence.quality_verdict", tables=(VERDICTS,)),
+    _descriptive("best_ci", "95 % CI", source="report.equivalence.quality_verdict", tables=(VERDICTS,)),
+    _descriptive("best_verdict", "Quality verdict", source="report.equivalence.quality_verdict", tables=(VERDICTS,)),
     FigureSpec("final_diff", "Final mIoU change", fmt="+.4f", source="derived: final_miou over seeds, other - base",
-               rule="runs.equivalence.quality_verdict", tables=(VERDICTS,)),
-    _descriptive("final_verdict", "Final verdict", source="runs.equivalence.quality_verdict", tables=(VERDICTS,)),
-    _descriptive("classes", "Classes moving > margin", source="runs.equivalence.compare_runs", tables=(VERDICTS,)),
+               rule="report.equivalence.quality_verdict", tables=(VERDICTS,)),
+    _descriptive("final_verdict", "Final verdict", source="report.equivalence.quality_verdict", tables=(VERDICTS,)),
+    _descriptive("classes", "Classes moving > margin", source="report.equivalence.compare_runs", tables=(VERDICTS,)),
     # ---------------------------------------------------------------- speed
     FigureSpec("median_step_ms", "Median step (ms)", "ms", ",.1f", source=f"{_STEP}.median", rule="rules.step_time",
                tables=(RUNS, SPEED, Place(STEP, "Median step (ms) = 100 %"), STUDY), over_seeds=MEDIAN,
@@ -300,25 +324,25 @@ FIGURES: dict[str, FigureSpec] = _specs(
                tables=(PAIRS,)),
     FigureSpec("speedup_vs_base", "Speed-up vs base", fmt=".2f",
                source="derived: per-epoch samples/s of the other configuration over the base's (seeds x epochs)",
-               rule="runs.equivalence.ratio_interval (geometric mean)",
+               rule="report.equivalence.ratio_interval (geometric mean)",
                tables=(Place(VERDICTS, "Speed-up vs base (samples/s)"),)),
-    _descriptive("speedup_vs_base_ci", "Speed-up 95 % CI", source="runs.equivalence.ratio_interval",
+    _descriptive("speedup_vs_base_ci", "Speed-up 95 % CI", source="report.equivalence.ratio_interval",
                  tables=(VERDICTS,)),
     FigureSpec("speedup_vs_1_device", "Speed-up vs 1 device", fmt=".2f",
                source="derived: median samples_per_s over seeds on N devices over that on 1 device",
                rule="report.scaling.device_series / study.aggregate.add_speedups (numbers.speedup)",
                tables=(SCALING, Place(STUDY, "S_N"))),
     FigureSpec("speedup_vs_1_device_low", "S_N low (95 %)", fmt=".3f", source="derived: per-epoch samples/s",
-               rule="runs.equivalence.ratio_interval", tables=(STUDY,)),
+               rule="report.equivalence.ratio_interval", tables=(STUDY,)),
     FigureSpec("speedup_vs_1_device_high", "S_N high (95 %)", fmt=".3f", source="derived: per-epoch samples/s",
-               rule="runs.equivalence.ratio_interval", tables=(STUDY,)),
+               rule="report.equivalence.ratio_interval", tables=(STUDY,)),
     FigureSpec("efficiency", "Efficiency vs 1 device", fmt=".2f", source="derived: speedup_vs_1_device / devices",
                rule="scaling.efficiency_of",
                tables=(Place(COMPARISON, **_QUIET), SCALING, Place(VERDICTS, "Efficiency"), Place(STUDY, "E_N"))),
     FigureSpec("karp_flatt", "Karp-Flatt serial fraction", fmt=".3f", source="derived: speedup_vs_1_device, devices",
                rule="scaling.amdahl.karp_flatt", tables=(SCALING, Place(STUDY, "Karp-Flatt e"))),
     FigureSpec("time_ratio", "Time to target (other / base)", fmt=".2f",
-               source="derived: median wall time to the target macro IoU", rule="runs.equivalence.time_to_target",
+               source="derived: median wall time to the target macro IoU", rule="report.equivalence.time_to_target",
                tables=(VERDICTS,)),
     FigureSpec("serial_fraction", "Fitted serial fraction", fmt=".3f", evidence=ANALYTICAL_SCENARIO,
                source="derived: speedup_vs_1_device of N > 1", rule="scaling.device_series (Amdahl fit)",

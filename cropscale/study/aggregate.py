@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass, field
 
 from cropscale.evidence import MEASURED_RUN
 from cropscale.numbers import mean_sd, median, speedup
-from cropscale.runs.equivalence import epoch_rates, mean_interval, ratio_interval
+from cropscale.report.equivalence import epoch_rates, mean_interval, ratio_interval
 from cropscale.runs.figures import FIGURES, MEAN_SD, MEDIAN, SEED_TABLES, over_seeds, table_columns
 from cropscale.runs.record import RunRecord
 from cropscale.scaling.amdahl import karp_flatt
@@ -190,7 +190,7 @@ def add_speedups(rows: list[StudyRow]) -> None:
 def add_speedup_intervals(rows: Sequence[StudyRow], records: dict[str, Sequence[RunRecord]]) -> None:
     """Set the 95 % interval of each measured S_N (and of its training-epoch time), in place.
 
-    S_N: :func:`cropscale.runs.equivalence.ratio_interval` of the per-epoch training samples/s (measured epochs x
+    S_N: :func:`cropscale.report.equivalence.ratio_interval` of the per-epoch training samples/s (measured epochs x
     seeds) of the N-rank runs against the 1-rank runs of the same protocol and precision. Training-epoch time:
     the t-interval of the mean of the measured epochs' times (seeds x epochs), ``scipy.stats.t``.
     ``records``: ``config_key`` -> the runs of that configuration.

@@ -18,10 +18,10 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Literal
 
-from cropscale.commands import JsonOut, OptionError, Seed, parse_options
 from cropscale.evidence import LABELS as EVIDENCE_LABELS
 from cropscale.files import atomic_write_json
 from cropscale.model.network import CropMappingNet
+from cropscale.options import JsonOut, OptionError, Seed, parse_options
 from cropscale.scaling.allreduce import (
     DDP_BUCKET_CAP_MB,
     DDP_FIRST_BUCKET_MB,

@@ -14,12 +14,12 @@ from pathlib import Path
 
 from cropscale.evidence import ANALYTICAL_SCENARIO, MEASURED_RUN
 from cropscale.files import atomic_write_text
-from cropscale.runs.equivalence import Comparison, verdict_intro, verdict_row
+from cropscale.report.equivalence import Comparison, verdict_intro, verdict_row
+from cropscale.report.plots import plot_iou_by_epoch, plot_step_decomposition, plot_verdicts, pyplot, save
+from cropscale.report.tables import TableRow, render_table
 from cropscale.runs.figures import STUDY, SWEEP, VERDICTS, table_columns
-from cropscale.runs.plots import plot_iou_by_epoch, plot_step_decomposition, plot_verdicts, pyplot, save
 from cropscale.runs.record import RunRecord
 from cropscale.runs.rules import Figure
-from cropscale.runs.tables import TableRow, render_table
 from cropscale.study import protocol as P
 from cropscale.study.aggregate import StudyRow, SweepSummary
 from cropscale.study.assertions import write_scaling_assertions

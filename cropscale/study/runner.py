@@ -41,11 +41,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cropscale.commands import Options, parse_options
 from cropscale.env.host import PACKAGE_DIR, environment_record, git_info, gpu_topology, sha256_file
 from cropscale.errors import CropScaleError
 from cropscale.evidence import ANALYTICAL_SCENARIO, MEASURED_RUN
 from cropscale.files import atomic_write_json
+from cropscale.options import Options, parse_options
 from cropscale.progress import Progress
 from cropscale.runs.record import RunRecord, load_run
 from cropscale.study import protocol as P

@@ -19,11 +19,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from cropscale.commands import error_line
 from cropscale.errors import CropScaleError
 from cropscale.model.optim import OPTIMIZERS
+from cropscale.options import error_line
 from cropscale.precision import LABELS, STUDY_ALIASES, STUDY_CONFIGS
-from cropscale.runs.equivalence import DEFAULT_MARGIN, TARGET_FRACTION
+from cropscale.report.equivalence import DEFAULT_MARGIN, TARGET_FRACTION
 from cropscale.study import protocol as P
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -206,7 +206,7 @@ class StudySpec:
             network built from ``num_classes`` and ``net_kwargs``).
         num_classes, net_kwargs: the network for the parameter count.
         run_timeout_s: wall-clock limit of one fit process (None = none).
-        equivalence_margin: macro IoU (absolute) of the quality verdicts (:mod:`cropscale.runs.equivalence`).
+        equivalence_margin: macro IoU (absolute) of the quality verdicts (:mod:`cropscale.report.equivalence`).
         target_fraction: time to target = this fraction of the base configuration's mean best macro IoU.
         source: the YAML file.
     """

@@ -2,7 +2,7 @@
 
 From the planned configurations and their runs (``config.key`` -> records), three kinds of comparison of a
 base configuration against another that differs in one thing (statistics and verdicts:
-:mod:`cropscale.runs.equivalence`, margin and target from the spec):
+:mod:`cropscale.report.equivalence`, margin and target from the spec):
 
 - ``precision``: FP32 against each other precision of the same protocol and world size;
 - ``devices``: the 1-rank configuration against each measured N > 1 of the same protocol and precision;
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from cropscale.runs.equivalence import Comparison, compare_runs
+from cropscale.report.equivalence import Comparison, compare_runs
 from cropscale.runs.record import RunRecord
 from cropscale.study import protocol as P
 from cropscale.study.plan import Configuration

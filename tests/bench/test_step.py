@@ -15,9 +15,11 @@ import pytest
 import torch
 
 from cropscale import CropScaleError
-from cropscale.bench import step as bm
-from cropscale.bench import step_config, step_mfu, step_run
 from cropscale.bench.measure import speedup_and_karp_flatt
+from cropscale.bench.step import command as bm
+from cropscale.bench.step import config as step_config
+from cropscale.bench.step import mfu as step_mfu
+from cropscale.bench.step import run as step_run
 from cropscale.runs.figures import FIGURES
 
 COMMAND = ["benchmark", "--precision", "32-true", "bf16-mixed", "--batch-sizes", "1", "2",
@@ -50,7 +52,7 @@ def one_thread():
 
 def _run_cli(argv: list[str], out: Path) -> tuple[int, str, dict]:
     """``python -m cropscale <argv> --json out`` in this process (the CLI's dispatcher)."""
-    from cropscale.cli import main
+    from cropscale.cli.main import main
 
     buf = io.StringIO()
     with contextlib.redirect_stdout(buf), pytest.raises(SystemExit) as exit_info:
@@ -107,11 +109,10 @@ def test_json_schema(cli_run, argv=(*COMMAND, *SMALL)):
     assert all(v > 0 for v in doc["flops_by_class"].values())
 
     env = doc["environment"]
-    # every module of the measured code path, the timed step's own (step_run.py) included, by its SHA-256
-    package = Path(bm.__file__).resolve().parents[1]
+    # every module of the measured code path, the timed step's own (step/run.py) included, by its SHA-256
+    package = Path(bm.__file__).resolve().parents[2]
     files = env["source_files"]
-    assert {f"cropscale/bench/{m}.py" for m in ("step", "step_run", "step_config", "step_energy", "step_mfu",
-                                                "step_rows")} <= set(files)
+    assert {f"cropscale/bench/step/{m}.py" for m in ("command", "run", "config", "energy", "mfu", "rows")} <= set(files)
     assert "cropscale/model/network.py" in files and "cropscale/model/losses.py" in files
     for name, digest in files.items():
         assert digest == hashlib.sha256((package.parent / name).read_bytes()).hexdigest(), name

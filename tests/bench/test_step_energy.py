@@ -7,8 +7,9 @@ import json
 import pytest
 import torch
 
-from cropscale.bench import step as bm
-from cropscale.bench import step_energy, step_rows
+from cropscale.bench.step import command as bm
+from cropscale.bench.step import energy as step_energy
+from cropscale.bench.step import rows as step_rows
 
 
 class _FakeCounter:

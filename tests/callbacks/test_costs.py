@@ -138,7 +138,7 @@ def test_loss_scale_under_a_fused_optimizer_reads_the_scalers_found_inf(tmp_path
 def test_the_trace_switch_of_the_default_config(tmp_path, flanders_root, monkeypatch):
     """configs/default.yaml writes the trace (it costs less than the rest of the group, docs/measuring.md);
     ``trace_path: null`` in a later config switches it off."""
-    from cropscale.cli import DEFAULT_CONFIG, CropScaleCLI
+    from cropscale.cli.main import DEFAULT_CONFIG, CropScaleCLI
     from cropscale.data.datamodule import PastisHDDataModule
     from cropscale.model.task import CropMappingTask
 

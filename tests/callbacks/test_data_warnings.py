@@ -11,7 +11,7 @@ from lightning.pytorch import LightningDataModule, Trainer
 from torch.utils.data import DataLoader
 
 from cropscale.callbacks import ProvenanceCallback
-from cropscale.report import cli as rp
+from cropscale.report import command as rp
 from cropscale.runs.record import load_run
 from cropscale.testing.toy import ToyDataset, ToyTask
 from tests.report.test_report import _footnote

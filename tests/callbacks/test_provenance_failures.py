@@ -13,7 +13,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from cropscale.callbacks import ProvenanceCallback
 from cropscale.errors import CropScaleError
-from cropscale.report import cli as rp
+from cropscale.report import command as rp
 from cropscale.runs.record import load_inputs
 from cropscale.testing.toy import ToyDataset, ToyTask
 from tests.report.test_report import _footnote, _md_row

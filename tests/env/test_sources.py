@@ -12,8 +12,8 @@ import pytest
 from cropscale.env.sources import PACKAGE_DIR, measured_sources, source_digests
 
 #: the benchmark's modules and the model code its timed step runs (read off their import lines)
-BENCHMARK_PATH = ("bench/step.py", "bench/step_config.py", "bench/step_energy.py", "bench/step_mfu.py",
-                  "bench/step_rows.py", "bench/step_run.py", "model/network.py", "model/losses.py",
+BENCHMARK_PATH = ("bench/step/command.py", "bench/step/config.py", "bench/step/energy.py", "bench/step/mfu.py",
+                  "bench/step/rows.py", "bench/step/run.py", "model/network.py", "model/losses.py",
                   "model/synthetic.py", "model/flops.py", "batch.py", "numbers.py", "env/nvml.py", "env/peaks.py",
                   "__init__.py", "bench/__init__.py", "model/__init__.py")
 
@@ -26,13 +26,13 @@ def package(tmp_path_factory) -> Path:
 
 
 def test_the_benchmark_path_holds_every_step_module_and_nothing_off_it(package):
-    found = {p.relative_to(package).as_posix() for p in measured_sources(package / "bench/step.py", package)}
+    found = {p.relative_to(package).as_posix() for p in measured_sources(package / "bench/step/command.py", package)}
     assert set(BENCHMARK_PATH) <= found
-    assert not found & {"bench/callbacks.py", "report/cli.py", "study/runner.py", "cli.py"}
+    assert not found & {"bench/callbacks.py", "report/command.py", "study/runner.py", "cli/main.py"}
 
 
 def test_digests_by_hashlib_and_by_sha256sum(package):
-    files, combined = source_digests(package / "bench/step.py", package)
+    files, combined = source_digests(package / "bench/step/command.py", package)
     assert list(files) == sorted(files)
     for name, digest in files.items():
         assert digest == hashlib.sha256((package.parent / name).read_bytes()).hexdigest()
@@ -45,13 +45,13 @@ def test_digests_by_hashlib_and_by_sha256sum(package):
 
 
 def test_a_change_to_any_file_of_the_path_changes_the_digest(package):
-    files, combined = source_digests(package / "bench/step.py", package)
+    files, combined = source_digests(package / "bench/step/command.py", package)
     for name in files:
         path = package.parent / name
         original = path.read_bytes()
         path.write_bytes(original + b"\n# changed\n")
         try:
-            changed, changed_combined = source_digests(package / "bench/step.py", package)
+            changed, changed_combined = source_digests(package / "bench/step/command.py", package)
         finally:
             path.write_bytes(original)
         assert changed_combined != combined, name
@@ -59,12 +59,12 @@ def test_a_change_to_any_file_of_the_path_changes_the_digest(package):
 
 
 def test_a_file_off_the_path_leaves_the_digest(package):
-    _, combined = source_digests(package / "bench/step.py", package)
+    _, combined = source_digests(package / "bench/step/command.py", package)
     path = package / "bench/callbacks.py"
     original = path.read_bytes()
     path.write_bytes(original + b"\n# changed\n")
     try:
-        assert source_digests(package / "bench/step.py", package)[1] == combined
+        assert source_digests(package / "bench/step/command.py", package)[1] == combined
     finally:
         path.write_bytes(original)
 
@@ -84,6 +84,6 @@ def test_relative_and_function_level_imports_are_followed(tmp_path):
 
 def test_an_entry_outside_the_package_is_hashed_alone(tmp_path):
     script = tmp_path / "probe.py"
-    script.write_text("import cropscale.bench.step\n")
+    script.write_text("import cropscale.bench.step.command\n")
     files, _ = source_digests(script)
     assert files == {str(script.resolve()): hashlib.sha256(script.read_bytes()).hexdigest()}

@@ -232,7 +232,7 @@ def test_checkpoint_is_checked_before_lightning_opens_it(tmp_path):
     import torch
 
     from cropscale import CropScaleError
-    from cropscale.cli import check_checkpoint
+    from cropscale.cli.main import check_checkpoint
 
     for keyword in (None, "", "last", "hpc", "registry:model", "s3://bucket/x.ckpt"):
         check_checkpoint(keyword)  # left to Lightning

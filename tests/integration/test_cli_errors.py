@@ -9,7 +9,7 @@ import types
 import pytest
 import torch
 
-from cropscale import cli
+from cropscale.cli import main as cli
 from cropscale.errors import CheckpointError, ConfigError, CropScaleError, TrainerArgumentError
 from cropscale.model.task import CropMappingTask
 

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from cropscale import cli
+from cropscale.cli import main as cli
 
 
 @pytest.fixture(autouse=True)

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from cropscale import cli
+from cropscale.cli import main as cli
 from cropscale.precision import cpu_precision_line
 
 

@@ -1,5 +1,5 @@
 """configs/default.yaml runs the scaling callbacks; presets given after it merge into its group instead of
-running a callback twice (``cropscale.cli.merge_callbacks``)."""
+running a callback twice (``cropscale.cli.main.merge_callbacks``)."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from cropscale.callbacks import (
     ThroughputCallback,
     TrainedCallback,
 )
-from cropscale.cli import DEFAULT_CONFIG, CropScaleCLI, merge_callbacks, report_command
+from cropscale.cli.main import DEFAULT_CONFIG, CropScaleCLI, merge_callbacks, report_command
 from cropscale.data.datamodule import PastisHDDataModule
 from cropscale.model.task import CropMappingTask
 

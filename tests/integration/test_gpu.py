@@ -26,7 +26,7 @@ import torch
 from lightning.pytorch import Callback, Trainer
 from lightning.pytorch.loggers import TensorBoardLogger
 
-from cropscale.bench import step as bm
+from cropscale.bench.step import command as bm
 from cropscale.callbacks import CallbackGroup, StepTimingCallback, ThroughputCallback, all_scaling_callbacks
 from cropscale.callbacks._clock import CudaEventClock
 from cropscale.env import nvml, peaks

@@ -8,7 +8,7 @@ import json
 import pytest
 import yaml
 
-from cropscale.report import cli as rp
+from cropscale.report import command as rp
 from cropscale.report.comparison import comparison_rows, status, step_rows
 from cropscale.report.pairs import precision_pairs
 from cropscale.report.scaling import device_series

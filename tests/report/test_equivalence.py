@@ -9,7 +9,7 @@ import math
 
 import pytest
 
-from cropscale.runs.equivalence import (
+from cropscale.report.equivalence import (
     BETTER,
     EQUIVALENT,
     INCONCLUSIVE,

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import yaml
 
-from cropscale.report import cli as rp
+from cropscale.report import command as rp
 from cropscale.report.pairs import precision_pairs
 from cropscale.runs.record import load_inputs, load_run
 from tests.report.test_report import _config, _fake_run, _footnote, _md_row

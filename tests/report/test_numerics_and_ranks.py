@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from cropscale.report import cli as rp
+from cropscale.report import command as rp
+from cropscale.report.summary import fit_summary
 from cropscale.runs.record import load_run
-from cropscale.runs.summary import fit_summary
 
 
 def _two_rank_run(folder: Path) -> Path:

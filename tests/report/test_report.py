@@ -16,12 +16,12 @@ import pytest
 import yaml
 
 from cropscale import CropScaleError
-from cropscale.report import cli as rp
+from cropscale.report import command as rp
 from cropscale.report.pairs import precision_pairs
-from cropscale.runs.figures import PAIRS, RUNS, table_columns
+from cropscale.report.tables import TableRow, write_table
+from cropscale.runs.figures import PAIRS, RUNS, Column, table_columns
 from cropscale.runs.record import load_benchmark, load_inputs, load_run
 from cropscale.runs.rules import Figure
-from cropscale.runs.tables import Column, TableRow, write_table
 
 REPO = Path(__file__).resolve().parents[2]
 FIGURES = ("iou_by_epoch.png", "throughput.png", "peak_memory.png", "step_decomposition.png", "device_scaling.png")
@@ -479,7 +479,7 @@ def test_report_on_two_tiny_fits(tmp_path, flanders_root):
     for proc in procs:
         out, _ = proc.communicate(timeout=600)
         assert proc.returncode == 0, out[-3000:]
-    from cropscale.cli import main
+    from cropscale.cli.main import main
 
     with pytest.raises(SystemExit) as exit_info:
         main(["report", str(tmp_path / "runs"), "--output", str(tmp_path / "report")])

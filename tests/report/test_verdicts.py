@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from cropscale.report import cli as rp
+from cropscale.report import command as rp
 from cropscale.report.verdicts import comparisons
 from cropscale.runs.record import load_inputs
 from cropscale.runs.schema import RunJson, RunSummary, ThroughputEpoch, ThroughputSummary

@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 
 from cropscale.evidence import MEASURED_RUN
-from cropscale.report import cli as rp
 from cropscale.report import columns as report_columns
+from cropscale.report import command as rp
 from cropscale.runs import schema
 from cropscale.runs.figures import (
     COMPARISON,

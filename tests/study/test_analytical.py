@@ -4,7 +4,8 @@ import json
 
 import pytest
 
-from cropscale import CropScaleError, cli
+from cropscale import CropScaleError
+from cropscale.cli import main as cli
 from cropscale.study.analytical import main
 
 AMDAHL_ROWS = [

@@ -1,4 +1,4 @@
-"""What :class:`~cropscale.cli.CropScaleCLI` changes in the parsed configuration before classes are built.
+"""What :class:`~cropscale.cli.main.CropScaleCLI` changes in the parsed configuration before classes are built.
 
 - :func:`integers_stay_integers`: the Trainer's ``int | float`` limits keep an integer as an integer
   (``--trainer.limit_train_batches=1`` is one batch, ``=1.0`` all of them), as in the Trainer's own API;

@@ -1,4 +1,4 @@
-"""The benchmark's result rows and their tables (:mod:`cropscale.bench.step`).
+"""The benchmark's result rows and their tables (:mod:`cropscale.bench.step.command`).
 
 The empty row of one configuration, its display label, AMP against FP32, and the Markdown tables the
 command prints.
@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from cropscale.bench.step_config import AUTOCAST_DTYPE, BenchmarkConfig
+from cropscale.bench.step.config import AUTOCAST_DTYPE, BenchmarkConfig
 from cropscale.evidence import MEASURED_MICROBENCHMARK
 from cropscale.precision import LABELS as PRECISION_LABELS
 

@@ -1,6 +1,6 @@
 """Which checkpoint ``--ckpt_path`` names and which run folder a Lightning subcommand logs into.
 
-Used by :class:`~cropscale.cli.CropScaleCLI` on the parsed configuration, before any class is built:
+Used by :class:`~cropscale.cli.main.CropScaleCLI` on the parsed configuration, before any class is built:
 
 - :func:`check_checkpoint`: a ``--ckpt_path`` that is not a Lightning checkpoint is refused before Lightning opens it;
 - :func:`resolve_last`: ``--ckpt_path last`` is the newest ``last.ckpt`` of the runs of the logger's name,

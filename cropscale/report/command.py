@@ -35,9 +35,9 @@ import dataclasses
 from collections.abc import Sequence
 from pathlib import Path
 
-from cropscale.commands import Options, parse_options
 from cropscale.evidence import LEGEND
 from cropscale.files import atomic_write_text
+from cropscale.options import Options, parse_options
 from cropscale.report.columns import NONFINITE_COLUMNS
 from cropscale.report.comparison import (
     MAX_NONFINITE_ROWS,
@@ -48,11 +48,18 @@ from cropscale.report.comparison import (
     step_rows,
     with_status,
 )
+from cropscale.report.equivalence import DEFAULT_MARGIN, TARGET_FRACTION, verdict_intro, verdict_row
 from cropscale.report.pairs import precision_pairs
-from cropscale.report.plots import plot_by_precision_and_batch, plot_device_scaling
+from cropscale.report.plots import (
+    plot_by_precision_and_batch,
+    plot_device_scaling,
+    plot_iou_by_epoch,
+    plot_step_decomposition,
+    plot_verdicts,
+)
 from cropscale.report.scaling import device_series
+from cropscale.report.tables import TableRow, render_table
 from cropscale.report.verdicts import comparisons
-from cropscale.runs.equivalence import DEFAULT_MARGIN, TARGET_FRACTION, verdict_intro, verdict_row
 from cropscale.runs.figures import (
     AMDAHL,
     COMPARISON,
@@ -66,9 +73,7 @@ from cropscale.runs.figures import (
     VERDICTS,
     table_columns,
 )
-from cropscale.runs.plots import plot_iou_by_epoch, plot_step_decomposition, plot_verdicts
 from cropscale.runs.record import RunRecord, load_inputs
-from cropscale.runs.tables import TableRow, render_table
 
 FIGURE_FILES = ("verdicts.png", "iou_by_epoch.png", "throughput.png", "peak_memory.png", "step_decomposition.png",
                 "device_scaling.png")

@@ -1,4 +1,4 @@
-"""The analysis subcommands' options (cropscale/commands.py): every documented command line parses, --help works,
+"""The analysis subcommands' options (cropscale/options.py): every documented command line parses, --help works,
 a bad option or value ends in one line naming the option with exit status 2, and the shared options behave."""
 
 from __future__ import annotations
@@ -10,16 +10,16 @@ from pathlib import Path
 
 import pytest
 
-from cropscale import cli
 from cropscale.bench.callbacks import CallbackBenchOptions
 from cropscale.bench.levers import LeverOptions
 from cropscale.bench.loader import LoaderOptions
 from cropscale.bench.pipeline import PipelineOptions
-from cropscale.bench.step import BenchmarkOptions
+from cropscale.bench.step.command import BenchmarkOptions
 from cropscale.bench.summary import SummaryOptions
 from cropscale.bench.tiling import TilingOptions
-from cropscale.commands import OptionError, Options, SampleShape, Threads, Warmup, check_at_least, parse_options
-from cropscale.report.cli import ReportOptions
+from cropscale.cli import main as cli
+from cropscale.options import OptionError, Options, SampleShape, Threads, Warmup, check_at_least, parse_options
+from cropscale.report.command import ReportOptions
 from cropscale.study.analytical import AssertBenchOptions, ScalingOptions
 from cropscale.study.runner import StudyOptions
 

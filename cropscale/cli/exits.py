@@ -3,7 +3,7 @@
 User errors are told apart by type, never by message text (:func:`error_ending`):
 :class:`cropscale.CropScaleError` and its family (:mod:`cropscale.errors`), raised where the problem is found,
 end with the class's ``exit_status`` (2); so do Lightning's ``MisconfigurationException``, jsonargparse's
-``ArgumentError`` (:func:`~cropscale.config_errors.describe_config_error`) and a ``FileNotFoundError``. Each
+``ArgumentError`` (:func:`~cropscale.cli.config_errors.describe_config_error`) and a ``FileNotFoundError``. Each
 prints one paragraph naming the argument or path; an error re-raised from a DataLoader worker prints the
 worker's own message (:func:`cropscale.errors.user_error_text`). Any other exception keeps its traceback
 (``CROPSCALE_TRACEBACK=1``: every one but the typed ones).
@@ -26,7 +26,7 @@ from lightning.pytorch import Trainer
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
 from cropscale.checkpointing import stop_line
-from cropscale.config_errors import describe_config_error
+from cropscale.cli.config_errors import describe_config_error
 from cropscale.distributed import (
     ChildRankWatch,
     child_failures,

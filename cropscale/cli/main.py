@@ -9,7 +9,7 @@ first, so ``python -m cropscale fit`` with no other argument trains on the bundl
 LightningCLI. Lightning's DDP launcher re-executes ``python -m cropscale ...`` on each rank, which
 lands here again with the same arguments.
 
-After ``fit``, global rank 0 prints the end-of-fit summary (:func:`cropscale.runs.summary.fit_summary`
+After ``fit``, global rank 0 prints the end-of-fit summary (:func:`cropscale.report.summary.fit_summary`
 of the run folder, the same rules as the report). A run that diverged (:func:`cropscale.runs.rules.divergence`)
 ends with ``cropscale: error: training diverged ...`` and exit status 1; so does a run that did not train
 (:func:`cropscale.runs.rules.trained`: ``cropscale: error: the run did not train: ...``).
@@ -20,23 +20,23 @@ ends with ``cropscale: error: training diverged ...`` and exit status 1; so does
 
 The other subcommands are plain functions ``main(argv) -> int`` listed in :data:`EXTRA_COMMANDS`.
 
-User errors are told apart by type, never by message text (:mod:`cropscale.cli_exits`):
+User errors are told apart by type, never by message text (:mod:`cropscale.cli.exits`):
 :class:`cropscale.CropScaleError` and its family (:mod:`cropscale.errors`), raised where the problem is found,
 end with one line and the class's ``exit_status`` (2); so do Lightning's ``MisconfigurationException``,
 jsonargparse's ``ArgumentError`` and a ``FileNotFoundError``. Third-party errors about the user's input are
 typed at the one place the project calls the library: the Trainer's argument checks in
-:meth:`CropScaleCLI.instantiate_trainer`, ``torch.load`` in :func:`~cropscale.cli_folders.check_checkpoint`,
+:meth:`CropScaleCLI.instantiate_trainer`, ``torch.load`` in :func:`~cropscale.cli.folders.check_checkpoint`,
 the weights in :meth:`~cropscale.model.task.CropMappingTask.load_state_dict`. Any other exception keeps its
 traceback.
 
 Parsing is exact: no option prefixes (``--trainer.max_epoch`` is an error, not ``max_epochs``), and the
 Trainer's ``int | float`` limits keep an integer as an integer (``--trainer.limit_train_batches=1`` is one
 batch, ``=1.0`` all of them), as in the Trainer's own API
-(:func:`~cropscale.cli_config.integers_stay_integers`, with the other fix-ups of the parsed configuration).
+(:func:`~cropscale.cli.config.integers_stay_integers`, with the other fix-ups of the parsed configuration).
 
 Checkpoints (:mod:`cropscale.checkpointing`): every save goes through
 :class:`~cropscale.checkpointing.AtomicCheckpointIO` unless the configuration names another
-``CheckpointIO``. Run folders and ``--ckpt_path`` (:mod:`cropscale.cli_folders`): ``--ckpt_path last`` is
+``CheckpointIO``. Run folders and ``--ckpt_path`` (:mod:`cropscale.cli.folders`): ``--ckpt_path last`` is
 the newest ``last.ckpt`` of the runs of the logger's name, and ``fit`` from a checkpoint of
 ``<save_dir>/<name>/version_N`` continues in that same folder (its TensorBoard events from after the
 checkpoint's step are dropped), so the best-checkpoint tracking continues; ``validate`` / ``test`` /
@@ -53,7 +53,7 @@ step, saves ``last.ckpt`` and exits with status 0 after one line with the resume
 requeues the job first; :class:`~cropscale.checkpointing.StopOnSignal`). When a DDP rank
 fails, the launching rank stops the others and prints one last line naming the failed rank, its exit
 status and its own error; the other ranks' collective errors are reduced to one line each
-(:mod:`cropscale.cli_exits`).
+(:mod:`cropscale.cli.exits`).
 """
 
 from __future__ import annotations
@@ -77,9 +77,9 @@ from typing_extensions import override
 
 from cropscale.callbacks.divergence import DivergenceCallback
 from cropscale.checkpointing import RESUME_AUTO, AtomicCheckpointIO, StopOnSignal, check_fit_start
-from cropscale.cli_config import explicit_model_settings, integers_stay_integers, merge_callbacks
-from cropscale.cli_exits import ACTIVE, error_ending, fail, name_trainer_argument, stopped_by_signal
-from cropscale.cli_folders import check_checkpoint, continue_in_run_folder, eval_run_folder, resolve_last
+from cropscale.cli.config import explicit_model_settings, integers_stay_integers, merge_callbacks
+from cropscale.cli.exits import ACTIVE, error_ending, fail, name_trainer_argument, stopped_by_signal
+from cropscale.cli.folders import check_checkpoint, continue_in_run_folder, eval_run_folder, resolve_last
 from cropscale.data.datamodule import PastisHDDataModule
 from cropscale.distributed import ChildRankWatch, elastic_restart_hazard, finish_distributed, prepare_rank_reports
 from cropscale.env.host import choose_torch_threads, usable_cores
@@ -89,16 +89,16 @@ from cropscale.model.settings import RESUME_FIXED_SETTINGS
 from cropscale.model.task import CropMappingTask
 from cropscale.precision import cpu_precision_line
 from cropscale.predictions import PredictionWriter, check_output_folder
+from cropscale.report.summary import fit_summary, not_trained_reason
 from cropscale.runs.record import is_run_folder, load_run
-from cropscale.runs.summary import fit_summary, not_trained_reason
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_CONFIG = REPO_ROOT / "configs" / "default.yaml"
 
 EXTRA_COMMANDS: dict[str, tuple[str, str]] = {
     "summary": ("cropscale.bench.summary", "parameters and FLOPs per sample of the configured model"),
-    "benchmark": ("cropscale.bench.step", "compute-only training-step microbenchmark (FP32 vs AMP)"),
-    "report": ("cropscale.report.cli", "quality-and-speed report (Markdown, CSV, PNG) of runs"),
+    "benchmark": ("cropscale.bench.step.command", "compute-only training-step microbenchmark (FP32 vs AMP)"),
+    "report": ("cropscale.report.command", "quality-and-speed report (Markdown, CSV, PNG) of runs"),
     "study": ("cropscale.study.runner", "scaling study runner (1-8 devices, both batch protocols)"),
     "scaling": ("cropscale.study.analytical", "analytical Amdahl and ring all-reduce tables"),
     "loader-bench": ("cropscale.bench.loader", "data-pipeline throughput (samples/s) by worker count"),
@@ -165,12 +165,12 @@ def end_of_fit(trainer: Trainer, folder: str | None) -> tuple[str, str | None]:
 class CropScaleCLI(LightningCLI):
     """LightningCLI that links the data module's class count and names into the task and checks ``--ckpt_path``.
 
-    The checkpoint path is checked before Lightning opens it (:func:`~cropscale.cli_folders.check_checkpoint`);
+    The checkpoint path is checked before Lightning opens it (:func:`~cropscale.cli.folders.check_checkpoint`);
     ``last`` is resolved to the newest ``last.ckpt`` of the runs of the logger's name
-    (:func:`~cropscale.cli_folders.resolve_last`); model settings given by the user win over
+    (:func:`~cropscale.cli.folders.resolve_last`); model settings given by the user win over
     the checkpoint's (module docstring); output folders are checked for writing before the run starts.
     The Trainer's ``int | float`` options parse integers as integers
-    (:func:`~cropscale.cli_config.integers_stay_integers`).
+    (:func:`~cropscale.cli.config.integers_stay_integers`).
     After ``fit``, global rank 0 prints the end-of-fit summary and keeps the divergence error in
     :attr:`fit_error`.
     """
@@ -386,8 +386,8 @@ def _before_lightning() -> None:
 def main(argv: list[str] | None = None) -> None:
     """Entry point of ``python -m cropscale`` and the ``cropscale`` console script.
 
-    Ends as :mod:`cropscale.cli_exits` says: a stop signal with status 0, a user error with one line and its
-    status (:func:`~cropscale.cli_exits.error_ending`); any other exception keeps its traceback.
+    Ends as :mod:`cropscale.cli.exits` says: a stop signal with status 0, a user error with one line and its
+    status (:func:`~cropscale.cli.exits.error_ending`); any other exception keeps its traceback.
     """
     args = list(sys.argv[1:] if argv is None else argv)
     if not args or args[0] in ("-h", "--help"):

@@ -1,4 +1,4 @@
-"""What the compute-only benchmark (:mod:`cropscale.bench.step`) measures.
+"""What the compute-only benchmark (:mod:`cropscale.bench.step.command`) measures.
 
 The precisions, their autocast dtypes, the gradient clip, and :class:`BenchmarkConfig` with its argument
 checks (:class:`~cropscale.errors.CropScaleError` naming the option).

@@ -1,4 +1,4 @@
-"""Dense peak TFLOP/s, FLOPs per sample and MFU of one benchmark row (:mod:`cropscale.bench.step`).
+"""Dense peak TFLOP/s, FLOPs per sample and MFU of one benchmark row (:mod:`cropscale.bench.step.command`).
 
 Achieved TFLOP/s = FLOPs per sample x batch / median step (s) / 1e12; MFU = achieved / the attainable dense
 peak of the math that ran (:func:`cropscale.env.peaks.attainable_peak_tflops`).
@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from cropscale.bench.step_config import BenchmarkConfig
+from cropscale.bench.step.config import BenchmarkConfig
 from cropscale.env import peaks
 from cropscale.errors import CropScaleError
 from cropscale.model.flops import flops_per_sample, flops_per_sample_by_class

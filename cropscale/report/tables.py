@@ -10,7 +10,6 @@ qualifies them; numbers unrounded. Files are written atomically.
 from __future__ import annotations
 
 import csv
-import dataclasses
 import io
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -18,30 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from cropscale.files import atomic_write_text
+from cropscale.runs.figures import Column
 from cropscale.runs.rules import Figure
-
-
-@dataclass(frozen=True)
-class Column:
-    """One table column.
-
-    Attributes:
-        key: the row's figure or value; header: the Markdown header; fmt: a ``format`` spec for
-            numbers; figure: True for a figure with an evidence label, False for a descriptive value;
-            qualifiers: False to leave a present value's note out of the Markdown footnotes (a short
-            table whose detail tables carry them); an n/a cell's reason is always footnoted, and the
-            CSV keeps every note.
-    """
-
-    key: str
-    header: str
-    fmt: str = ""
-    figure: bool = True
-    qualifiers: bool = True
-
-    def with_key(self, key: str) -> Column:
-        """The same column reading the row's ``key`` (e.g. the base run's figure under the figure's header)."""
-        return dataclasses.replace(self, key=key)
 
 
 @dataclass

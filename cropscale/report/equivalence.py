@@ -43,9 +43,9 @@ from scipy import stats
 from cropscale.errors import CropScaleError
 from cropscale.evidence import MEASURED_RUN
 from cropscale.numbers import TARGET_FRACTION
+from cropscale.report.tables import TableRow
 from cropscale.runs.record import RunRecord
 from cropscale.runs.rules import Figure
-from cropscale.runs.tables import TableRow
 from cropscale.runs.tensorboard import epoch_series, load_scalars
 
 DEFAULT_MARGIN = 0.02

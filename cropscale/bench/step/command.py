@@ -66,13 +66,13 @@ so). On CPU, or without the counter, the energy fields are ``None`` with ``energ
 
 Every figure here is evidence ``measured-microbenchmark``. The document's ``environment``
 (:func:`cropscale.env.host.environment_record`) names the code that measured it: ``source_files``, the SHA-256
-of every package module the command runs (``step_run.py`` with the timed step, the model, ...), and
+of every package module the command runs (``step/run.py`` with the timed step, the model, ...), and
 ``source_files_sha256``, one digest over them.
 
-Modules: the settings and their checks in :mod:`~cropscale.bench.step_config`; one configuration's
-set-up and timed steps in :mod:`~cropscale.bench.step_run`; its energy in
-:mod:`~cropscale.bench.step_energy`; FLOPs, peaks and MFU in :mod:`~cropscale.bench.step_mfu`; the rows
-and tables in :mod:`~cropscale.bench.step_rows`; the driver (every configuration, the JSON document, the
+Modules: the settings and their checks in :mod:`~cropscale.bench.step.config`; one configuration's
+set-up and timed steps in :mod:`~cropscale.bench.step.run`; its energy in
+:mod:`~cropscale.bench.step.energy`; FLOPs, peaks and MFU in :mod:`~cropscale.bench.step.mfu`; the rows
+and tables in :mod:`~cropscale.bench.step.rows`; the driver (every configuration, the JSON document, the
 command) here.
 """
 
@@ -88,16 +88,16 @@ from typing import Any, Literal
 
 import torch
 
-from cropscale.bench.step_config import AUTOCAST_DTYPE, CLIP_NORM, PRECISIONS, BenchmarkConfig, resolve_device
-from cropscale.bench.step_mfu import peak_tflops, sample_flops, sample_flops_by_class
-from cropscale.bench.step_rows import amp_ratios, empty_row, format_details, format_table, row_label
-from cropscale.bench.step_run import build_setup, run_configuration, set_tf32, train_step
-from cropscale.commands import CropSize, Device, JsonOut, OptionError, SampleShape, Seed, Threads, Warmup, parse_options
+from cropscale.bench.step.config import AUTOCAST_DTYPE, CLIP_NORM, PRECISIONS, BenchmarkConfig, resolve_device
+from cropscale.bench.step.mfu import peak_tflops, sample_flops, sample_flops_by_class
+from cropscale.bench.step.rows import amp_ratios, empty_row, format_details, format_table, row_label
+from cropscale.bench.step.run import build_setup, run_configuration, set_tf32, train_step
 from cropscale.env.host import cpu_bf16_units, environment_record, load_average
 from cropscale.errors import CropScaleError
 from cropscale.evidence import COUNT, MEASURED_MICROBENCHMARK
 from cropscale.files import atomic_write_text
 from cropscale.model.speed import COMPILE_MODES
+from cropscale.options import CropSize, Device, JsonOut, OptionError, SampleShape, Seed, Threads, Warmup, parse_options
 from cropscale.progress import Progress
 
 __all__ = [

@@ -1,4 +1,4 @@
-"""NVML energy of a benchmark configuration's measured steps (:mod:`cropscale.bench.step`).
+"""NVML energy of a benchmark configuration's measured steps (:mod:`cropscale.bench.step.command`).
 
 The GPU's total-energy counter (matched by UUID, :mod:`cropscale.env.nvml`) read just before the first
 measured step and just after the last one (both synchronised): J, J/sample, W over the window (s).

@@ -1,4 +1,4 @@
-"""One benchmark configuration measured (:mod:`cropscale.bench.step`).
+"""One benchmark configuration measured (:mod:`cropscale.bench.step.command`).
 
 A fresh model, loss, optimizer, scaler and synthetic batch; the timed warm-up and measured steps; the
 row's time, memory, energy and MFU figures.
@@ -21,10 +21,10 @@ from typing import Any
 import torch
 
 from cropscale.batch import model_inputs
-from cropscale.bench.step_config import AUTOCAST_DTYPE, CLIP_NORM, BenchmarkConfig
-from cropscale.bench.step_energy import energy_end, energy_start
-from cropscale.bench.step_mfu import mfu_figures
-from cropscale.bench.step_rows import empty_row
+from cropscale.bench.step.config import AUTOCAST_DTYPE, CLIP_NORM, BenchmarkConfig
+from cropscale.bench.step.energy import energy_end, energy_start
+from cropscale.bench.step.mfu import mfu_figures
+from cropscale.bench.step.rows import empty_row
 from cropscale.env.host import current_rss_bytes
 from cropscale.model.losses import MultiTaskLoss
 from cropscale.model.network import CropMappingNet

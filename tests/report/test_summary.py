@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 
+from cropscale.report.summary import fit_summary
 from cropscale.runs.record import load_run
-from cropscale.runs.summary import fit_summary
 from tests.report.test_comparison import NAN, _losses
 from tests.report.test_report import _fake_run
 
