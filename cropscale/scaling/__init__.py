@@ -20,63 +20,80 @@
 
 Layer 1: this package imports numpy (and scipy) and the vocabulary, nothing of torch, Lightning or
 the rest of cropscale. The series measured on the real code are made by :mod:`cropscale.bench.measure`.
+
+``from cropscale.scaling import assert_scaling`` works for every name of :data:`__all__`, but the submodule is
+imported only when the name is first used (:func:`__getattr__`): importing the package imports none of them.
 """
 
-from cropscale.scaling.allreduce import (
-    Bucket,
-    GradientPayload,
-    all_gather_send_bytes,
-    allreduce_table,
-    ddp_allreduce_time,
-    ddp_buckets,
-    estimated_bucket_count,
-    format_allreduce_table,
-    fsdp_send_bytes,
-    gradient_payload,
-    reduce_scatter_send_bytes,
-    reduce_scatter_time,
-    ring_allreduce_send_bytes,
-    ring_allreduce_time,
-)
-from cropscale.scaling.amdahl import (
-    amdahl_efficiency,
-    amdahl_speedup,
-    amdahl_table,
-    efficiency,
-    format_amdahl_table,
-    gustafson_speedup,
-    karp_flatt,
-)
-from cropscale.scaling.assertions import (
-    ScalingAssertionError,
-    ScalingInconclusiveError,
-    ScalingVerdict,
-    assert_scaling,
-    check_scaling,
-)
-from cropscale.scaling.extrap import (
-    read_extrap_jsonl,
-    read_extrap_jsonl_series,
-    read_extrap_text,
-    write_extrap_jsonl,
-    write_extrap_jsonl_by_points,
-)
-from cropscale.scaling.landau import LADDER, excess_factor, parse_order
-from cropscale.scaling.multi import MultiModel, fit_pmnf_multi
-from cropscale.scaling.multi_verdict import MultiVerdict, check_scaling_multi
-from cropscale.scaling.pmnf import PMNFModel, PMNFWarning, Term, fit_pmnf, hypotheses
-from cropscale.scaling.series import ScalingSeries
-from cropscale.scaling.verdict import ClassVerdict, judge
+from __future__ import annotations
 
-__all__ = [
-    "Bucket", "ClassVerdict", "GradientPayload", "LADDER", "MultiModel", "MultiVerdict", "PMNFModel", "PMNFWarning",
-    "ScalingAssertionError",
-    "ScalingInconclusiveError", "ScalingSeries", "ScalingVerdict", "Term", "all_gather_send_bytes",
-    "allreduce_table", "amdahl_efficiency", "amdahl_speedup", "amdahl_table", "assert_scaling", "check_scaling",
-    "check_scaling_multi", "fit_pmnf_multi",
-    "ddp_allreduce_time", "ddp_buckets", "efficiency", "estimated_bucket_count", "excess_factor", "fit_pmnf",
-    "format_allreduce_table", "format_amdahl_table", "fsdp_send_bytes", "gradient_payload", "gustafson_speedup",
-    "hypotheses", "judge", "karp_flatt", "parse_order", "read_extrap_jsonl", "read_extrap_jsonl_series",
-    "read_extrap_text", "reduce_scatter_send_bytes", "reduce_scatter_time", "ring_allreduce_send_bytes",
-    "ring_allreduce_time", "write_extrap_jsonl", "write_extrap_jsonl_by_points",
-]
+import importlib
+from typing import Any
+
+#: public name -> the submodule that defines it (imported on first use)
+_EXPORTS: dict[str, str] = {
+    "Bucket": "allreduce",
+    "GradientPayload": "allreduce",
+    "all_gather_send_bytes": "allreduce",
+    "allreduce_table": "allreduce",
+    "ddp_allreduce_time": "allreduce",
+    "ddp_buckets": "allreduce",
+    "estimated_bucket_count": "allreduce",
+    "format_allreduce_table": "allreduce",
+    "fsdp_send_bytes": "allreduce",
+    "gradient_payload": "allreduce",
+    "reduce_scatter_send_bytes": "allreduce",
+    "reduce_scatter_time": "allreduce",
+    "ring_allreduce_send_bytes": "allreduce",
+    "ring_allreduce_time": "allreduce",
+    "amdahl_efficiency": "amdahl",
+    "amdahl_speedup": "amdahl",
+    "amdahl_table": "amdahl",
+    "efficiency": "amdahl",
+    "format_amdahl_table": "amdahl",
+    "gustafson_speedup": "amdahl",
+    "karp_flatt": "amdahl",
+    "ScalingAssertionError": "assertions",
+    "ScalingInconclusiveError": "assertions",
+    "ScalingVerdict": "assertions",
+    "assert_scaling": "assertions",
+    "check_scaling": "assertions",
+    "read_extrap_jsonl": "extrap",
+    "read_extrap_jsonl_series": "extrap",
+    "read_extrap_text": "extrap",
+    "write_extrap_jsonl": "extrap",
+    "write_extrap_jsonl_by_points": "extrap",
+    "LADDER": "landau",
+    "excess_factor": "landau",
+    "parse_order": "landau",
+    "MultiModel": "multi",
+    "fit_pmnf_multi": "multi",
+    "MultiVerdict": "multi_verdict",
+    "check_scaling_multi": "multi_verdict",
+    "PMNFModel": "pmnf",
+    "PMNFWarning": "pmnf",
+    "Term": "pmnf",
+    "fit_pmnf": "pmnf",
+    "hypotheses": "pmnf",
+    "ScalingSeries": "series",
+    "ClassVerdict": "verdict",
+    "judge": "verdict",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    """The public name ``name`` from its submodule (PEP 562), imported on first use.
+
+    Raises:
+        AttributeError: ``name`` is not a public name of the package.
+    """
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{module}"), name)
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_EXPORTS})
