@@ -44,8 +44,8 @@ report: install
 test: install data lint
 	$(PY) -m pytest -q $(ARGS)
 
-# What CI runs (.ci/run): lint + the default suite, then the slow stage.
-ci: test test-slow
+# What CI runs (.ci/run): lint + the default suite, then the slow stage, then the GPU check rehearsed on the CPU.
+ci: test test-slow gpu-rehearsal
 
 # The slow stage (-m slow: multi-process gloo runs, resilience, launchers with the torchrun elastic restart, matrix,
 # studies). pytest's exit 5 ("no tests collected", e.g. ARGS naming a file with no slow test) is no failure of this stage.
