@@ -9,7 +9,9 @@ naming that module and its tests (:data:`MODULE_TESTS`, the one table of which t
 ``shared/data`` linking the bundled sample (``../shared/data``, else ``data/``) where ``tests/conftest.py``
 looks. mutmut runs there with one worker (``--max-children 1``, sized for 2 shared cores), never in the
 committed tree, and for each mutant runs only the tests of that selection which call the mutated function
-(its own per-function map, recorded in a first run of the selection).
+(its own per-function map, recorded in a first run of the selection). That map is widened here: a function
+called while a module-scoped fixture was set up (one fit shared by a file's tests) is judged by every test that
+shares the fixture, not only by the first one that asked for it (:func:`widen`).
 
 Two things the copy changes so that mutmut mutates them, without shifting a line: ``@override`` (a marker
 that changes no behaviour) becomes a comment, since mutmut skips every decorated function but
@@ -32,6 +34,7 @@ from __future__ import annotations
 import argparse
 import ast
 import difflib
+import importlib.util
 import json
 import os
 import re
@@ -206,7 +209,67 @@ def describe(work: Path, module: str, key: str, def_lines: dict[str, int]) -> tu
     return base, "(no textual change)"
 
 
-def run_module(module: str, tests: list[str], out: Path, mutmut: str) -> bool:
+def shared_fixture_groups(selection: list[str]) -> list[set[str]]:
+    """Node ids of the tests that share one module-, class- or package-scoped fixture, one set per fixture.
+
+    Collected with pytest in the current folder (mutmut's ``mutants/``), as mutmut names the tests.
+    """
+    import pytest
+
+    groups: dict[int, set[str]] = {}
+
+    class Collector:
+        def pytest_collection_modifyitems(self, items: list) -> None:
+            for item in items:
+                info = getattr(item, "_fixtureinfo", None)
+                for defs in (info.name2fixturedefs.values() if info is not None else ()):
+                    if defs and defs[-1].scope in ("module", "class", "package"):
+                        groups.setdefault(id(defs[-1]), set()).add(item.nodeid)
+
+    pytest.main(["--rootdir=.", "--collect-only", "-qq", "-p", "no:cacheprovider", *selection],
+                plugins=[Collector()])
+    return [g for g in groups.values() if len(g) > 1]
+
+
+def widen(tests_by_function: dict[str, set[str]], groups: list[set[str]]) -> int:
+    """Add to each function's tests every test that shares a higher-scoped fixture with one of them.
+
+    mutmut maps a function to the tests during which it ran; a module-scoped fixture (one fit shared by a file's
+    tests) runs during the first test that asks for it, so the other tests of that fit would never judge a
+    mutant of the code the fit ran. Returns the number of (function, test) pairs added.
+    """
+    member: dict[str, list[set[str]]] = {}
+    for g in groups:
+        for node in g:
+            member.setdefault(node, []).append(g)
+    added = 0
+    for tests in tests_by_function.values():
+        extra = {u for t in list(tests) for g in member.get(t, ()) for u in g} - tests
+        tests |= extra
+        added += len(extra)
+    return added
+
+
+def drive() -> None:
+    """``mutmut run --max-children 1`` in the current folder, with the test map widened (:func:`widen`)."""
+    import mutmut.__main__ as mm
+    from mutmut.utils.file_utils import change_cwd
+
+    collect = mm.collect_or_load_stats
+
+    def collect_and_widen(runner, **kwargs):  # noqa: ANN001, ANN003, ANN202
+        collect(runner, **kwargs)
+        with change_cwd("mutants"):
+            groups = shared_fixture_groups(mm.config().pytest_add_cli_args_test_selection)
+        added = widen(mm.state().tests_by_mangled_function_name, groups)
+        print(f"mutate: {added} (function, test) pairs added for tests sharing a module-scoped fixture", flush=True)
+        mm.save_stats()
+
+    mm.collect_or_load_stats = collect_and_widen
+    mm._run((), 1)
+
+
+def run_module(module: str, tests: list[str], out: Path) -> bool:
     """Mutate ``module`` against ``tests``; write its results into ``out``; True when mutmut finished."""
     name = slug(module)
     work = ROOT / "build" / "mutate" / name
@@ -216,8 +279,8 @@ def run_module(module: str, tests: list[str], out: Path, mutmut: str) -> bool:
     print(f"mutate: {module}: tests {' '.join(tests)}; log {log.relative_to(ROOT)}", flush=True)
     t0 = time.monotonic()
     with log.open("w") as fh:
-        rc = subprocess.run([mutmut, "run", "--max-children", "1"], cwd=work, env=env, stdout=fh,
-                            stderr=subprocess.STDOUT).returncode
+        rc = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--drive"], cwd=work, env=env,
+                            stdout=fh, stderr=subprocess.STDOUT).returncode
     seconds = time.monotonic() - t0
     log.write_text(_without_spinner(log.read_text(errors="replace")))
     meta = work / "mutants" / (module + ".meta")
@@ -271,10 +334,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=ROOT / "build" / "mutate" / "results",
                    help="folder of the per-module results (default build/mutate/results)")
     p.add_argument("--tests", default=None, help="test files to use instead of the table (one module only)")
+    if argv is None and sys.argv[1:] == ["--drive"]:  # the child run in a module's work folder
+        drive()
+        return 0
     args = p.parse_args(argv)
-    mutmut = str(Path(sys.executable).with_name("mutmut"))
-    if not Path(mutmut).exists():
-        print(f"mutate: no mutmut beside {sys.executable} (pip install -e '.[dev]')", file=sys.stderr)
+    if importlib.util.find_spec("mutmut") is None:
+        print(f"mutate: {sys.executable} has no mutmut (pip install -e '.[dev]')", file=sys.stderr)
         return 2
     if args.tests and len(args.modules) > 1:
         print("mutate: --tests takes one module", file=sys.stderr)
@@ -290,7 +355,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"mutate: {module}: no tests listed in scripts/mutate.py MODULE_TESTS (or pass --tests)",
                   file=sys.stderr)
             return 2
-        ok = run_module(module, tests, args.out, mutmut) and ok
+        ok = run_module(module, tests, args.out) and ok
     return 0 if ok else 1
 
 

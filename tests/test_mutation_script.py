@@ -88,3 +88,13 @@ def test_a_module_outside_the_table_needs_its_tests_named(capsys):
     for module, tests in mod.MODULE_TESTS.items():  # the table names files that exist
         assert (REPO / module).is_file(), module
         assert all((REPO / t).exists() for t in tests), (module, tests)
+
+
+def test_tests_sharing_a_module_scoped_fixture_judge_what_the_fixture_ran():
+    """The fit of a module-scoped fixture runs during its first test only: its other tests are added."""
+    mod = _script()
+    by_function = {"m.x_fit_step": {"t.py::test_first"}, "m.x_alone": {"u.py::test_u"}}
+    groups = [{"t.py::test_first", "t.py::test_second", "t.py::test_third"}, {"v.py::a", "v.py::b"}]
+    assert mod.widen(by_function, groups) == 2
+    assert by_function == {"m.x_fit_step": {"t.py::test_first", "t.py::test_second", "t.py::test_third"},
+                           "m.x_alone": {"u.py::test_u"}}
