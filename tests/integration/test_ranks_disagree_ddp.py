@@ -12,8 +12,8 @@ training loss from optimizer step 3 on, rank 0 never does. What the run must sho
 - TrainedCallback counts changed parameter tensors over ranks (replicas: twice the tensors).
 
 The unit tests of the same combinations with fake collectives: tests/callbacks/test_dist.py,
-test_rank_combining.py. Launched as a subprocess running this file (Lightning's subprocess launcher starts the
-second rank from the same command line); about 10-30 s.
+test_throughput_ranks.py, test_divergence_hooks.py, test_trained_hooks.py. Launched as a subprocess running this
+file (Lightning's subprocess launcher starts the second rank from the same command line); about 10-30 s.
 """
 
 from __future__ import annotations
