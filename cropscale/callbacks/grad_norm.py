@@ -237,13 +237,13 @@ class GradNormCallback(ScalingCallback):
     def _flush(self, then: Any = None) -> None:
         """Read the pending norms and update the counts, then ``then(values)`` (one device-to-host copy).
 
+        ``values`` are the norms read since the last ``then``: those read without one (a checkpoint between two
+        log steps) come first. Nothing pending: nothing is read and ``then`` is not called.
+
         Through :func:`~cropscale.callbacks._readout.read_later`: inside a group's ``on_train_batch_end`` the
         copy is shared with the other members and happens at the end of the hook, else now.
         """
-        if not self._norms:
-            if then is not None:
-                carried, self._unlogged = self._unlogged, []
-                then(carried)
+        if not self._norms:  # nothing new since the last read (the hooks flush with ``then`` after a new norm)
             return
         pending, self._norms = self._norms, []
         scales = [s for _, s in pending if s is not None]

@@ -195,6 +195,128 @@ def test_small_positive_arguments_are_accepted():
     assert (gn.norm_type, gn.clip_val) == (0.5, 0.25)
 
 
-def test_before_any_fit_nothing_is_counted():
-    s = GradNormCallback().summary()
+def test_before_any_fit_nothing_is_counted_and_an_empty_state_is_a_fresh_one():
+    gn = GradNormCallback()
+    assert gn.norm_source == "not measured yet"
+    s = gn.summary()
     assert (s.steps, s.nonfinite_steps, s.clipped_steps, s.clip_fraction, s.epochs) == (0, 0, None, None, [])
+    gn.load_state_dict({"epochs": []})  # a checkpoint of an older version, without the counts
+    assert (gn.steps, gn.clipped_steps, gn.nonfinite_steps, gn.epochs) == (0, 0, 0, [])
+    gn.load_state_dict({})
+    assert (gn.steps, gn.clipped_steps, gn.nonfinite_steps, gn.epochs) == (0, 0, 0, [])
+
+
+def test_norms_read_by_two_checkpoints_between_log_steps_all_go_into_the_next_interval():
+    from cropscale.callbacks._grads import GradNormParts
+
+    gn = GradNormCallback()
+    got: list[float] = []
+    for value in (3.0, 4.0):  # two checkpoints, each reading the norm pending then
+        gn._norms.append((GradNormParts([torch.tensor(value)]), None))
+        gn._flush()
+    gn._norms.append((GradNormParts([torch.tensor(5.0)]), None))
+    gn._flush(then=got.extend)
+    assert got == [3.0, 4.0, 5.0] and gn.steps == 3
+
+
+def _plain_fit(gn, monkeypatch=None, layout=None, **trainer_kwargs):
+    if layout is not None:
+        from cropscale.callbacks import grad_norm as grad_norm_module
+
+        monkeypatch.setattr(grad_norm_module, "shard_layout", lambda trainer: layout)
+    torch.manual_seed(0)
+    args = dict(accelerator="cpu", devices=1, max_epochs=1, callbacks=[gn], logger=False, log_every_n_steps=2,
+                enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False,
+                num_sanity_val_steps=0, limit_val_batches=0)
+    Trainer(**(args | trainer_kwargs)).fit(ToyTask(n_train=16, batch_size=4))
+    return gn.summary()
+
+
+def test_without_a_norm_threshold_nothing_is_called_clipped_and_the_reason_is_given():
+    for kwargs in ({}, {"gradient_clip_val": 0.01, "gradient_clip_algorithm": "value"}):
+        gn = GradNormCallback()
+        s = _plain_fit(gn, **kwargs)
+        assert s.steps == 4 and (s.clip_threshold, s.clipped_steps, s.clip_fraction) == (None, None, None)
+        assert s.clip_threshold_reason == ("no gradient clipping by norm configured (trainer.gradient_clip_val unset "
+                                           "or gradient_clip_algorithm='value')")
+        (e,) = s.epochs
+        assert (e.clipped_steps, e.clip_fraction, e.steps) == (None, None, 4)
+
+
+def test_another_norm_type_is_computed_and_reported():
+    gn = GradNormCallback(norm_type=1.0)
+    s = _plain_fit(gn, gradient_clip_val=100.0)  # clipping by the 2-norm: not this norm, computed by the callback
+    assert s.norm_type == 1.0 and gn.norm_source == "computed by the callback (norm_type is not 2)"
+    assert s.clip_threshold == 100.0 and s.clipped_steps == 0
+
+
+def test_forced_layouts_are_reported(monkeypatch):
+    s = _plain_fit(GradNormCallback(sharded=False))
+    assert (s.sharding, s.sharded_reduction) == ("replicated", False)
+    s = _plain_fit(GradNormCallback(sharded=True))  # one process: the shards of a world of 1
+    assert (s.sharding, s.sharded_reduction, s.steps) == ("world", True, 4)
+    from cropscale.callbacks._grads import ShardLayout
+
+    why = "DeepSpeed ZeRO-2/3 keeps the gradients outside p.grad"
+    gn = GradNormCallback()
+    s = _plain_fit(gn, monkeypatch, layout=ShardLayout("unsupported", reason=why), gradient_clip_val=1.0)
+    assert (s.sharding, s.sharding_reason, s.sharded_reduction) == ("unsupported", why, False)
+    assert gn.norm_source.startswith("computed by the callback")  # never the clipping's norm there
+    # inside a CallbackGroup no per-step hook reaches it (there would be no p.grad to measure)
+    assert not any(gn.wants_hook(h) for h in ("on_before_optimizer_step", "on_train_batch_end"))
+
+
+def test_the_clipping_norm_path_needs_no_hook_of_its_own_before_the_step():
+    gn = GradNormCallback()
+    _plain_fit(gn, gradient_clip_val=1.0)
+    assert gn._tap is not None  # the premise: the clipping's norm is taken
+    assert gn.wants_hook("on_before_optimizer_step") is False and gn.wants_hook("on_train_batch_end") is True
+    computed = GradNormCallback(norm_type=1.0)
+    _plain_fit(computed, gradient_clip_val=1.0)
+    assert computed.wants_hook("on_before_optimizer_step") is True
+
+
+def test_an_epoch_whose_every_step_overflowed_has_no_norm_statistics():
+    torch.manual_seed(0)
+    gn = GradNormCallback(clip_val=THRESHOLD)
+    scaler = torch.amp.GradScaler("cpu", init_scale=1024.0, growth_interval=100)
+    Trainer(accelerator="cpu", devices=1, max_epochs=1, callbacks=[gn], logger=False, log_every_n_steps=2,
+            enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False,
+            num_sanity_val_steps=0, limit_val_batches=0, plugins=[MixedPrecision("16-mixed", "cpu", scaler)]
+            ).fit(ToyTask(n_train=8, batch_size=4, overflow_steps={0, 1}))
+    (e,) = gn.summary().epochs
+    assert (e.steps, e.nonfinite_steps, e.grad_norm_median, e.grad_norm_max) == (2, 2, None, None)
+    assert e.clip_fraction is None
+    assert e.clipped_steps == 0 and gn.summary().clip_fraction is None
+
+
+def test_accumulated_micro_batches_log_at_optimizer_steps():
+    """4 optimizer steps of 2 micro-batches, logging every 2 optimizer steps: 2 intervals of 2 norms (computed)."""
+    torch.manual_seed(0)
+    gn, logger = GradNormCallback(norm_type=1.0), ListLogger()
+    Trainer(accelerator="cpu", devices=1, max_epochs=1, callbacks=[gn], logger=logger, log_every_n_steps=2,
+            accumulate_grad_batches=2, enable_progress_bar=False, enable_model_summary=False,
+            enable_checkpointing=False, num_sanity_val_steps=0, limit_val_batches=0
+            ).fit(ToyTask(n_train=16, batch_size=2))
+    assert gn.steps == 4
+    assert [step for step, m in logger.rows if "numerics/grad_norm" in m] == [2, 4]
+
+
+def test_an_exception_gives_the_clipping_back():
+    tapped = []
+
+    class Boom(ToyTask):
+        def training_step(self, batch, batch_idx):
+            if self.global_step == 2:
+                tapped.append("clip_grad_by_norm" in self.trainer.precision_plugin.__dict__)
+                raise RuntimeError("boom")
+            return super().training_step(batch, batch_idx)
+
+    gn = GradNormCallback()
+    trainer = Trainer(accelerator="cpu", devices=1, max_epochs=1, callbacks=[gn], logger=False,
+                      gradient_clip_val=1.0, enable_progress_bar=False, enable_model_summary=False,
+                      enable_checkpointing=False, num_sanity_val_steps=0, limit_val_batches=0)
+    with pytest.raises(RuntimeError, match="boom"):
+        trainer.fit(Boom(n_train=16, batch_size=4))
+    assert tapped == [True]  # the premise: during the fit the clipping's norm was tapped
+    assert "clip_grad_by_norm" not in trainer.precision_plugin.__dict__  # the plugin's own method again
