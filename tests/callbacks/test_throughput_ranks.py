@@ -278,6 +278,7 @@ def test_batches_of_unknown_size_count_no_sample_and_give_no_flops_figure(monkey
 def test_a_log_step_at_the_clock_of_the_last_log_writes_nothing(monkeypatch):
     cb, trainer, module, clock, _ = _setup(monkeypatch, world_size=1, warmup_steps=0)
     trainer.log_every_n_steps = 1
+    cb.on_train_start(trainer, module)  # every step a log step
     cb.on_train_epoch_start(trainer, module)
     _step(cb, trainer, module, clock, 0.0, 2)  # the clock has not moved since the epoch start
     assert not [m for _, m in trainer.loggers[0].rows if "perf/samples_per_s_rank" in m]
@@ -380,3 +381,31 @@ def test_a_resume_from_the_start_of_an_epoch_has_no_train_time_yet(monkeypatch):
     _step(cb, trainer, module, clock, 1.0, 2)
     cb.on_train_epoch_end(trainer, module)
     assert (cb.epochs[0].train_s, cb.epochs[0].val_s, cb.epochs[0].wall_s) == (1.0, 0.0, pytest.approx(1.5))
+
+
+def test_two_validations_in_an_epoch_add_up_and_a_finished_epoch_leaves_no_in_epoch_state(monkeypatch):
+    cb, trainer, module, clock, sent = _setup(monkeypatch, world_size=1, warmup_steps=0)
+    cb.on_train_epoch_start(trainer, module)
+    for val in (2.0, 3.0):  # val_check_interval 0.5: a validation after each half of the epoch
+        _step(cb, trainer, module, clock, 1.0, 2)
+        cb.on_validation_start(trainer, module)
+        clock.t += val
+        cb.on_validation_end(trainer, module)
+    cb.on_train_epoch_end(trainer, module)
+    assert sent[0][:4] == [4.0, 2.0, 5.0, 7.0] and cb.epochs[0].val_s == 5.0
+    assert "in_epoch" not in cb.state_dict()  # a checkpoint at the epoch end: nothing to resume inside it
+
+
+def test_a_rank_without_a_wall_clock_is_left_out_of_the_longest_wall_and_validation(monkeypatch):
+    RANK1[6] = [2.0, 1.0, 9.0, None, 0.0, None]
+    try:
+        cb, trainer, module, clock, _ = _setup(monkeypatch, warmup_steps=0)
+        trainer.current_epoch = 6
+        cb.on_train_epoch_start(trainer, module)
+        _step(cb, trainer, module, clock, 1.0, 2)
+        clock.t = 2.0
+        cb.on_train_epoch_end(trainer, module)
+    finally:
+        del RANK1[6]
+    (e,) = cb.epochs
+    assert (e.wall_s, e.val_s, e.samples) == (2.0, 9.0, 4)
