@@ -10,6 +10,7 @@ and cumulative counts tell apart. The reference is :func:`replay`, written from 
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -199,3 +200,100 @@ def test_replay_of_the_documented_rule_hand_worked():
     assert replay([False, False, True, False]) == [(1024.0, ""), (2048.0, "growth"), (1024.0, "backoff"),
                                                    (1024.0, "")]
     assert math.isfinite(replay([False] * 40)[-1][0])
+
+
+class FusedTask(ToyTask):
+    """A fused AdamW (it unscales inside step(): the step post-hook fires on skipped steps too)."""
+
+    def configure_optimizers(self):
+        return torch.optim.AdamW(self.parameters(), lr=0.01, fused=True)
+
+
+def test_a_fused_optimizer_is_counted_from_the_scalers_found_inf(tmp_path):
+    torch.manual_seed(0)
+    amp, scaler = LossScaleCallback(), _scaler()
+    _trainer([amp], scaler, max_epochs=EPOCHS, enable_checkpointing=False).fit(
+        FusedTask(n_train=4 * PER_EPOCH, batch_size=4, overflow_steps=OVERFLOW, nan_patch_ids={NAN_SAMPLE}))
+    assert amp._fused is True  # the premise
+    skipped, steps = _expected()
+    events = [ev for _, ev in steps]
+    c = amp.counts
+    assert (c["steps"], c["skipped_steps"], c["backoff_events"], c["growth_events"]) == (
+        12, sum(skipped), events.count("backoff"), events.count("growth"))
+    assert (c["overflow_skips"], c["nonfinite_loss_skips"]) == (2, 3)
+    assert amp.summary().final_scale == steps[-1][0] == scaler.get_scale()
+    assert [e.skipped_steps for e in amp.epochs] == [sum(skipped[e * 4:(e + 1) * 4]) for e in range(EPOCHS)]
+
+
+class SkipsOneStep(ToyTask):
+    def training_step(self, batch, batch_idx):
+        return None if self.global_step == 1 and batch_idx == 1 else super().training_step(batch, batch_idx)
+
+
+def test_a_step_that_returned_no_loss_is_not_counted():
+    """training_step returned None: Lightning neither steps the optimizer nor updates the scaler."""
+    torch.manual_seed(0)
+    amp, scaler = LossScaleCallback(), _scaler()
+    _trainer([amp], scaler, max_epochs=1, enable_checkpointing=False).fit(SkipsOneStep(n_train=16, batch_size=4))
+    assert amp.counts["steps"] == 3 and amp.counts["skipped_steps"] == 0
+    assert amp.summary().final_scale == scaler.get_scale() == INIT * GROWTH  # one growth after 2 clean steps
+
+
+def test_a_disabled_scaler_is_no_scaler_and_the_reason_is_logged(caplog):
+    amp = LossScaleCallback()
+    scaler = torch.amp.GradScaler("cpu", enabled=False)
+    with caplog.at_level("INFO"):
+        _trainer([amp], scaler, max_epochs=1, enable_checkpointing=False).fit(ToyTask(n_train=8, batch_size=4))
+    s = amp.summary()
+    assert (s.scaler_in_use, s.precision) == (False, "16-mixed") and amp.counts["steps"] == 0
+    line = "LossScaleCallback: precision=16-mixed: no GradScaler in use (FP16 loss scaling only applies to 16-mixed)"
+    assert line in caplog.text
+
+
+def test_the_summary_carries_the_counts(fit):
+    s, c = fit["amp"].summary(), fit["amp"].counts
+    assert (s.steps, s.backoff_events, s.growth_events, s.skipped_steps, s.overflow_skips, s.nonfinite_loss_skips,
+            s.lr_scheduler_steps_on_skipped) == tuple(c[k] for k in ("steps", "backoff_events", "growth_events",
+                                                                      "skipped_steps", "overflow_skips",
+                                                                      "nonfinite_loss_skips",
+                                                                      "lr_scheduler_steps_on_skipped"))
+
+
+def test_the_last_scale_survives_a_state_round_trip():
+    amp = LossScaleCallback()
+    amp.counts["steps"], amp._last_scale, amp._initial_scale = 7, 512.0, 1024.0
+    back = LossScaleCallback()
+    back.load_state_dict(amp.state_dict())
+    assert (back.counts["steps"], back._last_scale, back._initial_scale) == (7, 512.0, 1024.0)
+    empty = LossScaleCallback()
+    empty.load_state_dict({})
+    assert empty.counts == dict.fromkeys(empty.counts, 0)
+
+
+def _counting(interval, replay):
+    amp = LossScaleCallback()
+    amp._config = {"growth_factor": 2.0, "backoff_factor": 0.5, "growth_interval": interval}
+    amp._replay = replay
+    return amp
+
+
+def test_two_growths_in_one_read_and_a_growth_after_a_back_off():
+    amp = _counting(2, (1024.0, 0))
+    amp._count([_Step(False, None, [], 0)] * 4, [4096.0, 0.0])  # growths after steps 2 and 4
+    assert (amp.counts["growth_events"], amp._replay) == (2, (4096.0, 0))
+    big = float(torch.finfo(torch.float32).max) / 1.5
+    amp = _counting(1, (big, 0))
+    # back-off to big / 2, then a growth back to big (finite): one of each (dividing by the back-off would overflow)
+    amp._count([_Step(True, None, [torch.tensor(1.0)], 0), _Step(False, None, [], 0)], [big, 0.0, 1.0])
+    assert (amp.counts["backoff_events"], amp.counts["growth_events"], amp.counts["overflow_skips"]) == (1, 1, 1)
+
+
+def test_the_scalers_state_before_and_after_its_first_scale():
+    from cropscale.callbacks.loss_scale import _scaler_state, _scheduler_steps
+
+    scaler = torch.amp.GradScaler("cpu", init_scale=64.0)
+    assert _scaler_state(scaler) == (64.0, 0)  # no scale tensor yet: the initial values
+    scaler.scale(torch.tensor(1.0))
+    scaler.update(new_scale=256.0)
+    assert _scaler_state(scaler) == (256.0, 0)
+    assert _scheduler_steps([SimpleNamespace(last_epoch=3), SimpleNamespace(), SimpleNamespace(last_epoch=2)]) == 5
