@@ -69,7 +69,7 @@ MODULE_TESTS: dict[str, list[str]] = {
     "cropscale/callbacks/trained.py": _CALLBACKS + ["tests/runs/test_trained.py"],
     "cropscale/callbacks/energy.py": _CALLBACKS,
     "cropscale/checkpointing.py": ["tests/test_checkpointing.py", "tests/test_checkpointing_resolution.py"],
-    "cropscale/distributed.py": ["tests/test_distributed.py"],
+    "cropscale/distributed.py": ["tests/test_distributed.py", "tests/test_distributed_edges.py"],
     "cropscale/data/content.py": ["tests/data"],
 }
 
