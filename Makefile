@@ -10,7 +10,7 @@ SHARED_DATA ?= ../shared/data
 SAMPLES := worldcereal-flanders pastis-r-mini vhr-samples
 ARGS ?=
 
-.PHONY: install data fit report ci test test-slow test-resilience test-elastic test-perf test-all lint tensorboard gpu-check gpu-carry gpu-rehearsal bench study-cpu study-batch-cpu compare-cpu clean
+.PHONY: install data fit report ci test test-slow test-resilience test-elastic test-perf test-all lint tensorboard gpu-check gpu-carry gpu-rehearsal mutate bench study-cpu study-batch-cpu compare-cpu clean
 
 install: $(VENV)/.installed
 
@@ -44,8 +44,8 @@ report: install
 test: install data lint
 	$(PY) -m pytest -q $(ARGS)
 
-# What CI runs (.ci/run): lint + the default suite, then the slow stage.
-ci: test test-slow
+# What CI runs (.ci/run): lint + the default suite, then the slow stage, then the GPU check rehearsed on the CPU.
+ci: test test-slow gpu-rehearsal
 
 # The slow stage (-m slow: multi-process gloo runs, resilience, launchers with the torchrun elastic restart, matrix,
 # studies). pytest's exit 5 ("no tests collected", e.g. ARGS naming a file with no slow test) is no failure of this stage.
@@ -87,6 +87,14 @@ gpu-carry:
 # The GPU check rehearsed on the CPU in a venv holding only the H200 image's packages (scripts/gpu_rehearsal.sh).
 gpu-rehearsal: gpu-carry
 	bash scripts/gpu_rehearsal.sh $(GPU_CARRY)
+
+# Mutation testing (mutmut, scripts/mutate.py; not in CI): each module of MODULES is mutated in a copy under
+# build/mutate/<module>/ and judged by the tests that reach it (the table MODULE_TESTS in scripts/mutate.py), one
+# worker; results in build/mutate/results/<module>.tsv and .json. docs/mutation.md has the scores and how to compare.
+MODULES ?=
+mutate: install
+	@test -n "$(MODULES)" || { echo 'make mutate: name the modules, e.g. make mutate MODULES="cropscale/numbers.py"'; exit 2; }
+	OMP_NUM_THREADS=1 nice -n 10 $(PY) scripts/mutate.py $(MODULES) $(ARGS)
 
 # Figures for the closing notes (CPU; each prints its evidence label; progress on stderr).
 bench: install data

@@ -327,7 +327,13 @@ def find_last_checkpoint(save_dir: str | os.PathLike, name: str, exists: Callabl
             f"--ckpt_path last: no last.ckpt under {runs}/version_*/checkpoints/ (looked in {runs.resolve()});"
             " train first, or give a checkpoint file"
         )
-    return max(found, key=lambda p: (p.stat().st_mtime_ns, p.parent.parent.name))
+    return max(found, key=lambda p: (p.stat().st_mtime_ns, _version_number(p.parent.parent.name)))
+
+
+def _version_number(folder: str) -> int:
+    """N of ``version_N`` (-1 for another name): equal times go to the higher-numbered run, ``version_10`` after 9."""
+    match = re.fullmatch(r"version_(\d+)", folder)
+    return int(match.group(1)) if match else -1
 
 
 # ----------------------------------------------------------------------------------- one resume mode: auto
@@ -419,12 +425,15 @@ def completed_run(state: TrainingState, max_epochs: int | None, max_steps: int |
 
 
 def hpc_checkpoints_in(folder: str | os.PathLike) -> list[Path]:
-    """Lightning's SLURM requeue checkpoints ``hpc_ckpt_N.ckpt`` directly in ``folder`` (the working directory).
+    """Lightning's SLURM requeue checkpoints ``hpc_ckpt_N.ckpt`` directly in ``folder`` (the working directory), by N.
 
-    Lightning restores the highest of them into *any* ``fit`` started under SLURM without ``ckpt_path``,
-    whatever run wrote it; the CLI refuses to start a fresh run then.
+    Lightning restores the highest-numbered of them (the last of this list: ``hpc_ckpt_10`` after ``hpc_ckpt_9``)
+    into *any* ``fit`` started under SLURM without ``ckpt_path``, whatever run wrote it; the CLI refuses to start
+    a fresh run then.
     """
-    return sorted(Path(folder).glob("hpc_ckpt_*.ckpt"))
+    numbered = [(int(m.group(1)), p) for p in Path(folder).glob("hpc_ckpt_*.ckpt")
+                if (m := re.fullmatch(r"hpc_ckpt_(\d+)\.ckpt", p.name))]
+    return [p for _, p in sorted(numbered)]
 
 
 def resume_command(argv: list[str], program: str = "python -m cropscale") -> str:

@@ -1,4 +1,5 @@
-"""Shared fixtures: paths of the bundled real samples in ../shared/data; a real small file system."""
+"""Shared fixtures: paths of the bundled real samples in ../shared/data (else data/, what `make data` links);
+a real small file system."""
 
 import os
 import subprocess
@@ -9,7 +10,9 @@ from pathlib import Path
 import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-SHARED_DATA = REPO_ROOT.parent / "shared" / "data"
+# ../shared/data beside the repository; in a checkout that has none beside it (a git worktree), data/ (make data)
+SHARED_DATA = next((d for d in (REPO_ROOT.parent / "shared" / "data", REPO_ROOT / "data") if d.is_dir()),
+                   REPO_ROOT.parent / "shared" / "data")
 FLANDERS = SHARED_DATA / "worldcereal-flanders"
 PASTIS_MINI = SHARED_DATA / "pastis-r-mini"
 VHR_SAMPLE = SHARED_DATA / "vhr-samples" / "treesatai_aerial_0p2m.tif"
@@ -33,7 +36,7 @@ def tmpfs_mount(mnt: Path, size: str, why: str) -> Iterator[Path]:
 
 def _require(path: Path) -> Path:
     if not path.exists():
-        pytest.fail(f"bundled sample missing: {path} (expected ../shared/data beside the repository)")
+        pytest.fail(f"bundled sample missing: {path} (expected ../shared/data beside the repository, or make data)")
     return path
 
 

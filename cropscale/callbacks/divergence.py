@@ -108,4 +108,8 @@ class DivergenceCallback(Callback):
         if stop and self.action == "stop" and not trainer.should_stop:
             trainer.should_stop = True
             self.stopped_at_step = step
-            rank_zero_warn(f"DivergenceCallback: training diverged, stopping at step {step}: {self.verdict.why}")
+            if self.diverged:
+                rank_zero_warn(f"DivergenceCallback: training diverged, stopping at step {step}: {self.verdict.why}")
+            else:  # another rank's losses diverged (rank 0 speaks for the run: not its own losses' verdict)
+                rank_zero_warn(f"DivergenceCallback: training diverged on another rank, stopping at step {step} "
+                               f"(this rank: {self.verdict.why})")

@@ -104,6 +104,7 @@ class GradNormCallback(ScalingCallback):
         self._resumed_in_epoch: dict[str, Any] | None = None
         self._epoch_clipped = 0
         self._epoch_nonfinite = 0
+        self._unlogged: list[float] = []  # norms read by a checkpoint between two log steps: the next interval's
         self._stepped = False
 
     @override
@@ -188,6 +189,7 @@ class GradNormCallback(ScalingCallback):
                 return
             self._tap_seen = tap.calls
             self._norms.append((GradNormParts([tap.last]), None))
+            self._epoch_now = trainer.current_epoch  # a checkpoint inside this epoch carries its steps so far
         elif not self._stepped:
             return
         self._stepped = False
@@ -207,6 +209,7 @@ class GradNormCallback(ScalingCallback):
     @override
     def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._flush()
+        self._unlogged = []  # the epoch's last steps are in its epoch figures
         norms = self._epoch_norms
         stats = median_p95(norms)
         frac = (self._epoch_clipped / len(norms)) if (norms and self._threshold is not None) else None
@@ -234,12 +237,13 @@ class GradNormCallback(ScalingCallback):
     def _flush(self, then: Any = None) -> None:
         """Read the pending norms and update the counts, then ``then(values)`` (one device-to-host copy).
 
+        ``values`` are the norms read since the last ``then``: those read without one (a checkpoint between two
+        log steps) come first. Nothing pending: nothing is read and ``then`` is not called.
+
         Through :func:`~cropscale.callbacks._readout.read_later`: inside a group's ``on_train_batch_end`` the
         copy is shared with the other members and happens at the end of the hook, else now.
         """
-        if not self._norms:
-            if then is not None:
-                then([])
+        if not self._norms:  # nothing new since the last read (the hooks flush with ``then`` after a new norm)
             return
         pending, self._norms = self._norms, []
         scales = [s for _, s in pending if s is not None]
@@ -247,8 +251,11 @@ class GradNormCallback(ScalingCallback):
 
         def resolve(host: list[float]) -> None:
             values = self._count(host[len(scales):], host[:len(scales)], pending)
-            if then is not None:
-                then(values)
+            if then is None:  # read for a checkpoint between log steps: logged with the next interval
+                self._unlogged += values
+            else:
+                carried, self._unlogged = self._unlogged, []
+                then(carried + values)
 
         read_later(scales, resolve, [norms])
 

@@ -2,10 +2,14 @@
 
 Each test measures a series with :mod:`cropscale.bench.measure`, prints its table (every row
 labelled with its evidence) and states its asymptotic trend through the ``scaling`` fixture of the
-pytest plugin (cropscale.scaling.pytest_plugin, loaded through its pytest11 entry point); an
-inconclusive verdict skips (a noisy shared machine is not a regression). Sizes are kept small for a
-2-core CPU machine shared with other jobs: crops of 8 x 8 pixels (high grid 80 x 80), 4 x 4 tiles,
-one torch thread, 5 repetitions (median), warm-up excluded.
+pytest plugin (cropscale.scaling.pytest_plugin, loaded through its pytest11 entry point). An
+inconclusive verdict fails, with what would decide it (more repetitions, a wider range): green means the
+trend was shown. These need an idle machine; on a busy one (a shared 2-core CI machine) the timings are
+too noisy to decide and the tests fail saying so. They were marked ``inconclusive="skip"``, which on this
+project's machines turned every timing test into a skip: a check that could not fail (issue 36). What holds
+on a busy machine is asserted in the default suite by counts (tests/bench/test_counts.py: step FLOPs,
+tiles, loader bytes, all-reduce bytes). Sizes are kept small for a 2-core CPU machine: crops of 8 x 8
+pixels (high grid 80 x 80), 4 x 4 tiles, one torch thread, 5 repetitions (median), warm-up excluded.
 """
 
 import math
@@ -22,7 +26,7 @@ from cropscale.bench.measure import (
 )
 from cropscale.model.network import CropMappingNet
 
-pytestmark = [pytest.mark.perf, pytest.mark.scaling("O(n)", inconclusive="skip")]
+pytestmark = [pytest.mark.perf, pytest.mark.scaling("O(n)", inconclusive="fail")]
 
 
 def _show(series, sizes) -> None:
@@ -38,7 +42,7 @@ def test_training_step_time_is_linear_in_batch_size(scaling):
     sizes = (1, 2, 4, 8, 12, 16)
     series = step_time_vs_batch(sizes, repetitions=5, warmup=1, crop_size=8, t2=16, t1=4)
     _show(series, sizes)
-    verdict = scaling(series)  # FAIL fails the test, inconclusive skips it
+    verdict = scaling(series)  # fail and inconclusive fail the test
     print(verdict.message())
     assert verdict.passed and verdict.order_ok
 

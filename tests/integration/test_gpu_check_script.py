@@ -167,3 +167,26 @@ def test_imports_check_names_each_missing_package(tmp_path):
     missing = [ln for ln in done.stdout.splitlines() if ln.startswith("MISSING ")]
     assert "MISSING rasterio: ImportError: hidden by the test" in missing
     assert done.stdout.splitlines()[-1].startswith("imports: ")
+
+
+def test_the_tests_of_the_checks_own_copy_are_collected_without_error(tmp_path):
+    """gpu_check.sh runs `pytest -m gpu` in a copy of what its tar line names (no README, no docs): collecting
+    the tests there must not need a file the copy lacks (issue 36: test_commands.py read the README while
+    collecting, and the device's gpu-tests step stopped at collection)."""
+    line = next(ln for ln in SCRIPT.read_text().splitlines() if "--exclude=__pycache__ -cf -" in ln)
+    names = [n for n in line.split("-cf -", 1)[1].split("|", 1)[0].split() if n != "\\"]
+    assert "tests" in names and "cropscale" in names and "README.md" not in names  # the premise: what it copies
+    copy = tmp_path / "project"
+    copy.mkdir()
+    for name in names:
+        src = REPO / name
+        if src.is_dir():
+            shutil.copytree(src, copy / name, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            shutil.copy2(src, copy / name)
+    env = {**os.environ, "PYTHONPATH": str(copy), "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "--collect-only", "-m", "gpu",
+                           "-p", "no:cacheprovider", "tests"],
+                          cwd=copy, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and " error" not in done.stdout.splitlines()[-1], done.stdout[-3000:]
+    assert "tests/integration/test_gpu.py::" in done.stdout  # the gpu tests themselves were collected

@@ -31,10 +31,13 @@ def test_a_lead_order_above_the_expectation_fails_and_names_the_excess(name, see
     x, make, asserted, excess, true_class = CASES[name]
     y = make(seed)
     verdict = check_scaling(x, y, asserted, variable="n")
-    assert not verdict.passed
+    assert verdict.failed  # fail, not inconclusive: each excess is decided at these noise levels
     msg = verdict.message()
     assert f"exceeds {asserted} by a factor {excess}" in msg, msg
     true = check_scaling(x, y, true_class, variable="n")
-    # the true class is never failed; on the fine ladder O(n^(5/4)) can stay unseparated from O(n log n)
-    # (seed 2): then the verdict is inconclusive and says what would decide it
-    assert true.passed or (true.inconclusive and "to decide (estimates from the observed noise" in true.classes.reason)
+    # the true class passes, but in the one draw where O(n^(5/4)) of the fine ladder stays unseparated from
+    # O(n log n) (seed 2): that one is inconclusive and says what would decide it (seeded data and bootstrap)
+    if (name, seed) == ("n log n asserted O(n)", 2):
+        assert true.inconclusive and "to decide (estimates from the observed noise" in true.classes.reason
+    else:
+        assert true.passed, true.message()
