@@ -33,6 +33,7 @@ import typing
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar, Literal, TypeVar
 
+from cropscale.env.host import set_torch_threads
 from cropscale.errors import CropScaleError
 
 T = TypeVar("T")
@@ -117,11 +118,8 @@ class Threads(Options):
     AT_LEAST: ClassVar[dict[str, float]] = {"threads": 1}
 
     def apply(self) -> None:
-        """``torch.set_num_threads(threads)`` when a count is given."""
-        if self.threads is not None:
-            import torch
-
-            torch.set_num_threads(self.threads)
+        """Set torch's threads when a count is given (:func:`cropscale.env.host.set_torch_threads`)."""
+        set_torch_threads(self.threads)
 
 
 @dataclasses.dataclass(kw_only=True)

@@ -34,7 +34,7 @@ from typing import Any, Literal
 import torch
 from lightning.pytorch import Callback, Trainer
 
-from cropscale.bench.loader import _default_root, measure_loader
+from cropscale.bench.loader import default_root, measure_loader
 from cropscale.bench.step.config import PRECISIONS, BenchmarkConfig, resolve_device
 from cropscale.bench.step.run import run_configuration
 from cropscale.data.datamodule import PastisHDDataModule
@@ -206,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
     args.apply()
     args.device = args.device_name()
     device = resolve_device(args.device)
-    args.root = args.root or _default_root()
+    args.root = args.root or default_root()
     if args.pin_memory is None:
         args.pin_memory = device.type == "cuda"
     warnings.filterwarnings("ignore")
