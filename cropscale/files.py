@@ -4,6 +4,8 @@ A reader sees the previous complete file or the new complete file.
 
 The new content goes to a temporary file in the same folder (same file system), is flushed and
 ``fsync``-ed, then renamed over the target with :func:`os.replace` (atomic on POSIX and Windows).
+
+Also the one lookup of the checkout's files (:func:`find_resource`): ``configs/``, the bundled sample.
 """
 
 from __future__ import annotations
@@ -125,3 +127,46 @@ def atomic_write_json(path: str | os.PathLike, obj: Any, *, indent: int | None =
         f.write("\n")
 
     return atomic_write(path, write)
+
+
+# ------------------------------------------------------------------------------ the checkout's files
+CHECKOUT = Path(__file__).resolve().parents[1]
+"""The source checkout the package is imported from (``configs/``, ``callbacks/``, ``data/`` beside ``cropscale/``)."""
+DEFAULT_CONFIG = CHECKOUT / "configs" / "default.yaml"
+"""The configuration every Lightning subcommand reads first."""
+SAMPLE_DATA = "data/worldcereal-flanders"
+"""The bundled real sample: ``make data`` links it into the checkout; the tests read it from ``../shared``."""
+
+
+def resource_places(relative: str | os.PathLike, *, cwd: bool = True) -> list[Path]:
+    """Where a file of the checkout may be, in the order looked at.
+
+    ``relative`` itself when absolute; else under the working directory (with ``cwd``), the checkout
+    (:data:`CHECKOUT`) and the ``shared`` folder beside it (where the bundled sample lives for the tests).
+    """
+    path = Path(relative).expanduser()
+    if path.is_absolute():
+        return [path]
+    return ([Path.cwd() / path] if cwd else []) + [CHECKOUT / path, CHECKOUT.parent / "shared" / path]
+
+
+def find_resource(relative: str | os.PathLike, what: str, *, cwd: bool = True, holding: str = "",
+                  hint: str = "") -> Path:
+    """The first of :func:`resource_places` that exists (and holds the file ``holding``), resolved.
+
+    Args:
+        relative: the path as given (``configs/precision/fp32.yaml``, :data:`SAMPLE_DATA`, an absolute path).
+        what: what it is, for the error (``precision config``, ``data root``).
+        cwd: look under the working directory first.
+        holding: a file the folder must hold to count (``metadata.geojson`` for a dataset root).
+        hint: what to do, appended to the error.
+
+    Raises:
+        CropScaleError: found nowhere (every place tried is named, with ``hint``).
+    """
+    places = resource_places(relative, cwd=cwd)
+    for place in places:
+        if (place / holding).exists() if holding else place.exists():
+            return place.resolve()
+    tried = " or ".join(str(p / holding) if holding else str(p) for p in places)
+    raise CropScaleError(f"{what} not found: {relative} (tried {tried}){'; ' + hint if hint else ''}")

@@ -6,11 +6,13 @@ commands share are declared here once (:class:`SampleShape`, :class:`CropSize`, 
 :class:`Threads`, :class:`Device`, :class:`Seed`, :class:`JsonOut`) and reused by inheritance; a command that
 needs another default redeclares the field with its default only (the docstring is found on the base).
 
-:func:`parse_options` builds a ``jsonargparse.ArgumentParser`` from the dataclass (option ``--crop-size``
-for field ``crop_size``; ``list[X]`` fields take one or more values, ``--workers 0 2``, or, when the default
-is empty, are repeatable, ``--speedup 2:1.6 --speedup 4:2.9``; a ``bool`` field
-defaulting to False is a flag, one defaulting to None or True has a ``--no-`` form), lets jsonargparse check
-every value against its type, then builds the dataclass, whose ``__post_init__`` checks the ranges.
+:func:`parse_options` hands the dataclass to jsonargparse (``ArgumentParser.add_class_arguments``: types,
+defaults and the field docstrings, read with docstring-parser), parses, and builds the dataclass from the
+parsed values; its ``__post_init__`` checks the ranges. :class:`OptionsParser` gives jsonargparse's arguments
+the commands' style, through the hook jsonargparse documents for it (overriding ``add_argument``): option
+``--crop-size`` for field ``crop_size``; ``list[X]`` fields take one or more values, ``--workers 0 2``, or,
+when the default is empty, are repeatable, ``--speedup 2:1.6 --speedup 4:2.9``; a ``bool`` field defaulting
+to False is a flag, one defaulting to None or True has a ``--no-`` form.
 
 One option name per meaning in every command: a JSON file of the figures is ``--json FILE`` (:class:`JsonOut`),
 a folder of outputs ``--output DIR`` (``report``, ``study``, as ``predict --output DIR``). An option an earlier
@@ -23,7 +25,6 @@ with status 2. ``--help`` prints the options and exits with status 0.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import inspect
 import re
@@ -33,6 +34,9 @@ import typing
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar, Literal, TypeVar
 
+from jsonargparse import ActionYesNo, ArgumentError, ArgumentParser, set_parsing_settings
+
+from cropscale.env.host import set_torch_threads
 from cropscale.errors import CropScaleError
 
 T = TypeVar("T")
@@ -117,11 +121,8 @@ class Threads(Options):
     AT_LEAST: ClassVar[dict[str, float]] = {"threads": 1}
 
     def apply(self) -> None:
-        """``torch.set_num_threads(threads)`` when a count is given."""
-        if self.threads is not None:
-            import torch
-
-            torch.set_num_threads(self.threads)
+        """Set torch's threads when a count is given (:func:`cropscale.env.host.set_torch_threads`)."""
+        set_torch_threads(self.threads)
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -174,19 +175,6 @@ def flag(name: str) -> str:
 
 
 # ----------------------------------------------------------------------------------------- parsing
-def _field_docs(cls: type) -> dict[str, str]:
-    """Each field's docstring (the string under it), searched through the dataclass's bases."""
-    import docstring_parser
-
-    docs: dict[str, str] = {}
-    for klass in reversed(cls.__mro__):
-        if dataclasses.is_dataclass(klass):
-            for param in docstring_parser.parse_from_object(klass).params:
-                if param.description:
-                    docs[param.arg_name] = " ".join(param.description.split())
-    return docs
-
-
 def _without_none(tp: Any) -> tuple[Any, bool]:
     """``X | None`` -> ``(X, True)``; any other type (``X | Y | None`` included) -> ``(type, False)``."""
     args = typing.get_args(tp)
@@ -203,59 +191,65 @@ def describe_type(tp: Any) -> str:
         return "one of " + ", ".join(str(a) for a in typing.get_args(tp))
     if origin in (list, tuple, Sequence):
         return "one or more values, each " + describe_type(typing.get_args(tp)[0])
+    if dict in (tp, origin):
+        return "a JSON object"
     return {int: "an integer", float: "a number", str: "a string", bool: "true or false"}.get(tp, str(tp))
 
 
-def _add_field(parser: Any, f: dataclasses.Field, tp: Any, doc: str, positional: bool) -> None:
-    """Add the option (or positional argument) of the field ``f``."""
-    default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
-    required = default is dataclasses.MISSING
-    inner, optional = _without_none(tp)
-    help_text = doc or f.name.replace("_", " ")
-    names = (flag(f.name),)
-    if inner is bool:
-        action = "store_true" if default is False else argparse.BooleanOptionalAction
-        parser.add_argument(*names, action=action, default=default, help=help_text)
-        return
-    kwargs: dict[str, Any] = {"help": help_text}
-    if typing.get_origin(inner) in (list, tuple, Sequence):
-        kwargs.update(nargs="+", type=typing.get_args(inner)[0])
-        if default == []:  # repeatable, each use adds its values (none, too)
-            kwargs.update(nargs="*", action="extend")
-    else:
-        kwargs["type"] = tp if optional else inner
-    if positional:
-        parser.add_argument(f.name, **kwargs)
-    elif required:
-        parser.add_argument(*names, required=True, **kwargs)
-    else:
-        parser.add_argument(*names, default=default, **kwargs)
+class OptionsParser(ArgumentParser):
+    """jsonargparse's parser with the analysis commands' option style (see the module docstring).
+
+    ``add_argument`` is the hook jsonargparse documents for changing how the arguments it makes from a
+    signature or a dataclass look on the command line; everything else (types, defaults, help) is its own.
+    ``positional``: fields given without ``--`` (:attr:`Options.POSITIONAL`).
+    """
+
+    positional: tuple[str, ...] = ()
+    hints: dict[str, Any] = {}
+
+    def add_argument(self, *args: Any, **kwargs: Any) -> Any:
+        """One field's argument: ``--a-b`` for ``--a_b``, lists as ``nargs``, bools as flags.
+
+        jsonargparse's own ``--x+`` (append to a list) is left out: a list option takes its values as above.
+        """
+        name = args[0].removeprefix("--") if args else ""
+        if not args or not args[0].startswith("--") or name not in self.hints:
+            return super().add_argument(*args, **kwargs)
+        inner, _ = _without_none(self.hints[name])
+        if inner is bool:
+            kwargs.pop("type", None)
+            kwargs["action"] = "store_true" if kwargs.get("default") is False else ActionYesNo(no_prefix="no-")
+        elif typing.get_origin(inner) in (list, tuple, Sequence):
+            kwargs.pop("action", None)  # jsonargparse's list type: a YAML list or --x+
+            kwargs["type"] = typing.get_args(inner)[0]
+            # an empty default: repeatable, each use adds its values; else one use gives them all
+            kwargs.update(nargs="*", action="extend") if kwargs.get("default") == [] else kwargs.update(nargs="+")
+        if name in self.positional:
+            kwargs.pop("required", None)
+            return super().add_argument(name, **kwargs)
+        return super().add_argument(flag(name), **kwargs)
+
+
+def options_parser(cls: type, prog: str, description: str | None = None, epilog: str | None = None) -> OptionsParser:
+    """The :class:`OptionsParser` of the dataclass ``cls``: the command's own options first, then the shared ones.
+
+    Nothing is parsed here (see :func:`parse_options`).
+    """
+    set_parsing_settings(docstring_parse_attribute_docstrings=True)  # the field docstrings are the --help text
+    parser = OptionsParser(prog=prog, description=description or inspect.cleandoc(cls.__doc__ or ""),
+                           epilog=epilog, exit_on_error=False, allow_abbrev=False)
+    parser.positional = tuple(getattr(cls, "POSITIONAL", ()))
+    parser.hints = typing.get_type_hints(cls)
+    fields = {f.name for f in dataclasses.fields(cls) if f.init}
+    own = set(vars(cls).get("__annotations__", {})) - _base_fields(cls)
+    parser.add_class_arguments(cls, as_group=False, skip=fields - own)
+    parser.add_class_arguments(cls, as_group=False, skip=own)
+    return parser
 
 
 def _base_fields(cls: type) -> set[str]:
     """Fields that a base of ``cls`` declares (``cls`` may redeclare them with another default)."""
     return {f.name for base in cls.__mro__[1:] if dataclasses.is_dataclass(base) for f in dataclasses.fields(base)}
-
-
-def options_parser(cls: type, prog: str, description: str | None = None, epilog: str | None = None) -> Any:
-    """A ``jsonargparse.ArgumentParser`` with one option per field of the dataclass ``cls``.
-
-    Fields listed in ``cls.POSITIONAL`` (a class attribute, default none) are positional arguments; a
-    ``list`` one takes one or more values. Nothing is parsed here (see :func:`parse_options`).
-    """
-    from jsonargparse import ArgumentParser
-
-    parser = ArgumentParser(prog=prog, description=description or inspect.cleandoc(cls.__doc__ or ""),
-                            epilog=epilog, exit_on_error=False, allow_abbrev=False)
-    docs = _field_docs(cls)
-    hints = typing.get_type_hints(cls)
-    positional = getattr(cls, "POSITIONAL", ())
-    own = vars(cls).get("__annotations__", {})
-    # the command's own options first, then the shared ones
-    for f in sorted(dataclasses.fields(cls), key=lambda f: f.name not in own or f.name in _base_fields(cls)):
-        if f.init:
-            _add_field(parser, f, hints[f.name], docs.get(f.name, ""), f.name in positional)
-    return parser
 
 
 def error_line(err: Exception, cls: type, show: Callable[[str], str] = flag) -> str:
@@ -265,6 +259,7 @@ def error_line(err: Exception, cls: type, show: Callable[[str], str] = flag) -> 
     Examples: ``--t2: expected an integer, got 'x'``; ``missing --config``.
     """
     positional = getattr(cls, "POSITIONAL", ())
+    hints = typing.get_type_hints(cls)
 
     def shown(name: str) -> str:
         return name if name in positional else show(name)
@@ -272,27 +267,34 @@ def error_line(err: Exception, cls: type, show: Callable[[str], str] = flag) -> 
     text = str(err)
     required = re.match(r"the following arguments are required: (.*)", text)
     if required:
-        return "missing " + ", ".join(shown(n.strip()) for n in required.group(1).split(","))
+        return "missing " + ", ".join(shown(n.strip().lstrip("-").replace("-", "_")) for n in
+                                      required.group(1).split(","))
+    argparse_own = re.match(r"argument (?:--)?([\w-]+)(?:/[\w-]+)?: (invalid \w+ value: |expected at least one)(.*)$",
+                            text)  # argparse's own checks, before jsonargparse's
+    if argparse_own:
+        name, what, got = argparse_own.group(1).replace("-", "_"), argparse_own.group(2), argparse_own.group(3)
+        return f"{shown(name)}: expected {describe_type(hints.get(name, str))}" + (f", got {got}" if "invalid" in what
+                                                                                    else ", got none")
     key = re.search(r'Parser key "([^"]+)"', text)
     if key:
         name = key.group(1)
         got = re.search(r"(?:Got|Given) value: (.*)$", text, re.M)
-        what = describe_type(typing.get_type_hints(cls).get(name, str))
         if got:
-            return f"{shown(name)}: expected {what}, got {got.group(1).strip()!r}"
+            return f"{shown(name)}: expected {describe_type(hints.get(name, str))}, got {got.group(1).strip()!r}"
         return f"{shown(name)}: " + " ".join(text.split("\n", 1)[-1].split())
     return " ".join(text.split())
 
 
-def _refuse_renamed(cls: type, argv: Sequence[str] | None, prog: str) -> None:
-    """Raise :class:`OptionError` on an option of ``cls.RENAMED`` (``--out`` or ``--out=DIR``), naming its new name."""
+def _renamed(cls: type, parser: OptionsParser, argv: Sequence[str]) -> str | None:
+    """The line for an option of ``cls.RENAMED`` in ``argv`` (``--out`` or ``--out=DIR``) naming its new name."""
     renamed = getattr(cls, "RENAMED", {})
-    for token in sys.argv[1:] if argv is None else argv:
-        old = token.split("=", 1)[0]
-        if old in renamed:
-            field = renamed[old]
-            doc = _field_docs(cls).get(field, "")
-            raise OptionError(f"{old} is now {flag(field)}{': ' + doc if doc else ''} (see: {prog} --help)")
+    old = next((t.split("=", 1)[0] for t in argv if t.split("=", 1)[0] in renamed), None)
+    if old is None:
+        return None
+    new = flag(renamed[old])
+    doc = next(a.help for a in parser._actions if new in a.option_strings) or ""
+    doc = doc.split(" (type:")[0].split(" (default:")[0].strip()  # the field docstring without jsonargparse's suffix
+    return f"{old} is now {new}{': ' + doc if doc else ''}"
 
 
 def parse_options(cls: type[T], argv: Sequence[str] | None, prog: str, description: str | None = None,
@@ -303,13 +305,10 @@ def parse_options(cls: type[T], argv: Sequence[str] | None, prog: str, descripti
         OptionError: an unknown or missing option, a value of the wrong type (one line naming the option),
             an option of ``cls.RENAMED`` (naming the new one), or a value that ``cls.__post_init__`` refuses.
     """
-    from jsonargparse import ArgumentError
-
-    _refuse_renamed(cls, argv, prog)
+    argv = list(sys.argv[1:] if argv is None else argv)
     parser = options_parser(cls, prog, description, epilog)
     try:
-        namespace = parser.parse_args(list(argv) if argv is not None else None)
-    except ArgumentError as err:
-        raise OptionError(f"{error_line(err, cls)} (see: {prog} --help)") from None
-    values = {k: v for k, v in namespace.as_dict().items() if not k.startswith("__")}
-    return cls(**values)
+        namespace = parser.parse_args(argv)
+    except ArgumentError as err:  # an old spelling is never an option of the new ones: it ends here too
+        raise OptionError(f"{_renamed(cls, parser, argv) or error_line(err, cls)} (see: {prog} --help)") from None
+    return cls(**{k: v for k, v in namespace.as_dict().items() if not k.startswith("__")})

@@ -12,10 +12,16 @@ Lightning      label        meaning                         ``configs/precision/
 ``bf16-true``  BF16         BF16 weights and math           —
 ``64-true``    FP64         FP64 weights and math           —
 =============  ===========  ==============================  ==========================
+
+The precision a run ran with is decided once (:func:`decide`) into a :class:`PrecisionDecision` (what was
+requested, what Lightning resolved, by whom, the label): ``ProvenanceCallback`` writes it into ``run.json``
+(``precision_decision``), and every reader of a run takes it whole (its label, its note).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 LABELS: dict[str, str] = {
@@ -78,3 +84,147 @@ def cpu_precision_line(precision: Any) -> tuple[str, str] | None:
         return "warning", ("trainer.precision=64-true on CPU: FP64 weights and math; speed and memory figures of this "
                            f"run are not comparable with {supported}")
     return None
+
+
+# ------------------------------------------------------------------------------ the decision record
+BY_CONFIGURATION = "configuration"
+"""``trainer.precision`` asked for the precision, and Lightning ran it."""
+BY_PLUGIN = "plugin"
+"""A precision plugin in ``trainer.plugins`` (``trainer.precision`` unset): ``configs/precision/amp_fp16_cpu.yaml``."""
+BY_DEFAULT = "Lightning's default"
+"""Nothing configured: Lightning's ``32-true``."""
+BY_CPU_FALLBACK = "Lightning's CPU fallback"
+"""``trainer.precision=16-mixed`` on a CPU: Lightning runs ``bf16-mixed`` (it has no FP16 AMP on CPU)."""
+BY_LIGHTNING = "Lightning"
+"""Lightning ran another precision than requested, for another reason than the CPU fallback."""
+BY_DEVICE = "the device the run got"
+"""Without ``run.json``: a mixed or half precision on accelerator ``auto``, resolved by the device the run got."""
+NOT_RECORDED = "not recorded"
+"""No configuration with a ``trainer`` section: what was requested is unknown."""
+REQUESTED = " (requested)"
+"""Suffix of a precision (string or label) that no ``run.json`` confirms: what the configuration asked for."""
+
+
+@dataclass(frozen=True)
+class PrecisionDecision:
+    """The precision of one run: what the configuration requested, what Lightning ran, and who decided.
+
+    Attributes:
+        requested: unified precision string the configuration asked for (``trainer.precision``, else a precision
+            plugin's, else Lightning's default ``32-true``); None when no configuration says.
+        resolved: the precision Lightning ran with (``trainer.precision``); None when no ``run.json`` records it
+            (the run is then known only by what it requested: :attr:`verified` is False).
+        by: who decided :attr:`resolved` (or, unverified, who would): one of the ``BY_*`` names of this module.
+    """
+
+    requested: str | None
+    resolved: str | None
+    by: str
+
+    @property
+    def verified(self) -> bool:
+        """True when ``run.json`` records what Lightning ran."""
+        return self.resolved is not None
+
+    @property
+    def value(self) -> str | None:
+        """The run's precision string: the resolved one, else (unverified) the requested one."""
+        return self.resolved if self.verified else self.requested
+
+    @property
+    def shown(self) -> str | None:
+        """The precision string as a table shows it: `` (requested)`` appended when unverified; None when unknown."""
+        return None if self.value is None else self.value + ("" if self.verified else REQUESTED)
+
+    @property
+    def label(self) -> str:
+        """``AMP FP16`` ..., `` (requested)`` appended when unverified (:func:`shown_label`)."""
+        return shown_label(self.value, self.verified)
+
+    @property
+    def note(self) -> str | None:
+        """What the precision cell's footnote says: what was changed, or why it is not verified; None when neither."""
+        if self.value is None:
+            return "no precision: no run.json and no trainer.precision in config.yaml"
+        if self.verified:
+            if self.by == BY_CPU_FALLBACK:
+                return (f"the configuration requested {self.requested}; Lightning's CPU fallback ran {self.resolved} "
+                        "(no FP16 AMP on CPU)")
+            if self.by == BY_LIGHTNING:
+                return f"the configuration requested {self.requested}; Lightning ran {self.resolved}"
+            return None
+        note = ("precision as requested in config.yaml"
+                + {BY_DEFAULT: " (trainer.precision unset: Lightning's default 32-true)",
+                   BY_PLUGIN: " (a precision plugin in trainer.plugins)"}.get(self.by, "")
+                + "; no run.json records the precision Lightning ran with")
+        if self.by == BY_CPU_FALLBACK:
+            note += ("; accelerator 'cpu': Lightning runs 16-mixed on CPU as bf16-mixed, so this run did not use "
+                     "FP16 AMP")
+        elif self.by == BY_DEVICE:
+            note += ("; accelerator not fixed: the effective precision depends on the device the run got "
+                     "(Lightning runs 16-mixed on CPU as bf16-mixed) and cannot be verified")
+        return note
+
+    def to_json(self) -> dict[str, Any]:
+        """``{"requested", "resolved", "by", "label"}`` (``run.json["precision_decision"]``)."""
+        return {"requested": self.requested, "resolved": self.resolved, "by": self.by, "label": self.label}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> PrecisionDecision:
+        """Read :meth:`to_json`'s object (``label`` is derived, not read; a missing ``by`` is :data:`NOT_RECORDED`)."""
+        by = str(data.get("by") or NOT_RECORDED)
+        return cls(normalise(data.get("requested")), normalise(data.get("resolved")), by)
+
+
+def shown_label(precision: Any, verified: bool = True) -> str:
+    """Display label of a precision (:func:`label`), with `` (requested)`` when no ``run.json`` confirms it."""
+    return label(precision) + ("" if verified else REQUESTED)
+
+
+def requested_in(config: Mapping[str, Any] | None) -> tuple[str | None, str]:
+    """What a run's configuration requested, and by what: ``(precision, BY_PLUGIN | BY_CONFIGURATION | BY_DEFAULT)``.
+
+    A precision plugin in ``trainer.plugins`` (a ``{class_path, init_args: {precision}}`` entry) wins, as in
+    Lightning (which refuses both at once); ``(None, NOT_RECORDED)`` when ``config`` has no ``trainer`` section.
+    """
+    trainer = config.get("trainer") if isinstance(config, Mapping) else None
+    if not isinstance(trainer, Mapping):
+        return None, NOT_RECORDED
+    plugins = trainer.get("plugins")
+    for plugin in plugins if isinstance(plugins, list) else [plugins]:
+        args = plugin.get("init_args") if isinstance(plugin, Mapping) else None
+        if isinstance(args, Mapping) and args.get("precision") is not None:
+            return normalise(args["precision"]), BY_PLUGIN
+    if trainer.get("precision") is not None:
+        return normalise(trainer["precision"]), BY_CONFIGURATION
+    return "32-true", BY_DEFAULT
+
+
+def decide(requested: Any, asked_by: str, resolved: Any, device: str | None) -> PrecisionDecision:
+    """The one precision decision of a run, from what was requested and what Lightning ran.
+
+    Args:
+        requested: what the configuration asked for (:func:`requested_in`).
+        asked_by: who asked for it (:func:`requested_in`): a plugin, ``trainer.precision``, Lightning's default.
+        resolved: ``trainer.precision`` (what Lightning ran), or None without ``run.json``.
+        device: ``cpu`` / ``cuda`` / ``gpu`` / ``mps`` / ``auto`` (the accelerator), or None when unknown.
+
+    Returns:
+        The :class:`PrecisionDecision`: ``by`` is ``asked_by`` when Lightning ran what was asked,
+        :data:`BY_CPU_FALLBACK` for ``16-mixed`` run as ``bf16-mixed`` on CPU, :data:`BY_LIGHTNING` for another
+        change; unverified, the CPU fallback or :data:`BY_DEVICE` where Lightning's rules say the run cannot have
+        run (or cannot be known to have run) what it asked.
+    """
+    requested, resolved = normalise(requested), normalise(resolved)
+    plain_fp16 = requested == "16-mixed" and asked_by != BY_PLUGIN  # a plugin keeps its own device and scaler
+    if resolved is None:
+        if plain_fp16 and device == "cpu":
+            return PrecisionDecision(requested, None, BY_CPU_FALLBACK)
+        if requested in MIXED_OR_HALF and asked_by != BY_PLUGIN and device not in ("cpu", "cuda", "gpu"):
+            return PrecisionDecision(requested, None, BY_DEVICE)
+        return PrecisionDecision(requested, None, asked_by)
+    if requested is None or resolved == requested:
+        return PrecisionDecision(requested, resolved, asked_by)
+    if plain_fp16 and resolved == "bf16-mixed":  # Lightning changes 16-mixed only there
+        return PrecisionDecision(requested, resolved, BY_CPU_FALLBACK)
+    return PrecisionDecision(requested, resolved, BY_LIGHTNING)

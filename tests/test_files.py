@@ -88,3 +88,32 @@ def test_a_kill_while_writing_leaves_the_previous_complete_file(tmp_path, name):
     # the new content went only to the temporary file beside it, which the kill left behind
     leftovers = [p for p in tmp_path.iterdir() if p.name.startswith(f".{name}.") and p.name.endswith(".tmp")]
     assert len(leftovers) == 1 and leftovers[0].stat().st_size > 300000
+
+
+def test_one_resource_lookup_looks_in_the_working_directory_the_checkout_and_shared(tmp_path, monkeypatch):
+    """:func:`cropscale.files.find_resource`, the one lookup of the checkout's files, on a fake checkout."""
+    from cropscale import files
+
+    checkout, cwd = tmp_path / "repo", tmp_path / "work"
+    for folder in (checkout / "configs", tmp_path / "shared" / "data" / "s", checkout / "data" / "s", cwd):
+        folder.mkdir(parents=True)
+    (checkout / "configs" / "a.yaml").write_text("a: 1\n")
+    (tmp_path / "shared" / "data" / "s" / "metadata.geojson").write_text("{}")
+    monkeypatch.setattr(files, "CHECKOUT", checkout)
+    monkeypatch.chdir(cwd)
+    assert files.resource_places("configs/a.yaml") == [cwd / "configs/a.yaml", checkout / "configs/a.yaml",
+                                                       tmp_path / "shared" / "configs/a.yaml"]
+    assert files.find_resource("configs/a.yaml", "config") == (checkout / "configs" / "a.yaml").resolve()
+    # the checkout's data/s exists but holds no metadata.geojson: the shared one is the dataset root
+    assert files.find_resource("data/s", "data root", holding="metadata.geojson") == tmp_path / "shared/data/s"
+    (cwd / "configs").mkdir()
+    (cwd / "configs" / "a.yaml").write_text("a: 2\n")  # the working directory's comes first, unless cwd=False
+    assert files.find_resource("configs/a.yaml", "config").read_text() == "a: 2\n"
+    assert files.find_resource("configs/a.yaml", "config", cwd=False).read_text() == "a: 1\n"
+    absolute = checkout / "configs" / "a.yaml"
+    assert files.resource_places(absolute) == [absolute]
+    with pytest.raises(files.CropScaleError) as err:
+        files.find_resource("configs/b.yaml", "precision config", hint="see configs/precision")
+    assert str(err.value) == (f"precision config not found: configs/b.yaml (tried {cwd}/configs/b.yaml or "
+                              f"{checkout}/configs/b.yaml or {tmp_path}/shared/configs/b.yaml); see configs/precision")
+    assert "\n" not in str(err.value)

@@ -30,12 +30,12 @@ from cropscale.bench.counts import FIGURES, HookCostCounter
 from cropscale.callbacks import CallbackGroup
 from cropscale.errors import CropScaleError
 from cropscale.evidence import COUNT
+from cropscale.files import DEFAULT_CONFIG
 from cropscale.testing.toy import ToyTask, toy_batches
 
 __all__ = ["DEVICE_STATS", "LIGHTNING_ARM", "StepCounts", "count_fit", "default_group", "lightning_monitors",
            "print_counts", "run_counts"]
 
-DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "default.yaml"
 _PSUTIL = importlib.util.find_spec("psutil") is not None
 DEVICE_STATS = ("DeviceStatsMonitor with CPU stats (psutil)" if _PSUTIL
                 else "DeviceStatsMonitor(cpu_stats=False): no psutil")

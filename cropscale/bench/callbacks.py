@@ -203,7 +203,7 @@ def _one_fit(configs: list[str], args: CallbackBenchOptions, root: str) -> dict[
 
 def run_benchmark(args: CallbackBenchOptions) -> dict[str, Any]:
     """Run the interleaved fits; returns the figures (seconds inside, µs in the report)."""
-    torch.set_num_threads(args.threads)
+    args.apply()
     first = ["on"] + (["lightning"] if args.lightning else []) + (["trace"] if args.trace else [])
     configs = first + (["separate"] if args.separate else [])
     fits = [first] + ([["separate"]] if args.separate else [])
@@ -354,7 +354,7 @@ def main(argv: list[str] | None = None) -> int:
     for name in ("lightning", "lightning.pytorch", "lightning.fabric"):
         logging.getLogger(name).setLevel(logging.ERROR)
     if args.count:
-        torch.set_num_threads(args.threads)
+        args.apply()
         result = run_counts(args.steps, args.log_every, features=args.features)
         print_counts(result)
     else:

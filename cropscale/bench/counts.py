@@ -35,10 +35,11 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
 from cropscale.batch import model_inputs
-from cropscale.bench.measure import torch_threads
 from cropscale.data.datamodule import PastisHDDataModule
+from cropscale.env.host import torch_threads
 from cropscale.errors import CropScaleError
 from cropscale.evidence import ANALYTICAL_SCENARIO, COUNT
+from cropscale.files import SAMPLE_DATA, find_resource
 from cropscale.model.losses import MultiTaskLoss
 from cropscale.model.network import CropMappingNet
 from cropscale.model.synthetic import synthetic_batch
@@ -74,12 +75,8 @@ def _default_net() -> torch.nn.Module:
 
 
 def _bundled_root() -> Path:
-    repo = Path(__file__).resolve().parents[2]
-    for root in (repo / "data" / "worldcereal-flanders", repo.parent / "shared" / "data" / "worldcereal-flanders"):
-        if (root / "metadata.geojson").is_file():
-            return root
-    raise CropScaleError("loader_bytes_vs_dates: no root given and the bundled sample was not found at "
-                         "data/worldcereal-flanders or ../shared/data/worldcereal-flanders (pass root=...)")
+    return find_resource(SAMPLE_DATA, "loader_bytes_vs_dates: the bundled sample", cwd=False,
+                         holding="metadata.geojson", hint="pass root=...")
 
 
 # ----------------------------------------------------------------------------- FLOPs and activations

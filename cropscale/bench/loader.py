@@ -23,7 +23,6 @@ from __future__ import annotations
 import dataclasses
 import statistics
 import time
-from pathlib import Path
 
 import torch
 
@@ -32,21 +31,20 @@ from cropscale.data.datamodule import PastisHDDataModule
 from cropscale.env.host import environment_record
 from cropscale.errors import CropScaleError
 from cropscale.evidence import MEASURED_MICROBENCHMARK
-from cropscale.files import atomic_write_json
+from cropscale.files import SAMPLE_DATA, atomic_write_json, find_resource
 from cropscale.model.losses import MultiTaskLoss
 from cropscale.model.network import CropMappingNet
 from cropscale.options import CropSize, JsonOut, SampleShape, Seed, Warmup, parse_options
 from cropscale.progress import Progress
 
-_REPO = Path(__file__).resolve().parents[2]
-_DEFAULT_ROOTS = (Path("data/worldcereal-flanders"), _REPO.parent / "shared" / "data" / "worldcereal-flanders")
 
+def default_root() -> str:
+    """The bundled sample (:data:`~cropscale.files.SAMPLE_DATA`, :func:`~cropscale.files.find_resource`).
 
-def _default_root() -> str:
-    for root in _DEFAULT_ROOTS:
-        if (root / "metadata.geojson").is_file():
-            return str(root)
-    return str(_DEFAULT_ROOTS[0])
+    Raises:
+        CropScaleError: not found (every place tried is named).
+    """
+    return str(find_resource(SAMPLE_DATA, "data root", holding="metadata.geojson", hint="give it with --root"))
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -169,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
         OptionError: a bad option (named).
     """
     args = parse_options(LoaderOptions, argv, "python -m cropscale loader-bench", __doc__.split("\n\n")[0])
-    root = args.root or _default_root()
+    root = args.root or default_root()
     needed = (1 + args.warmup + args.batches) * args.batch_size
 
     def datamodule(workers: int) -> PastisHDDataModule:

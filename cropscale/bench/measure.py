@@ -28,16 +28,17 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 import torch
 
 from cropscale.batch import model_inputs
 from cropscale.data.datamodule import PastisHDDataModule
+from cropscale.env.host import torch_threads
 from cropscale.errors import CropScaleError
 from cropscale.evidence import ANALYTICAL_SCENARIO, MEASURED_MICROBENCHMARK
+from cropscale.files import SAMPLE_DATA, find_resource
 from cropscale.model.losses import MultiTaskLoss
 from cropscale.model.network import CropMappingNet
 from cropscale.model.synthetic import synthetic_batch
@@ -45,26 +46,6 @@ from cropscale.scaling.allreduce import MIB, gradient_payload, ring_allreduce_vo
 from cropscale.scaling.amdahl import karp_flatt
 from cropscale.scaling.series import ScalingSeries
 from cropscale.tiling import sliding_window_inference
-
-
-@contextmanager
-def torch_threads(threads: int | None) -> Iterator[None]:
-    """Fix torch's intra-op threads for the block (``None``: leave them).
-
-    Raises:
-        CropScaleError: ``threads`` below 1.
-    """
-    if threads is None:
-        yield
-        return
-    if threads < 1:
-        raise CropScaleError(f"threads must be >= 1, got {threads}")
-    before = torch.get_num_threads()
-    torch.set_num_threads(int(threads))
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
 
 
 def _sync(device) -> None:
@@ -309,14 +290,8 @@ def tiled_validation_time_vs_area(
 
 
 def _default_data_root() -> Path:
-    repo = Path(__file__).resolve().parents[2]
-    for root in (repo / "data" / "worldcereal-flanders", repo.parent / "shared" / "data" / "worldcereal-flanders"):
-        if (root / "metadata.geojson").is_file():
-            return root
-    raise CropScaleError(
-        "loader_time_vs_dates: no dataset root given and the bundled sample was not found at "
-        "data/worldcereal-flanders or ../shared/data/worldcereal-flanders (pass root=...)"
-    )
+    return find_resource(SAMPLE_DATA, "loader_time_vs_dates: the bundled sample", cwd=False,
+                         holding="metadata.geojson", hint="pass root=...")
 
 
 def _datamodule_loaders(data_root: Path, train_folds: Sequence[int], batch_size: int, crop_size: int,

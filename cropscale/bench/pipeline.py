@@ -34,7 +34,7 @@ from typing import Any, Literal
 import torch
 from lightning.pytorch import Callback, Trainer
 
-from cropscale.bench.loader import _default_root, measure_loader
+from cropscale.bench.loader import default_root, measure_loader
 from cropscale.bench.step.config import PRECISIONS, BenchmarkConfig, resolve_device
 from cropscale.bench.step.run import run_configuration
 from cropscale.data.datamodule import PastisHDDataModule
@@ -105,12 +105,11 @@ def measure_end_to_end(args: PipelineOptions, progress: Progress | None = None) 
 def measure_compute(args: PipelineOptions, num_classes: int, fused: bool,
                     progress: Progress | None = None) -> dict[str, Any]:
     """The benchmark's compute-only step at the same batch, precision and shape; samples/s over the measured steps."""
-    config = BenchmarkConfig(precisions=[args.precision], batch_sizes=[args.batch_size], warmup=args.warmup,
+    config = BenchmarkConfig(precision=[args.precision], batch_sizes=[args.batch_size], warmup=args.warmup,
                              iterations=args.steps, device=args.device, num_classes=num_classes, t2=args.t2,
                              t1=args.t1, crop_size=args.crop_size, fused=fused, compile=args.compile,
                              seed=args.seed)
-    config.validate()
-    row = run_configuration(config, args.precision, args.batch_size, resolve_device(args.device), progress=progress)
+    row = run_configuration(config, args.precision, args.batch_size, config.torch_device(), progress=progress)
     if row["status"] != "ok":
         raise CropScaleError(f"pipeline-bench: the compute-only step failed: {row['status']}: {row['error']}")
     total_s = sum(row["step_times_ms"]) / 1e3
@@ -206,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
     args.apply()
     args.device = args.device_name()
     device = resolve_device(args.device)
-    args.root = args.root or _default_root()
+    args.root = args.root or default_root()
     if args.pin_memory is None:
         args.pin_memory = device.type == "cuda"
     warnings.filterwarnings("ignore")

@@ -8,7 +8,7 @@ per step.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -40,6 +40,18 @@ def gather_vectors(
     g = trainer.strategy.all_gather(t)
     rows = g.reshape(trainer.world_size, len(vec)).cpu().tolist()
     return [[finite_or_none(v) for v in row] for row in rows]
+
+
+def gather_named(
+    trainer: Trainer, pl_module: LightningModule, values: Mapping[str, float | None]
+) -> list[dict[str, float | None]]:
+    """All ranks' named ``values`` (the same names on every rank), rank-ordered: ``[world_size]{name: value}``.
+
+    :func:`gather_vectors` over the values in ``values``' order, read back by name: the vector is only the
+    collective's wire format. A collective, as :func:`gather_vectors`.
+    """
+    names = list(values)
+    return [dict(zip(names, row, strict=True)) for row in gather_vectors(trainer, pl_module, list(values.values()))]
 
 
 def gather_objects(trainer: Trainer, obj: Any) -> list[Any]:

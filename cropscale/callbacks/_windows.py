@@ -243,7 +243,7 @@ class WindowAccumulator:
 
     def __init__(self) -> None:
         self._interval: list[list[float | None]] = []
-        self._epoch: list[list[float | None]] = []
+        self._epoch: list[StepWindows] = []
         self.first_batch_wait: float | None = None
 
     def start_epoch(self) -> None:
@@ -265,12 +265,11 @@ class WindowAccumulator:
             marks: the step's marks (for its warm-up / first-of-epoch / after-validation flags).
             windows: the step's durations, from :meth:`StepMarks.windows`.
         """
-        row = windows.figures()
-        self._interval.append(row)
+        self._interval.append(windows.figures())
         if marks.first_in_epoch and self.first_batch_wait is None:
             self.first_batch_wait = windows.data_wait
         if not marks.excluded and windows.remainder is not None:
-            self._epoch.append(row)
+            self._epoch.append(windows)
             return True
         return False
 
@@ -288,7 +287,13 @@ class WindowAccumulator:
         return out
 
     def epoch_stats_ms(self) -> dict[str, WindowStats]:
-        """``{figure: WindowStats(median, p95, n)}`` over the epoch's measured steps, in ms."""
-        return {name: WindowStats.of([r[i] for r in self._epoch if r[i] is not None], scale=1e3)
-                for i, name in enumerate(FIGURES)}
+        """``{figure: WindowStats(median, p95, n)}`` over the epoch's measured steps, in ms.
+
+        Each step's figure is read by name from its :class:`StepWindows`.
+        """
+        out = {}
+        for name in FIGURES:
+            values = [getattr(w, name) for w in self._epoch]
+            out[name] = WindowStats.of([v for v in values if v is not None], scale=1e3)
+        return out
 

@@ -50,6 +50,8 @@ from cropscale.env.host import (
 from cropscale.errors import CropScaleError, user_error_text
 from cropscale.evidence import MEASURED_RUN
 from cropscale.files import atomic_write_json
+from cropscale.precision import PrecisionDecision, decide, requested_in
+from cropscale.runs.describe import accelerator_name
 from cropscale.runs.rules import NOT_TRAINED, trained
 from cropscale.runs.schema import RUN_SCHEMA, SUMMARY_TYPES, Record, RunJson, RunSummary
 
@@ -109,6 +111,15 @@ def _config(trainer: Trainer, pl_module: LightningModule, log_dir: str | None) -
     except Exception:
         pass
     return (hp or None), ("hparams" if hp else None)
+
+
+def precision_decision(trainer: Trainer, config: Any) -> PrecisionDecision:
+    """The run's precision decision, made once here: what ``config`` requested, what the Trainer runs, by whom.
+
+    ``config`` is the resolved configuration (:func:`_config`); without a ``trainer`` section (a Trainer built in
+    Python) what was requested is :data:`~cropscale.precision.NOT_RECORDED`.
+    """
+    return decide(*requested_in(config), str(trainer.precision), accelerator_name(type(trainer.accelerator).__name__))
 
 
 def _section(key: str, summary: Any) -> Any:
@@ -224,6 +235,7 @@ class ProvenanceCallback(ScalingCallback):
                 "accelerator": type(trainer.accelerator).__name__,
             },
             precision=str(trainer.precision),
+            precision_decision=precision_decision(trainer, config),
             float32_matmul_precision=torch.get_float32_matmul_precision(),
             seeds={
                 "PL_GLOBAL_SEED": os.environ.get("PL_GLOBAL_SEED"),
@@ -275,6 +287,7 @@ class ProvenanceCallback(ScalingCallback):
         self.record = RunJson(
             status="running", started_utc=utc_now(), run_dir=os.path.abspath(log_dir), command=list(sys.argv),
             config=config, config_source=source, precision=str(trainer.precision),
+            precision_decision=precision_decision(trainer, config),
             distributed={"world_size": trainer.world_size, "strategy": type(trainer.strategy).__name__,
                          "accelerator": type(trainer.accelerator).__name__},
             callbacks=[type(cb).__name__ for cb in iter_callbacks(trainer)],

@@ -78,12 +78,11 @@ from typing import Any
 import torch
 from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.profilers import PassThroughProfiler, Profiler
-from lightning.pytorch.utilities import rank_zero_info
 from typing_extensions import override
 
 from cropscale.callbacks._batches import batch_size
 from cropscale.callbacks._clock import CudaEventClock, HostClock, clock_for
-from cropscale.callbacks._dist import gather_vectors, rank_stats
+from cropscale.callbacks._dist import gather_named, rank_stats
 from cropscale.callbacks._logging import log_metrics
 from cropscale.callbacks._trace import TraceRow, TraceWriter
 from cropscale.callbacks._windows import (
@@ -98,7 +97,6 @@ from cropscale.callbacks._windows import (
 )
 from cropscale.callbacks.base import ScalingCallback
 from cropscale.errors import CropScaleError
-from cropscale.evidence import MEASURED_RUN
 from cropscale.runs.schema import RankStats, StepTimingEpoch, StepTimingSummary, WindowStats
 
 COMPONENTS: tuple[str, ...] = STEP_WINDOWS
@@ -499,17 +497,16 @@ class StepTimingCallback(ScalingCallback):
         self._resolve(block=True)
         self._hand_over_trace(wait=True)
         stats = self._stats.epoch_stats_ms()
-        medians = [stats[name].median for name in ALL_FIGURES]
-        per_rank = gather_vectors(trainer, pl_module, [*medians, self._stats.first_batch_wait])
-        step_idx = ALL_FIGURES.index("step")
-        step_ranks = rank_stats([row[step_idx] for row in per_rank])
-        first_wait = [None if row[-1] is None else row[-1] * 1e3 for row in per_rank]
+        mine = {**{name: stats[name].median for name in ALL_FIGURES}, "first_batch_wait": self._stats.first_batch_wait}
+        ranks = gather_named(trainer, pl_module, mine)  # every rank's medians (ms) and first wait (s), by name
+        step_ranks = rank_stats([r["step"] for r in ranks])
+        first_wait = [None if r["first_batch_wait"] is None else r["first_batch_wait"] * 1e3 for r in ranks]
         self.epochs.append(StepTimingEpoch(
             epoch=trainer.current_epoch,
             steps_measured=self._stats.epoch_steps,
             windows_ms=stats,
             step_ms_per_rank=RankStats(**step_ranks),
-            window_median_ms_per_rank={name: [row[i] for row in per_rank] for i, name in enumerate(ALL_FIGURES)},
+            window_median_ms_per_rank={name: [r[name] for r in ranks] for name in ALL_FIGURES},
             first_batch_wait_ms_per_rank=first_wait,
             host_windows_ms={name: WindowStats.of([row[i] for row in self._host_epoch], scale=1e3)
                              for i, name in enumerate(HOST_FIGURES)},
@@ -528,11 +525,6 @@ class StepTimingCallback(ScalingCallback):
     def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._resolve(block=True)
         self._close_trace()
-        if trainer.is_global_zero and self.epochs:
-            step = self.epochs[-1].windows_ms.get("step")
-            last = None if step is None else step.median
-            if last is not None:
-                rank_zero_info(f"StepTimingCallback: median step {last:.3f} ms (last epoch, rank 0, {MEASURED_RUN})")
 
     @override
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:

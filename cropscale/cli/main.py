@@ -64,7 +64,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import torch
 from lightning.fabric.plugins import CheckpointIO
 from lightning.fabric.plugins.environments import ClusterEnvironment, SLURMEnvironment
 from lightning.pytorch import Trainer
@@ -82,18 +81,15 @@ from cropscale.cli.exits import ACTIVE, error_ending, fail, name_trainer_argumen
 from cropscale.cli.folders import check_checkpoint, continue_in_run_folder, eval_run_folder, resolve_last
 from cropscale.data.datamodule import PastisHDDataModule
 from cropscale.distributed import ChildRankWatch, elastic_restart_hazard, finish_distributed, prepare_rank_reports
-from cropscale.env.host import choose_torch_threads, usable_cores
+from cropscale.env.host import choose_torch_threads, set_torch_threads, usable_cores
 from cropscale.errors import ConfigError, CropScaleError, TrainerArgumentError
-from cropscale.files import check_writable_folder
+from cropscale.files import DEFAULT_CONFIG, check_writable_folder
 from cropscale.model.settings import RESUME_FIXED_SETTINGS
 from cropscale.model.task import CropMappingTask
 from cropscale.precision import cpu_precision_line
 from cropscale.predictions import PredictionWriter, check_output_folder
 from cropscale.report.summary import fit_summary, not_trained_reason
 from cropscale.runs.record import is_run_folder, load_run
-
-REPO_ROOT = Path(__file__).resolve().parents[2]
-DEFAULT_CONFIG = REPO_ROOT / "configs" / "default.yaml"
 
 EXTRA_COMMANDS: dict[str, tuple[str, str]] = {
     "summary": ("cropscale.bench.summary", "parameters and FLOPs per sample of the configured model"),
@@ -302,7 +298,7 @@ class CropScaleCLI(LightningCLI):
         local = os.environ.get("LOCAL_WORLD_SIZE", "")
         processes = int(local) if local.isdigit() and int(local) > 0 else int(trainer.num_devices)
         choice = choose_torch_threads(usable_cores(), processes, cfg.get("threads"), os.environ.get("OMP_NUM_THREADS"))
-        torch.set_num_threads(choice.threads)
+        set_torch_threads(choice.threads)
         rank_zero_info(choice.line())
 
     def _check_outputs(self) -> None:

@@ -19,6 +19,8 @@ import shutil
 import socket
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -33,6 +35,8 @@ from cropscale.errors import ConfigError, CropScaleError
 __all__ = [
     "ThreadChoice",
     "choose_torch_threads",
+    "set_torch_threads",
+    "torch_threads",
     "cpu_bf16_units",
     "current_rss_bytes",
     "dataset_revision",
@@ -237,6 +241,42 @@ def choose_torch_threads(cores: int, processes: int, option: int | None = None,
     if text.isdigit() and int(text) >= 1:
         return ThreadChoice(int(text), f"OMP_NUM_THREADS={int(text)}")
     return ThreadChoice(max(1, cores // max(1, processes)), f"{cores} cores / {processes} processes")
+
+
+def set_torch_threads(threads: int | None) -> int:
+    """Set torch's intra-op threads (``torch.set_num_threads``): the one place the package sets them.
+
+    Args:
+        threads: the count (a :class:`ThreadChoice`'s ``threads``, a command's ``--threads``); None leaves
+            torch's own choice.
+
+    Returns:
+        The count in effect before.
+
+    Raises:
+        ConfigError: ``threads`` below 1.
+    """
+    before = torch.get_num_threads()
+    if threads is not None:
+        if int(threads) < 1:
+            raise ConfigError(f"threads must be >= 1, got {threads}")
+        torch.set_num_threads(int(threads))
+    return before
+
+
+@contextmanager
+def torch_threads(threads: int | None) -> Iterator[None]:
+    """:func:`set_torch_threads` for the block, the previous count restored after it (None: leave them).
+
+    Raises:
+        ConfigError: ``threads`` below 1.
+    """
+    before = set_torch_threads(threads)
+    try:
+        yield
+    finally:
+        if threads is not None:
+            torch.set_num_threads(before)
 
 
 def current_rss_bytes() -> int | None:

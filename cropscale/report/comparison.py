@@ -85,9 +85,7 @@ def comparison_rows(records: Sequence[RunRecord], pairs: Sequence[PrecisionPair]
                        figures=dict(r.figures), descriptive={k: v for k, v in r.descriptive.items()
                                                              if k in ("devices", "global_batch")},
                        evidence=r.evidence)
-        precision = r.descriptive.get("precision")
-        row.descriptive["precision"] = Figure(r.precision_label, None,
-                                              note=precision.note if isinstance(precision, Figure) else None)
+        row.descriptive["precision"] = Figure(r.precision_label, None, note=r.precision_decision.note)
         row.descriptive["status"] = status(r)
         row.figures.update(_pair_figures(r, pairs))
         if r.kind == "run":

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from cropscale.precision import label as precision_label
+from cropscale.precision import BY_CPU_FALLBACK, shown_label
 from cropscale.runs.record import RunRecord
 from cropscale.runs.rules import Figure
 
@@ -46,15 +46,13 @@ def _ratio(key: str, other: RunRecord, base: RunRecord, evidence: str, diff: boo
 
 def _requested_note(base: RunRecord, other: RunRecord) -> str | None:
     """Why the pair's precision is the *requested* one, when a run has no ``run.json``."""
-    requested = [rec for rec in (base, other) if not rec.precision_verified]
+    requested = [rec for rec in (base, other) if not rec.precision_decision.verified]
     if not requested:
         return None
     why = ("precision as requested in config.yaml, not verified (no run.json) for "
            + " and ".join(rec.name for rec in requested)
            + "; the pair is by requested precision, not by the precision the runs ran with")
-    note = other.descriptive.get("precision")
-    ran_bf16 = note is not None and "on CPU as bf16" in (note.note or "")
-    if not other.precision_verified and other.precision == "16-mixed" and ran_bf16:
+    if not other.precision_decision.verified and other.precision_decision.by == BY_CPU_FALLBACK:
         why += f"; {other.name} ran on accelerator 'cpu', where Lightning runs 16-mixed as bf16-mixed"
     return why
 
@@ -87,7 +85,7 @@ def precision_pairs(records: Sequence[RunRecord]) -> list[PrecisionPair]:
             continue
         evidence = base.evidence if base.evidence == r.evidence else f"{base.evidence} + {r.evidence}"
         note = _requested_note(base, r)
-        label = precision_label(r.precision) + (" (requested)" if note else "")
+        label = shown_label(r.precision, verified=note is None)
         pairs.append(PrecisionPair(
             base=base.name, other=r.name, precision=label, precision_verified=note is None,
             global_batch=r.global_batch, evidence=evidence,

@@ -3,7 +3,7 @@
 They come from ``run.json`` when it records them, else from the configuration (``config.yaml``), which
 only says what was *requested*.
 
-``run.json`` is authoritative: ``precision`` is the precision plugin Lightning ran with, and
+``run.json`` is authoritative: ``precision_decision`` is what was requested and what Lightning ran, and
 ``distributed.world_size`` / ``strategy`` what it resolved. Without it the configuration's values are
 used and qualified: Lightning runs ``16-mixed`` on CPU as ``bf16-mixed``, ``devices: auto`` resolves
 to a number nothing records, and a strategy ``auto`` is chosen at run time.
@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from cropscale import precision as precision_names
+from cropscale.precision import PrecisionDecision, decide, requested_in
 from cropscale.runs.schema import RunJson
 
 STRATEGY_SHORT_NAMES = {"DDPStrategy": "ddp", "FSDPStrategy": "fsdp", "DeepSpeedStrategy": "deepspeed"}
@@ -60,8 +60,13 @@ def strategy_name(value: Any) -> str | None:
 
 
 def accelerator_name(value: Any) -> str | None:
-    """``cpu`` / ``cuda`` / ``mps`` for Lightning's accelerator classes, else the configured string."""
+    """``cpu`` / ``cuda`` / ``mps`` for Lightning's accelerator classes, else the configured string.
+
+    A class is given as a ``class_path`` entry, a dotted path or ``run.json``'s class name.
+    """
     cls = _class_name(value)
+    if cls is None and isinstance(value, str) and value.endswith("Accelerator"):
+        cls = value  # run.json distributed.accelerator: a class name
     if cls is not None:
         return {"CPUAccelerator": "cpu", "CUDAAccelerator": "cuda", "MPSAccelerator": "mps"}.get(cls, cls)
     return None if value is None else str(value).lower()
@@ -138,51 +143,16 @@ def strategy(run_json: RunJson | None, config: dict[str, Any] | None) -> Describ
     return Described(name, name)
 
 
-@dataclass
-class Precision:
-    """The precision a run used, what was requested, and whether ``run.json`` confirms it.
+def precision(run_json: RunJson | None, config: dict[str, Any] | None) -> PrecisionDecision:
+    """The run's precision decision: ``run.json["precision_decision"]``, taken whole.
 
-    Attributes:
-        value: Lightning precision string; requested: what the configuration asked for;
-        verified: True when ``run.json`` records the precision; note: what cannot be verified or differs.
+    An older ``run.json`` (only the ``precision`` string) and a run folder without ``run.json`` get the same
+    decision rule (:func:`cropscale.precision.decide`) over the configuration (``trainer.precision`` or a precision
+    plugin in ``trainer.plugins``) and the recorded precision (None without ``run.json``: unverified).
     """
-
-    value: str | None
-    requested: str | None
-    verified: bool
-    note: str | None
-
-
-def precision(run_json: RunJson | None, config: dict[str, Any] | None) -> Precision:
-    """The run's precision: ``run.json``'s (authoritative), else the configuration's, as requested.
-
-    Without ``run.json`` the configuration's ``trainer.precision`` is the *requested* precision
-    (``verified`` False), with a note saying what cannot be verified.
-    """
-    raw = config_value(config, "trainer.precision")
-    has_trainer = isinstance(config_value(config, "trainer"), dict)
-    requested = precision_names.normalise(raw) if raw is not None else ("32-true" if has_trainer else None)
-    recorded = precision_names.normalise(run_json.precision) if run_json is not None else None
-    if recorded is not None:
-        note = (f"run.json records {recorded}; the configuration requested {requested} "
-                "(Lightning changed it)" if requested and requested != recorded else None)
-        return Precision(recorded, requested, True, note)
-    if requested is None:
-        return Precision(None, None, False, "no precision: no run.json and no trainer.precision in config.yaml")
-    accel = accelerator_name(config_value(config, "trainer.accelerator")) or "auto"
-    note = ("precision as requested in config.yaml"
-            + (" (trainer.precision unset: Lightning's default 32-true)" if raw is None else "")
-            + "; no run.json records the precision Lightning ran with")
-    if requested == "16-mixed" and accel == "cpu":
-        note += ("; accelerator 'cpu': Lightning runs 16-mixed on CPU as bf16-mixed, so this run did not use "
-                 "FP16 AMP")
-    elif requested in precision_names.MIXED_OR_HALF and accel not in ("cuda", "gpu"):
-        note += (f"; accelerator {accel!r}: the effective precision depends on the device the run got "
-                 "(Lightning runs 16-mixed on CPU as bf16-mixed) and cannot be verified")
-    return Precision(requested, requested, False, note)
-
-
-def precision_label(value: str | None, verified: bool = True) -> str:
-    """Display label of a precision (``AMP FP16`` ...), with `` (requested)`` when not verified."""
-    label = precision_names.label(value)
-    return label if verified else f"{label} (requested)"
+    if run_json is not None and run_json.precision_decision is not None:
+        return run_json.precision_decision
+    recorded = run_json.precision if run_json is not None else None
+    ran_on = run_json.distributed.get("accelerator") if run_json is not None and recorded is not None else None
+    device = accelerator_name(ran_on or config_value(config, "trainer.accelerator")) or "auto"
+    return decide(*requested_in(config), recorded, device)

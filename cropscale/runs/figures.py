@@ -229,6 +229,11 @@ def _epoch_time(field: str) -> Producer:
     return lambda i: rules.epoch_time(i.summary, field, i.warmup, i.no_json)
 
 
+def _named(rule: Callable[..., tuple[Figure, ...]], name: str) -> Producer:
+    """The figure ``name`` of a rule that gives several as a named tuple (``rule(summary, warmup, no_json)``)."""
+    return lambda i: getattr(i.once(rule, i.summary, i.warmup, i.no_json), name)
+
+
 def _nth(rule: Callable[..., tuple[Figure, ...]], n: int, *, warmup: bool = True) -> Producer:
     """The ``n``-th figure of a rule that gives several (``rule(summary, [warmup,] no_json)``)."""
     return lambda i: (i.once(rule, i.summary, i.warmup, i.no_json) if warmup else i.once(rule, i.summary, i.no_json))[n]
@@ -293,9 +298,9 @@ FIGURES: dict[str, FigureSpec] = _specs(
     # ---------------------------------------------------------------- speed
     FigureSpec("median_step_ms", "Median step (ms)", "ms", ",.1f", source=f"{_STEP}.median", rule="rules.step_time",
                tables=(RUNS, SPEED, Place(STEP, "Median step (ms) = 100 %"), STUDY), over_seeds=MEDIAN,
-               producer=_nth(rules.step_time, 0)),
+               producer=_named(rules.step_time, "median")),
     FigureSpec("p95_step_ms", "p95 step (ms)", "ms", ",.1f", source=f"{_STEP}.p95", rule="rules.step_time",
-               tables=(RUNS, SPEED, STUDY), over_seeds=MEDIAN, producer=_nth(rules.step_time, 1)),
+               tables=(RUNS, SPEED, STUDY), over_seeds=MEDIAN, producer=_named(rules.step_time, "p95")),
     FigureSpec("samples_per_s", "Samples/s", "samples/s", ",.2f", source=f"{_THROUGHPUT}.samples",
                rule="rules.samples_per_s",
                tables=(RUNS, Place(COMPARISON, **_QUIET), SPEED, Place(PAIRS, "samples/s", paired=True),
@@ -312,9 +317,9 @@ FIGURES: dict[str, FigureSpec] = _specs(
                rule="rules.epoch_time", tables=(RUNS, SPEED, STUDY), over_seeds=MEDIAN,
                producer=_epoch_time("wall_s")),
     FigureSpec("slowest_rank", "Slowest rank", fmt="d", source=_RANKS, rule="rules.slowest_rank",
-               tables=(RUNS, SPEED), producer=_nth(rules.slowest_rank, 0)),
+               tables=(RUNS, SPEED), producer=_named(rules.slowest_rank, "rank")),
     FigureSpec("slowest_rank_step_ms", "Slowest rank's step (ms)", "ms", ",.1f", source=_RANKS,
-               rule="rules.slowest_rank", tables=(RUNS, SPEED), producer=_nth(rules.slowest_rank, 1)),
+               rule="rules.slowest_rank", tables=(RUNS, SPEED), producer=_named(rules.slowest_rank, "step_ms")),
     # ---------------------------------------------------------------- speed against a base
     FigureSpec("speedup_vs_fp32", "Speed-up vs FP32", fmt=".2f",
                source="derived: samples_per_s over the FP32 run's of the same configuration",

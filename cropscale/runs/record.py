@@ -26,6 +26,7 @@ from typing import Any
 
 from cropscale.errors import CropScaleError
 from cropscale.evidence import MEASURED_MICROBENCHMARK, MEASURED_RUN
+from cropscale.precision import BY_CONFIGURATION, NOT_RECORDED, PrecisionDecision, normalise
 from cropscale.precision import label as precision_label_of
 from cropscale.runs import describe, rules
 from cropscale.runs.figures import produced
@@ -54,7 +55,9 @@ class RunRecord:
         name, path: display name and folder (or benchmark file).
         kind: ``run`` or ``microbenchmark``; ``evidence`` its label.
         status: ``run.json`` status (``running``, ``finished``, ``failed``) or the benchmark row's.
-        precision, precision_requested, precision_verified: see :func:`cropscale.runs.describe.precision`.
+        precision_decision: the run's :class:`~cropscale.precision.PrecisionDecision` (requested, resolved, by whom,
+            label), taken whole from ``run.json`` (:func:`cropscale.runs.describe.precision`); :attr:`precision` is
+            its precision string.
         strategy, devices, global_batch: what the run was.
         descriptive: descriptive cells with a qualifier or reason (precision, strategy, devices ...).
         figures: column key -> :class:`~cropscale.runs.rules.Figure`.
@@ -79,9 +82,7 @@ class RunRecord:
     path: str
     evidence: str
     status: str | None = None
-    precision: str | None = None
-    precision_requested: str | None = None
-    precision_verified: bool = True
+    precision_decision: PrecisionDecision = field(default_factory=lambda: PrecisionDecision(None, None, NOT_RECORDED))
     strategy: str | None = None
     devices: int | None = None
     global_batch: int | None = None
@@ -110,9 +111,14 @@ class RunRecord:
         return fig.value if fig is not None else getattr(self, key, None)
 
     @property
+    def precision(self) -> str | None:
+        """The precision string the run ran with (requested, when no ``run.json`` confirms it)."""
+        return self.precision_decision.value
+
+    @property
     def precision_label(self) -> str:
         """``AMP FP16`` ..., with `` (requested)`` when no ``run.json`` confirms the precision."""
-        return describe.precision_label(self.precision, self.precision_verified)
+        return self.precision_decision.label
 
 
 # ------------------------------------------------------------------------------------------ files
@@ -335,9 +341,8 @@ def load_run(path: str | Path, warmup_epochs: int | None = None) -> RunRecord:
     strategy = describe.strategy(run_json, config)
     devices = describe.devices(run_json, config)
     batch = _global_batch(scalars, config, devices.value)
-    shown_precision = prec.value if prec.verified or prec.value is None else f"{prec.value} (requested)"
     descriptive = {
-        "precision": Figure(shown_precision, None, prec.note, prec.note),
+        "precision": Figure(prec.shown, None, prec.note, prec.note),
         "strategy": Figure(strategy.shown, None, strategy.note, strategy.note),
         "devices": Figure(devices.shown, None, devices.note, devices.note),
     }
@@ -352,7 +357,7 @@ def load_run(path: str | Path, warmup_epochs: int | None = None) -> RunRecord:
     return RunRecord(
         name=_run_name(folder), kind="run", path=str(folder), evidence=MEASURED_RUN,
         status=run_json.status if run_json is not None else None,
-        precision=prec.value, precision_requested=prec.requested, precision_verified=prec.verified,
+        precision_decision=prec,
         strategy=strategy.value, devices=devices.value, global_batch=batch.value, descriptive=descriptive,
         figures=figures, iou_by_epoch=rules.quality(scalars).by_epoch, step_windows_ms=windows,
         step_windows_source=source, step_shares=rules.step_shares(summary, STEP_WINDOWS, warmup),
@@ -425,7 +430,8 @@ def load_benchmark(path: str | Path) -> list[RunRecord]:
         records.append(RunRecord(
             name=f"{path.name}: {row.get('precision_label') or precision_label_of(precision)} b{batch}"
                  f"{' compiled' if row.get('compile') else ''}", kind="microbenchmark", path=str(path),
-            evidence=MEASURED_MICROBENCHMARK, status=row.get("status"), precision=precision,
+            evidence=MEASURED_MICROBENCHMARK, status=row.get("status"),
+            precision_decision=PrecisionDecision(normalise(precision), normalise(precision), BY_CONFIGURATION),
             strategy=f"single device, compute-only ({device})", devices=1, global_batch=batch,
             figures=_benchmark_figures(row), pair_key=f"bench:{path.resolve()}:{batch}",
             descriptive={"data_warning_count": Figure(None, None, "synthetic tensors: no data read")},

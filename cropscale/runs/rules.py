@@ -47,7 +47,7 @@ import math
 import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from cropscale.errors import CropScaleError
 from cropscale.evidence import MEASURED_RUN
@@ -127,7 +127,21 @@ def _why_no_epoch(summary_present: bool, section: str, warmup_epochs: int, no_js
     return f"no measured epoch (epoch index >= {warmup_epochs}) in the {section} summary"
 
 
-def step_time(summary: RunSummary, warmup_epochs: int, no_json: str | None = None) -> tuple[Figure, Figure]:
+class StepTime(NamedTuple):
+    """A run's step time (ms): :func:`step_time`'s two figures, by name."""
+
+    median: Figure
+    p95: Figure
+
+
+class SlowestRank(NamedTuple):
+    """The slowest rank and its median step (ms): :func:`slowest_rank`'s two figures, by name."""
+
+    rank: Figure
+    step_ms: Figure
+
+
+def step_time(summary: RunSummary, warmup_epochs: int, no_json: str | None = None) -> StepTime:
     """Median and p95 step (ms): the median over measured epochs of each epoch's statistic.
 
     The statistic of the ``step`` window (StepTimingCallback), else of the step latency
@@ -148,13 +162,13 @@ def step_time(summary: RunSummary, warmup_epochs: int, no_json: str | None = Non
             why = (f"no measured step in the measured epochs (epoch index >= {warmup_epochs}): each callback leaves"
                    f" out its {section.warmup_steps} warm-up steps and the first step of every epoch"
                    + (f"; {steps} steps in all" if steps is not None else ""))
-        return Figure(None, why=why), Figure(None, why=why)
+        return StepTime(Figure(None, why=why), Figure(None, why=why))
     note = f"{source}: median over {len(stats)} measured epoch(s) of the epoch statistics"
     p95 = median(s.p95 for s in stats)
-    return Figure(median(s.median for s in stats), note=note), Figure(p95, why="p95 not recorded", note=note)
+    return StepTime(Figure(median(s.median for s in stats), note=note), Figure(p95, why="p95 not recorded", note=note))
 
 
-def slowest_rank(summary: RunSummary, warmup_epochs: int, no_json: str | None = None) -> tuple[Figure, Figure]:
+def slowest_rank(summary: RunSummary, warmup_epochs: int, no_json: str | None = None) -> SlowestRank:
     """The slowest rank and its median step (ms): per rank, the median over measured epochs of its epoch median.
 
     From ``step_timing.epochs[].step_ms_per_rank.per_rank`` (StepTimingCallback gathers every rank's ``step``
@@ -164,24 +178,24 @@ def slowest_rank(summary: RunSummary, warmup_epochs: int, no_json: str | None = 
     timing = measured(summary.step_timing.epochs, warmup_epochs) if summary.step_timing else []
     if not timing:
         why = _why_no_epoch(summary.step_timing is not None, "step_timing", warmup_epochs, no_json)
-        return Figure(None, why=why), Figure(None, why=why)
+        return SlowestRank(Figure(None, why=why), Figure(None, why=why))
     ranks = max(len(e.step_ms_per_rank.per_rank) for e in timing)
     if ranks <= 1:
         why = f"{ranks} rank(s) recorded: no other rank to compare"
-        return Figure(None, why=why), Figure(None, why=why)
+        return SlowestRank(Figure(None, why=why), Figure(None, why=why))
     per_rank = [median(e.step_ms_per_rank.per_rank[r] for e in timing if r < len(e.step_ms_per_rank.per_rank))
                 for r in range(ranks)]
     known = [(v, r) for r, v in enumerate(per_rank) if v is not None]
     if not known:
         why = "no per-rank step median in the measured epochs"
-        return Figure(None, why=why), Figure(None, why=why)
+        return SlowestRank(Figure(None, why=why), Figure(None, why=why))
     value, rank = max(known, key=lambda vr: (vr[0], -vr[1]))
     shown = ", ".join(f"rank {r} {'n/a' if v is None else format(v, '.1f') + ' ms'}" for r, v in enumerate(per_rank))
     note = f"per rank, median over {len(timing)} measured epoch(s) of its epoch median step: {shown}"
     worst = _largest_excess(timing, rank, ranks)
     if worst is not None:
         note += f"; rank {rank}'s largest excess over the ranks' median: {worst[1]} {worst[0]:+.1f} ms"
-    return Figure(rank, note=note), Figure(value, note=note)
+    return SlowestRank(Figure(rank, note=note), Figure(value, note=note))
 
 
 def _largest_excess(timing: list[StepTimingEpoch], rank: int, ranks: int) -> tuple[float, str] | None:

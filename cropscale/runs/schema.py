@@ -25,6 +25,7 @@ from typing import Any, TypeVar, Union
 from cropscale.errors import CropScaleError
 from cropscale.evidence import MEASURED_RUN
 from cropscale.numbers import median_p95
+from cropscale.precision import PrecisionDecision
 
 RUN_SCHEMA = "cropscale.run/1"
 """Schema id of ``run.json``."""
@@ -52,7 +53,7 @@ def jsonable(value: Any) -> Any:
     Records to dicts, tuples to lists, keys to ``str``, NaN / inf to ``None``, any other object (a path, a
     numpy integer) to its ``str``.
     """
-    if isinstance(value, Record):
+    if isinstance(value, Record | PrecisionDecision):
         return value.to_json()
     if isinstance(value, float):
         return value if math.isfinite(value) else None
@@ -75,7 +76,7 @@ def _convert(hint: Any, value: Any) -> Any:
             if arg is not type(None):
                 return _convert(arg, value)
         return value
-    if isinstance(hint, type) and issubclass(hint, Record):
+    if isinstance(hint, type) and issubclass(hint, Record | PrecisionDecision):
         return hint.from_json(value) if isinstance(value, Mapping) else value
     if origin is list and isinstance(value, list):
         (arg,) = typing.get_args(hint) or (Any,)
@@ -515,6 +516,7 @@ class RunJson(Record):
     topology: dict[str, Any] = field(default_factory=dict)
     distributed: dict[str, Any] = field(default_factory=dict)
     precision: str | None = None
+    precision_decision: PrecisionDecision | None = optional()
     float32_matmul_precision: str | None = None
     seeds: dict[str, Any] = field(default_factory=dict)
     trainer: dict[str, Any] = field(default_factory=dict)

@@ -18,15 +18,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from cropscale.files import CHECKOUT, find_resource
 from cropscale.study import protocol as P
 from cropscale.study.plan import Configuration, node_layout
 from cropscale.study.spec import (
     PRECISION_CONFIGS,
-    REPO_ROOT,
     STRATEGY_CONFIGS,
     BatchSweepSpec,
     StudySpec,
-    resolve_path,
 )
 
 _BATCH_LINE = re.compile(
@@ -53,12 +52,12 @@ def fit_command(
     cmd = [os.path.expandvars(tok.format(**values)) for tok in prefix]
     cmd.append("fit")
     for cfg in spec.base_configs:
-        cmd += ["--config", str(resolve_path(cfg, f"base config of {spec.source}", "see base_configs"))]
-    cmd += ["--config", str(resolve_path(PRECISION_CONFIGS[config.precision], "precision config"))]
+        cmd += ["--config", str(find_resource(cfg, f"base config of {spec.source}", hint="see base_configs"))]
+    cmd += ["--config", str(find_resource(PRECISION_CONFIGS[config.precision], "precision config"))]
     strategy = spec.strategy
     if config.world_size == 1 and spec.single_device_strategy == "single":
         strategy = "single"
-    cmd += ["--config", str(resolve_path(STRATEGY_CONFIGS[strategy], "strategy config"))]
+    cmd += ["--config", str(find_resource(STRATEGY_CONFIGS[strategy], "strategy config"))]
     cmd += list(spec.overrides)
     plan = config.plan
     cmd += [
@@ -126,7 +125,7 @@ def child_env(spec: StudySpec, accelerator: str) -> dict[str, str]:
     ``PYTHONPATH`` (every run executes the same code).
     """
     env = dict(os.environ, PYTHONUNBUFFERED="1")
-    package_parent = str(REPO_ROOT)
+    package_parent = str(CHECKOUT)
     paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p != package_parent]
     env["PYTHONPATH"] = os.pathsep.join([package_parent, *paths])
     if accelerator == "cpu" and spec.threads_per_process is not None:

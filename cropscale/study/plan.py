@@ -12,8 +12,9 @@ import os
 from dataclasses import dataclass, replace
 
 from cropscale.errors import CropScaleError
+from cropscale.files import find_resource
 from cropscale.study import protocol as P
-from cropscale.study.spec import BatchSweepSpec, StudySpec, resolve_path
+from cropscale.study.spec import BatchSweepSpec, StudySpec
 
 
 @dataclass(frozen=True)
@@ -171,7 +172,7 @@ def configured_data_root(spec: StudySpec) -> str | None:
     root = None
     for cfg in ("configs/default.yaml", *spec.base_configs):
         try:
-            data = yaml.safe_load(resolve_path(cfg, "config").read_text()) or {}
+            data = yaml.safe_load(find_resource(cfg, "config").read_text()) or {}
         except (CropScaleError, OSError, yaml.YAMLError):
             continue
         section = data.get("data") if isinstance(data, dict) else None

@@ -44,7 +44,7 @@ from typing import Any
 from cropscale.env.host import PACKAGE_DIR, environment_record, git_info, gpu_topology, sha256_file
 from cropscale.errors import CropScaleError
 from cropscale.evidence import ANALYTICAL_SCENARIO, MEASURED_RUN
-from cropscale.files import atomic_write_json
+from cropscale.files import atomic_write_json, find_resource
 from cropscale.options import Options, parse_options
 from cropscale.progress import Progress
 from cropscale.runs.record import RunRecord, load_run
@@ -77,7 +77,7 @@ from cropscale.study.plan import (
     resolve_accelerator,
 )
 from cropscale.study.predict import analytical_rows
-from cropscale.study.spec import BatchSweepSpec, StudySpec, load_spec, resolve_path
+from cropscale.study.spec import BatchSweepSpec, StudySpec, load_spec
 from cropscale.study.verdicts import study_comparisons
 
 
@@ -118,7 +118,7 @@ def _data_root(spec: StudySpec, data_root: str | None, dry_run: bool, echo: Call
     """
     root = data_root if data_root is not None else spec.data_root
     if root is not None:
-        return str(resolve_path(root, "data root", "give it with --data-root, or run `make data`"))
+        return str(find_resource(root, "data root", hint="give it with --data-root, or run `make data`"))
     if configured_data_root(spec) is None:
         message = (f"{spec.source}: no data root: the spec's data_root and the fit configs' data.root are"
                    " empty; give it with --data-root /path/to/PASTIS-HD")

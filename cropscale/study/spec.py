@@ -26,7 +26,6 @@ from cropscale.precision import LABELS, STUDY_ALIASES, STUDY_CONFIGS
 from cropscale.report.equivalence import DEFAULT_MARGIN, TARGET_FRACTION
 from cropscale.study import protocol as P
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 """The checkout holding ``configs/`` (paths in a spec may be relative to it)."""
 
 PRECISION_CONFIGS: dict[str, str] = {name: f"configs/precision/{name}.yaml" for name in STUDY_CONFIGS.values()}
@@ -427,18 +426,3 @@ def load_spec(path: str | Path) -> StudySpec:
     except yaml.YAMLError as err:
         raise CropScaleError(f"{path}: not valid YAML ({err})") from None
     return parse_spec(data, str(path))
-
-
-def resolve_path(path: str, what: str, hint: str = "") -> Path:
-    """``path`` as given if absolute, else relative to the working directory, else to the repository.
-
-    Raises:
-        CropScaleError: none of the candidates exists (all are named, with ``hint``).
-    """
-    p = Path(path).expanduser()
-    candidates = [p] if p.is_absolute() else [Path.cwd() / p, REPO_ROOT / p]
-    for c in candidates:
-        if c.exists():
-            return c.resolve()
-    tried = " or ".join(str(c) for c in candidates)
-    raise CropScaleError(f"{what} not found: {path} (tried {tried}){'; ' + hint if hint else ''}")

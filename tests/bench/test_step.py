@@ -173,7 +173,7 @@ def test_oom_at_one_batch_size_is_reported_and_the_rest_run():
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB (fake)")
         return bm.train_step(model, loss_fn, optimizer, scaler, batch, device_type, dtype)
 
-    config = bm.BenchmarkConfig(precisions=["32-true"], batch_sizes=[1, 2, 3], **TINY)
+    config = bm.BenchmarkConfig(precision=["32-true"], batch_sizes=[1, 2, 3], **TINY)
     before = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
     torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = True, True
     try:
@@ -223,7 +223,7 @@ def test_fp16_uses_a_real_grad_scaler_on_cpu():
             return out
         return bm.train_step(model, loss_fn, optimizer, scaler, batch, device_type, dtype)
 
-    config = bm.BenchmarkConfig(precisions=["16-mixed"], batch_sizes=[1], **{**TINY, "warmup": 1, "iterations": 2})
+    config = bm.BenchmarkConfig(precision=["16-mixed"], batch_sizes=[1], **{**TINY, "warmup": 1, "iterations": 2})
     row = bm.run_benchmark(config, argv=[], step_fn=inf_first)["results"][0]
     assert row["status"] == "ok", row["error"]
     assert row["grad_scaler"] is True and row["autocast_dtype"] == "float16"
@@ -281,7 +281,7 @@ def test_cuda_rows_memory_mfu_and_scaler():
         pytest.fail("marked gpu: run this where torch sees a CUDA device (scripts/gpu_check.sh)")
     from cropscale.env.peaks import peak_tflops as table_peak
 
-    config = bm.BenchmarkConfig(precisions=["32-true", "16-mixed", "bf16-mixed"], batch_sizes=[2], warmup=2,
+    config = bm.BenchmarkConfig(precision=["32-true", "16-mixed", "bf16-mixed"], batch_sizes=[2], warmup=2,
                                 iterations=3, device="cuda", t2=4, t1=2, crop_size=16)
     doc = bm.run_benchmark(config, argv=[])
     name = torch.cuda.get_device_name(0)
@@ -311,7 +311,7 @@ def test_mfu_divides_by_the_attainable_peak_of_the_row(monkeypatch):
     convolutions would run in TF32: 1000 / (600 / 494.5 + 400 / 67) by hand. BF16: 989.5."""
     monkeypatch.setattr(step_mfu, "_device_name", lambda device: "NVIDIA H200")
     split = {"convolution": 600.0, "matmul": 300.0, "attention": 100.0}
-    config = bm.BenchmarkConfig(precisions=["32-true"], batch_sizes=[1], device="cpu")
+    config = bm.BenchmarkConfig(precision=["32-true"], batch_sizes=[1], device="cpu")
     saved = (torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32)
     try:
         for cudnn, precision, expected in ((False, "32-true", 67.0), (True, "32-true", 1000 / (600 / 494.5 + 400 / 67)),
@@ -337,7 +337,7 @@ def test_stop_at_oom_skips_larger_batches_and_progress_goes_to_stderr(capsys):
             raise torch.OutOfMemoryError("out of memory (fake)")
         return bm.train_step(model, loss_fn, optimizer, scaler, batch, device_type, dtype)
 
-    config = bm.BenchmarkConfig(precisions=["32-true"], batch_sizes=[1, 2, 4, 8], stop_at_oom=True, **TINY)
+    config = bm.BenchmarkConfig(precision=["32-true"], batch_sizes=[1, 2, 4, 8], stop_at_oom=True, **TINY)
     doc = bm.run_benchmark(config, argv=[], step_fn=oom_from_two)
     assert [(r["batch_size"], r["status"]) for r in doc["results"]] == [(1, "ok"), (2, "oom"), (4, "skipped"),
                                                                         (8, "skipped")]
@@ -353,7 +353,7 @@ def test_stop_at_oom_skips_larger_batches_and_progress_goes_to_stderr(capsys):
 def test_max_seconds_budget_lists_what_was_not_run(monkeypatch):
     ticks = iter([0.0, 0.0, 100.0, 100.0, 100.0, 100.0])
     monkeypatch.setattr(bm.time, "monotonic", lambda: next(ticks, 100.0))
-    config = bm.BenchmarkConfig(precisions=["32-true"], batch_sizes=[1, 2], max_seconds=50, **TINY)
+    config = bm.BenchmarkConfig(precision=["32-true"], batch_sizes=[1, 2], max_seconds=50, **TINY)
     doc = bm.run_benchmark(config, argv=[], progress=bm.Progress(2, "t", stream=io.StringIO(),
                                                                  clock=lambda: 0.0))
     assert [r["status"] for r in doc["results"]] == ["ok", "skipped"]
@@ -371,7 +371,7 @@ def test_tf32_fused_and_compile_mode_reach_the_rows(monkeypatch):
 
     monkeypatch.setattr(step_config, "compile_unavailable_reason", lambda device_type: None)
     monkeypatch.setattr(torch, "compile", lambda model, mode: seen.setdefault("mode", mode) and model)
-    config = bm.BenchmarkConfig(precisions=["32-true"], batch_sizes=[1], tf32=True, fused=True, compile=True,
+    config = bm.BenchmarkConfig(precision=["32-true"], batch_sizes=[1], tf32=True, fused=True, compile=True,
                                 compile_mode="max-autotune", **TINY)
     doc = bm.run_benchmark(config, argv=[], step_fn=recording_step)
     row = doc["results"][0]
@@ -389,7 +389,7 @@ def test_compile_without_a_compiler_is_one_line(monkeypatch):
 
 def test_bf16_on_a_cpu_without_bf16_units_is_said_up_front(monkeypatch):
     monkeypatch.setattr(bm, "cpu_bf16_units", lambda: False)
-    config = bm.BenchmarkConfig(precisions=["32-true", "bf16-mixed"], **TINY)
+    config = bm.BenchmarkConfig(precision=["32-true", "bf16-mixed"], **TINY)
     notes = bm.slow_notes(config, torch.device("cpu"))
     assert any("bf16-mixed is known to be slow on this CPU" in n for n in notes)
     monkeypatch.setattr(bm, "cpu_bf16_units", lambda: True)

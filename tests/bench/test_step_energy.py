@@ -47,7 +47,7 @@ def test_counter_going_backwards_gives_no_energy_and_says_why(monkeypatch):
 
 
 def test_a_cpu_row_has_no_energy_and_the_reason():
-    config = bm.BenchmarkConfig(precisions=["32-true"], batch_sizes=[1], warmup=0, iterations=1, device="cpu",
+    config = bm.BenchmarkConfig(precision=["32-true"], batch_sizes=[1], warmup=0, iterations=1, device="cpu",
                                 t2=2, t1=1, crop_size=8)
     row = bm.run_benchmark(config, argv=[])["results"][0]
     assert row["status"] == "ok"

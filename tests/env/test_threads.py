@@ -56,3 +56,33 @@ def test_usable_cores_follow_the_affinity_mask():
     except FileNotFoundError:
         pytest.skip("taskset is not installed")
     assert out.strip() == "1"
+
+
+def test_one_thread_setter_sets_scopes_and_refuses_zero():
+    """:func:`cropscale.env.host.set_torch_threads` is the package's only ``torch.set_num_threads`` caller (the CLI,
+    the analysis commands' ``--threads`` and the benchmarks' scoped counts all go through it)."""
+    import ast
+    from pathlib import Path
+
+    import torch
+
+    from cropscale.env.host import set_torch_threads, torch_threads
+
+    start = torch.get_num_threads()
+    other = 1 if start != 1 else 2
+    try:
+        assert set_torch_threads(None) == start and torch.get_num_threads() == start  # None: torch's own choice
+        with torch_threads(other):
+            assert torch.get_num_threads() == other
+        assert torch.get_num_threads() == start  # restored
+        assert set_torch_threads(other) == start and torch.get_num_threads() == other
+        with pytest.raises(ConfigError, match="threads must be >= 1, got 0"):
+            set_torch_threads(0)
+        assert torch.get_num_threads() == other
+    finally:
+        torch.set_num_threads(start)
+    package = Path(__file__).resolve().parents[2] / "cropscale"
+    callers = sorted(str(p.relative_to(package)) for p in package.rglob("*.py")
+                     if any(isinstance(n, ast.Attribute) and n.attr == "set_num_threads"
+                            for n in ast.walk(ast.parse(p.read_text(encoding="utf-8")))))
+    assert callers == ["env/host.py"]

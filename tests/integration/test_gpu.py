@@ -165,7 +165,7 @@ def _matmul_tflops(n: int = 8192, reps: int = 10) -> float:
 
 
 def test_benchmark_tflops_against_event_timed_steps_and_a_matmul_ceiling():
-    config = bm.BenchmarkConfig(precisions=["bf16-mixed"], batch_sizes=[16], warmup=5, iterations=20, device="cuda")
+    config = bm.BenchmarkConfig(precision=["bf16-mixed"], batch_sizes=[16], warmup=5, iterations=20, device="cuda")
     row = bm.run_benchmark(config, argv=[])["results"][0]
     assert row["status"] == "ok", row["error"]
     # the same step, timed by this test's events over 20 steps (no per-step synchronize)

@@ -16,6 +16,7 @@ import pytest
 import yaml
 
 from cropscale import CropScaleError
+from cropscale.precision import BY_CPU_FALLBACK, BY_PLUGIN, PrecisionDecision
 from cropscale.report import command as rp
 from cropscale.report.pairs import precision_pairs
 from cropscale.report.tables import TableRow, write_table
@@ -246,7 +247,7 @@ def test_run_without_run_json_reports_reasons(tmp_path):
     (folder / "config.yaml").write_text(yaml.safe_dump(_config("bf16-mixed", 2)))
     r = load_run(folder)
     assert r.precision == "bf16-mixed" and r.global_batch == 2 and r.devices == 1
-    assert r.precision_verified is False and r.training_run
+    assert r.precision_decision.verified is False and r.training_run
     assert r.figures["best_miou"].value == pytest.approx(0.4) and r.figures["best_epoch"].value == 0
     for key in ("samples_per_s", "median_step_ms", "energy_j", "peak_memory_gib"):
         assert r.figures[key].value is None and "no run.json" in r.figures[key].why
@@ -367,7 +368,7 @@ def test_requested_precision_is_labelled_and_footnoted(tmp_path):
     amp = _plain_run(_mk(runs / "amp" / "version_0"), _plain_config("16-mixed"), miou=0.32)  # on CPU: ran bf16
     auto = _plain_run(_mk(runs / "auto" / "version_0"), _plain_config("bf16-mixed", accelerator="auto", batch_size=4))
     ra, rb, rc = load_run(base), load_run(amp), load_run(auto)
-    assert (rb.precision, rb.precision_requested, rb.precision_verified) == ("16-mixed", "16-mixed", False)
+    assert rb.precision_decision == PrecisionDecision("16-mixed", None, BY_CPU_FALLBACK) and rb.precision == "16-mixed"
     assert "as bf16-mixed" in rb.descriptive["precision"].note
     assert "cannot be verified" in rc.descriptive["precision"].note
     assert ra.descriptive["precision"].value == "32-true (requested)"
@@ -408,11 +409,33 @@ def test_run_json_precision_is_authoritative(tmp_path):
             "distributed": {"world_size": 1, "strategy": "SingleDeviceStrategy"},
             "summary": {"throughput": {"samples_per_s": 5.0, "epochs": []}}}))
     rb = load_run(amp)
-    assert (rb.precision, rb.precision_requested, rb.precision_verified) == ("bf16-mixed", "16-mixed", True)
+    assert rb.precision_decision == PrecisionDecision("16-mixed", "bf16-mixed", BY_CPU_FALLBACK)
+    assert rb.precision == "bf16-mixed"
     assert "requested 16-mixed" in rb.descriptive["precision"].note
     assert load_run(base).descriptive["precision"].note is None
     pairs = precision_pairs(load_inputs([runs]))
     assert [p.precision for p in pairs] == ["AMP BF16"] and pairs[0].descriptive == {}
+
+
+def test_an_older_run_json_of_a_plugin_run_gets_no_false_footnote(tmp_path):
+    """An older ``run.json`` holds only the ``precision`` string: a ``configs/precision/amp_fp16_cpu.yaml`` run
+    (``trainer.precision: null``, a MixedPrecision plugin) requested 16-mixed by its plugin and ran 16-mixed. The
+    old reader took the unset ``trainer.precision`` for Lightning's 32-true and said "the configuration requested
+    32-true (Lightning changed it)"."""
+    config = _plain_config(None)
+    config["trainer"]["plugins"] = [{"class_path": "lightning.pytorch.plugins.MixedPrecision", "init_args": {
+        "precision": "16-mixed", "device": "cpu", "scaler": {"class_path": "torch.amp.GradScaler"}}}]
+    folder = _plain_run(_mk(tmp_path / "amp" / "version_0"), config)
+    (folder / "run.json").write_text(json.dumps({
+        "schema": "cropscale.run/1", "status": "finished", "precision": "16-mixed", "config": None,
+        "distributed": {"world_size": 1, "strategy": "SingleDeviceStrategy", "accelerator": "CPUAccelerator"}}))
+    r = load_run(folder)
+    assert r.precision_decision == PrecisionDecision("16-mixed", "16-mixed", BY_PLUGIN)
+    assert r.descriptive["precision"] == Figure("16-mixed", None, None, None) and r.precision_label == "AMP FP16"
+    (folder / "run.json").unlink()  # without run.json: requested by the plugin, not Lightning's default 32-true
+    r = load_run(folder)
+    assert r.precision_decision == PrecisionDecision("16-mixed", None, BY_PLUGIN)
+    assert r.precision_label == "AMP FP16 (requested)" and "a precision plugin" in r.descriptive["precision"].note
 
 
 def _mk(folder: Path) -> Path:

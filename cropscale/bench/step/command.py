@@ -82,9 +82,9 @@ import json
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import torch
 
@@ -96,8 +96,7 @@ from cropscale.env.host import cpu_bf16_units, environment_record, load_average
 from cropscale.errors import CropScaleError
 from cropscale.evidence import COUNT, MEASURED_MICROBENCHMARK
 from cropscale.files import atomic_write_text
-from cropscale.model.speed import COMPILE_MODES
-from cropscale.options import CropSize, Device, JsonOut, OptionError, SampleShape, Seed, Threads, Warmup, parse_options
+from cropscale.options import parse_options
 from cropscale.progress import Progress
 
 __all__ = [
@@ -127,11 +126,11 @@ def slow_notes(config: BenchmarkConfig, device: torch.device) -> list[str]:
     converts around FP32 arithmetic there, and a step takes several times an FP32 one.
     """
     notes = []
-    if device.type == "cpu" and "bf16-mixed" in config.precisions and cpu_bf16_units() is False:
+    if device.type == "cpu" and "bf16-mixed" in config.precision and cpu_bf16_units() is False:
         notes.append("bf16-mixed is known to be slow on this CPU: it has no bfloat16 units (no avx512_bf16 / "
                      "amx_bf16 flag), so autocast converts around FP32 math; expect each bf16 step to take "
                      "several times an FP32 step")
-    if device.type == "cpu" and "16-mixed" in config.precisions:
+    if device.type == "cpu" and "16-mixed" in config.precision:
         notes.append("16-mixed on a CPU: numerically meaningful, but its speed is not (no fast FP16 units)")
     if config.compile:
         notes.append(f"--compile: each configuration compiles during its {config.warmup} warm-up step(s) "
@@ -198,10 +197,10 @@ def run_benchmark(
     a run stopped by a time limit keeps what it measured).
 
     Raises:
-        CropScaleError: a bad argument (see :meth:`BenchmarkConfig.validate`).
+        CropScaleError: a device that is not here, or a ``--compile`` / ``--fused`` it cannot run
+            (:meth:`BenchmarkConfig.torch_device`).
     """
-    config.validate()
-    device = resolve_device(config.device)
+    device = config.torch_device()
     if device.type == "cuda" and device.index is not None:
         torch.cuda.set_device(device)
     previous_tf32 = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
@@ -209,7 +208,7 @@ def run_benchmark(
     by_class = sample_flops_by_class(config)
     environment = environment_record(Path(__file__), argv, device)
     rows: list[dict[str, Any]] = []
-    progress = progress or Progress(len(config.precisions) * len(config.batch_sizes), "benchmark")
+    progress = progress or Progress(len(config.precision) * len(config.batch_sizes), "benchmark")
     for line in slow_notes(config, device):
         progress.note(line)
     started = time.monotonic()
@@ -241,7 +240,9 @@ def run_benchmark(
 def _document(config: BenchmarkConfig, flops: dict[str, float] | None, by_class: dict[str, float],
               flops_reason: str | None, environment: dict[str, Any], rows: list[dict[str, Any]]) -> dict[str, Any]:
     """The JSON document of :func:`run_benchmark` for the rows measured so far."""
-    settings = asdict(config)
+    settings = {k: v for k, v in asdict(config).items() if k not in ("json", "details")}  # what was measured
+    settings["precisions"] = settings.pop("precision")
+    settings["device"] = config.device_name()
     settings.update(
         optimizer="AdamW (fused)" if config.fused else "AdamW",
         loss="MultiTaskLoss (default weights)",
@@ -268,74 +269,9 @@ def _document(config: BenchmarkConfig, flops: dict[str, float] | None, by_class:
 def configurations(config: BenchmarkConfig) -> list[tuple[str, int]]:
     """``(precision, batch size)`` pairs in run order: precision outer (``order="precision"``) or batch outer."""
     if config.order == "batch":
-        return [(p, int(b)) for b in config.batch_sizes for p in config.precisions]
-    return [(p, int(b)) for p in config.precisions for b in config.batch_sizes]
+        return [(p, int(b)) for b in config.batch_sizes for p in config.precision]
+    return [(p, int(b)) for p in config.precision for b in config.batch_sizes]
 
-
-
-@dataclass(kw_only=True)
-class BenchmarkOptions(SampleShape, CropSize, Warmup, Device, Threads, Seed, JsonOut):
-    """Compute-only training-step microbenchmark of the crop-mapping model.
-
-    Synthetic tensors on the device; forward, MultiTaskLoss, backward, clip 1.0, AdamW.
-    """
-
-    RENAMED = {"--output": "json", "-o": "json"}
-    precision: list[Literal[PRECISIONS]] = field(default_factory=lambda: ["32-true", "16-mixed"])
-    """precisions to measure"""
-    batch_sizes: list[int] = field(default_factory=lambda: [1, 2, 4])
-    """samples per step"""
-    warmup: int = 10
-    iterations: int = 30
-    """measured steps per configuration"""
-    channels_last: bool = False
-    """model in torch.channels_last memory format"""
-    compile: bool = False
-    """torch.compile the model (compiles during warm-up)"""
-    compile_mode: Literal[COMPILE_MODES] = "default"
-    """torch.compile mode with --compile"""
-    fused: bool = False
-    """fused AdamW (torch.optim.AdamW(fused=True))"""
-    tf32: bool = False
-    """TF32 on for matmul and cuDNN (32-true rows labelled TF32); default off: true FP32"""
-    stop_at_oom: bool = False
-    """after an out-of-memory batch size, skip the larger ones of the same precision"""
-    order: Literal["precision", "batch"] = "precision"
-    """run order: precision outer or batch size outer"""
-    max_seconds: float | None = None
-    """do not start configurations after this many seconds (they are listed as not run)"""
-    num_classes: int = 10
-    """semantic classes C"""
-    net_kwargs: str = "{}"
-    """JSON object of further CropMappingNet arguments"""
-    lr: float = 1e-3
-    """AdamW learning rate"""
-    weight_decay: float = 0.01
-    """AdamW weight decay"""
-    peak_tflops: float | None = None
-    """dense peak TFLOP/s for MFU (overrides the peak table, all precisions)"""
-    details: bool = False
-    """also print TFLOP/s, MFU, loss scale, non-finite counts"""
-
-    def check(self) -> None:
-        """Raises OptionError: ``--net-kwargs`` is not a JSON object."""
-        try:
-            net_kwargs = json.loads(self.net_kwargs)
-        except json.JSONDecodeError as err:
-            raise OptionError(f"--net-kwargs is not valid JSON: {err}") from None
-        if not isinstance(net_kwargs, dict):
-            raise OptionError(f"--net-kwargs must be a JSON object, got {self.net_kwargs!r}")
-
-    def config(self) -> BenchmarkConfig:
-        """The :class:`BenchmarkConfig` of these options (repeated precisions and batch sizes once)."""
-        return BenchmarkConfig(
-            precisions=list(dict.fromkeys(self.precision)), batch_sizes=list(dict.fromkeys(self.batch_sizes)),
-            warmup=self.warmup, iterations=self.iterations, device=self.device_name(),
-            num_classes=self.num_classes, t2=self.t2, t1=self.t1, crop_size=self.crop_size,
-            net_kwargs=json.loads(self.net_kwargs), channels_last=self.channels_last, compile=self.compile,
-            compile_mode=self.compile_mode, fused=self.fused, tf32=self.tf32, stop_at_oom=self.stop_at_oom,
-            max_seconds=self.max_seconds, order=self.order, lr=self.lr, weight_decay=self.weight_decay,
-            seed=self.seed, peak_tflops=self.peak_tflops)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -346,10 +282,9 @@ def main(argv: list[str] | None = None) -> int:
     Raises:
         CropScaleError: bad arguments (unknown device, batch size < 1, bad ``--net-kwargs`` JSON).
     """
-    args = parse_options(BenchmarkOptions, argv, "python -m cropscale benchmark")
-    args.apply()
-    config = args.config()
-    out = Path(args.json) if args.json else None
+    config = parse_options(BenchmarkConfig, argv, "python -m cropscale benchmark")
+    config.apply()
+    out = Path(config.json) if config.json else None
 
     def write(document: dict[str, Any]) -> None:
         try:
@@ -365,11 +300,11 @@ def main(argv: list[str] | None = None) -> int:
     doc = run_benchmark(config, argv=list(sys.argv[1:] if argv is None else argv), on_row=write if out else None)
     if out is not None:
         write(doc)
-    if args.details:
+    if config.details:
         print(format_details(doc))
         print()
-    if args.json:
-        print(f"wrote {args.json}")
+    if config.json:
+        print(f"wrote {config.json}")
     print(format_table(doc))
     return 1 if any(r["status"] == "error" for r in doc["results"]) else 0
 

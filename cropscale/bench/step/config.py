@@ -1,18 +1,20 @@
 """What the compute-only benchmark (:mod:`cropscale.bench.step.command`) measures.
 
-The precisions, their autocast dtypes, the gradient clip, and :class:`BenchmarkConfig` with its argument
-checks (:class:`~cropscale.errors.CropScaleError` naming the option).
+The precisions, their autocast dtypes, the gradient clip, and :class:`BenchmarkConfig`: the command's options
+are its configuration (one declaration: a field per option, its docstring the ``--help`` text, its checks in
+``__post_init__``, each an :class:`~cropscale.options.OptionError` naming the option).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
 from cropscale.errors import CropScaleError
 from cropscale.model.speed import COMPILE_MODES, compile_unavailable_reason, fused_devices
+from cropscale.options import CropSize, Device, JsonOut, OptionError, SampleShape, Seed, Threads, Warmup
 
 __all__ = ["AUTOCAST_DTYPE", "CLIP_NORM", "PRECISIONS", "BenchmarkConfig", "resolve_device"]
 
@@ -24,93 +26,82 @@ CLIP_NORM = 1.0
 """Gradient-norm clip of every benchmark step (``torch.nn.utils.clip_grad_norm_``)."""
 
 
-@dataclass
-class BenchmarkConfig:
-    """What to measure (one instance = one ``benchmark`` invocation).
+@dataclass(kw_only=True)
+class BenchmarkConfig(SampleShape, CropSize, Warmup, Device, Threads, Seed, JsonOut):
+    """Compute-only training-step microbenchmark of the crop-mapping model.
 
-    Args:
-        precisions: Lightning precision names, any of :data:`PRECISIONS`.
-        batch_sizes: samples per step (local batch), each >= 1.
-        warmup: unmeasured steps per configuration (>= 0).
-        iterations: measured steps per configuration (>= 1).
-        device: ``"cpu"``, ``"cuda"`` or ``"cuda:i"``.
-        num_classes, t2, t1, crop_size: model and sample shape (``C``; Sentinel-2 dates ``T2``;
-            dates per Sentinel-1 orbit ``T1``; ``H = W = crop_size`` pixels at 10 m, a multiple of 4).
-        net_kwargs: further :class:`~cropscale.model.network.CropMappingNet` arguments.
-        channels_last: convert the model to ``torch.channels_last`` (4-D conv weights; the 5-D
-            inputs keep their layout).
-        compile: wrap the model in ``torch.compile`` (compilation falls in the warm-up steps).
-        compile_mode: ``torch.compile`` mode (:data:`cropscale.model.speed.COMPILE_MODES`).
-        fused: fused AdamW (``torch.optim.AdamW(fused=True)``).
-        tf32: TF32 on for matmul and cuDNN in every row (the ``32-true`` rows are then labelled ``TF32``);
-            off by default, so that ``32-true`` is true FP32.
-        stop_at_oom: after an out-of-memory batch size, the larger ones of the same precision are not run
-            (``status = "skipped"``).
-        max_seconds: configurations not started within this many seconds of the first are not run
-            (``status = "skipped"``); ``None``: no limit.
-        order: ``precision`` (precision outer, batch size inner) or ``batch`` (batch size outer: under a
-            time budget every precision gets its small batches first).
-        lr, weight_decay: AdamW settings.
-        seed: seed of model initialisation and synthetic batch (the same for every configuration).
-        peak_tflops: override of the dense peak TFLOP/s used for MFU (all precisions).
+    Synthetic tensors on the device; forward, MultiTaskLoss, backward, clip 1.0, AdamW.
     """
 
-    precisions: list[str] = field(default_factory=lambda: ["32-true", "16-mixed"])
+    RENAMED = {"--output": "json", "-o": "json"}
+    precision: list[Literal[PRECISIONS]] = field(default_factory=lambda: ["32-true", "16-mixed"])
+    """precisions to measure"""
     batch_sizes: list[int] = field(default_factory=lambda: [1, 2, 4])
+    """samples per step"""
     warmup: int = 10
     iterations: int = 30
-    device: str = "cpu"
-    num_classes: int = 10
-    t2: int = 16
-    t1: int = 4
-    crop_size: int = 32
-    net_kwargs: dict[str, Any] = field(default_factory=dict)
+    """measured steps per configuration"""
     channels_last: bool = False
+    """model in torch.channels_last memory format"""
     compile: bool = False
-    compile_mode: str = "default"
+    """torch.compile the model (compiles during warm-up)"""
+    compile_mode: Literal[COMPILE_MODES] = "default"
+    """torch.compile mode with --compile"""
     fused: bool = False
+    """fused AdamW (torch.optim.AdamW(fused=True))"""
     tf32: bool = False
+    """TF32 on for matmul and cuDNN (32-true rows labelled TF32); default off: true FP32"""
     stop_at_oom: bool = False
+    """after an out-of-memory batch size, skip the larger ones of the same precision"""
+    order: Literal["precision", "batch"] = "precision"
+    """run order: precision outer or batch size outer"""
     max_seconds: float | None = None
-    order: str = "precision"
+    """do not start configurations after this many seconds (they are listed as not run)"""
+    num_classes: int = 10
+    """semantic classes C"""
+    net_kwargs: dict[str, Any] = field(default_factory=dict)
+    """JSON object of further CropMappingNet arguments"""
     lr: float = 1e-3
+    """AdamW learning rate"""
     weight_decay: float = 0.01
-    seed: int = 0
+    """AdamW weight decay"""
     peak_tflops: float | None = None
+    """dense peak TFLOP/s for MFU (overrides the peak table, all precisions)"""
+    details: bool = False
+    """also print TFLOP/s, MFU, loss scale, non-finite counts"""
 
-    def validate(self) -> None:
-        """Raise :class:`CropScaleError` naming the bad argument."""
-        bad = [p for p in self.precisions if p not in PRECISIONS]
-        if bad or not self.precisions:
-            raise CropScaleError(f"--precision must be among {', '.join(PRECISIONS)}; got {self.precisions}")
-        if not self.batch_sizes or any(int(b) < 1 for b in self.batch_sizes):
-            raise CropScaleError(f"--batch-sizes must be integers >= 1; got {self.batch_sizes}")
-        if self.warmup < 0:
-            raise CropScaleError(f"--warmup must be >= 0; got {self.warmup}")
-        if self.iterations < 1:
-            raise CropScaleError(f"--iterations must be >= 1; got {self.iterations}")
-        if self.crop_size < 4 or self.crop_size % 4:
-            raise CropScaleError(
-                f"--crop-size must be a positive multiple of 4 (two stride-2 stages); got {self.crop_size}"
-            )
-        for name in ("num_classes", "t2", "t1"):
-            if getattr(self, name) < 1:
-                raise CropScaleError(f"--{name.replace('_', '-')} must be >= 1; got {getattr(self, name)}")
-        if self.peak_tflops is not None and not self.peak_tflops > 0:
-            raise CropScaleError(f"--peak-tflops must be > 0; got {self.peak_tflops}")
-        if self.order not in ("precision", "batch"):
-            raise CropScaleError(f"--order must be precision or batch; got {self.order!r}")
-        if self.max_seconds is not None and not self.max_seconds > 0:
-            raise CropScaleError(f"--max-seconds must be > 0; got {self.max_seconds}")
-        if self.compile_mode not in COMPILE_MODES:
-            raise CropScaleError(f"--compile-mode must be one of {', '.join(COMPILE_MODES)}; got {self.compile_mode!r}")
-        device = resolve_device(self.device)
+    AT_LEAST = {"batch_sizes": 1, "iterations": 1, "num_classes": 1}
+
+    def check(self) -> None:
+        """Repeated precisions and batch sizes once; the checks that need more than a lowest value.
+
+        Raises:
+            OptionError: a crop that is no positive multiple of 4, or a peak or time budget that is not positive.
+        """
+        self.precision = list(dict.fromkeys(self.precision))
+        self.batch_sizes = [int(b) for b in dict.fromkeys(self.batch_sizes)]
+        if self.crop_size % 4:
+            raise OptionError(f"--crop-size must be a positive multiple of 4 (two stride-2 stages); got "
+                              f"{self.crop_size}")
+        for name in ("peak_tflops", "max_seconds"):
+            value = getattr(self, name)
+            if value is not None and not value > 0:
+                raise OptionError(f"--{name.replace('_', '-')} must be > 0; got {value}")
+
+    def torch_device(self) -> torch.device:
+        """The device to measure on, checked on this machine when the measurement starts (not when parsing).
+
+        Raises:
+            CropScaleError: a device that is not here, or a ``--compile`` / ``--fused`` it cannot run (named).
+        """
+        device = resolve_device(self.device_name())
         if self.compile:
             reason = compile_unavailable_reason(device.type)
             if reason is not None:
                 raise CropScaleError(f"--compile: torch.compile is unavailable on {device.type}: {reason}")
         if self.fused and device.type not in fused_devices():
             raise CropScaleError(f"--fused: torch {torch.__version__} has no fused AdamW kernel for {device.type}")
+        return device
 
 
 def resolve_device(name: str) -> torch.device:
@@ -129,4 +120,3 @@ def resolve_device(name: str) -> torch.device:
     elif device.type != "cpu":
         raise CropScaleError(f"--device {name!r}: only cpu and cuda[:i] are supported")
     return device
-
