@@ -88,7 +88,7 @@ from cropscale.files import check_writable_folder
 from cropscale.model.settings import RESUME_FIXED_SETTINGS
 from cropscale.model.task import CropMappingTask
 from cropscale.precision import cpu_precision_line
-from cropscale.predictions import PredictionWriter, check_output_folder
+from cropscale.predictions import PredictionWriter, check_output_folder, written_line
 from cropscale.report.summary import fit_summary, not_trained_reason
 from cropscale.runs.record import is_run_folder, load_run
 
@@ -334,6 +334,19 @@ class CropScaleCLI(LightningCLI):
             self.trainer.callbacks.append(PredictionWriter(output))
         else:
             rank_zero_warn("cropscale predict: no --output folder given, so no prediction is written")
+
+    def after_predict(self) -> None:
+        """End with one line on rank 0: what was written and where (:func:`~cropscale.predictions.written_line`).
+
+        Without ``--output``: that nothing was written.
+        """
+        if not self.trainer.is_global_zero:
+            return
+        writer = next((cb for cb in self.trainer.callbacks if isinstance(cb, PredictionWriter)), None)
+        if writer is None:
+            print("cropscale predict: wrote nothing (no --output folder given)", flush=True)
+        else:
+            print(written_line(writer.index, writer.output_dir.resolve()), flush=True)
 
     def after_fit(self) -> None:
         """Print the end-of-fit summary on global rank 0 (:func:`end_of_fit`); a divergence goes to ``fit_error``."""
