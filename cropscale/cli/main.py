@@ -106,6 +106,7 @@ EXTRA_COMMANDS: dict[str, tuple[str, str]] = {
     "callback-bench": ("cropscale.bench.callbacks", "per-step overhead of the scaling callbacks"),
     "lever-bench": ("cropscale.bench.levers", "speed levers (compile, fused AdamW, channels_last, pinned) vs eager"),
     "pipeline-bench": ("cropscale.bench.pipeline", "end-to-end / compute-only training samples/s (input pipeline)"),
+    "tensorboard": ("cropscale.cli.tensorboard", "serve the runs with TensorBoard; ends with the address to open"),
 }
 
 
