@@ -78,7 +78,7 @@ from typing_extensions import override
 from cropscale.callbacks.divergence import DivergenceCallback
 from cropscale.checkpointing import RESUME_AUTO, AtomicCheckpointIO, StopOnSignal, check_fit_start
 from cropscale.cli.config import explicit_model_settings, integers_stay_integers, merge_callbacks
-from cropscale.cli.exits import ACTIVE, error_ending, fail, name_trainer_argument, stopped_by_signal
+from cropscale.cli.exits import ACTIVE, end_progress_bars, error_ending, fail, name_trainer_argument, stopped_by_signal
 from cropscale.cli.folders import check_checkpoint, continue_in_run_folder, eval_run_folder, resolve_last
 from cropscale.data.datamodule import PastisHDDataModule
 from cropscale.distributed import ChildRankWatch, elastic_restart_hazard, finish_distributed, prepare_rank_reports
@@ -414,6 +414,7 @@ def main(argv: list[str] | None = None) -> None:
     except SIGTERMException:
         stopped_by_signal()
     except Exception as err:
+        end_progress_bars(ACTIVE.get("trainer"))  # the error's first line starts a line of its own
         sub = args[0] if args[0] in LIGHTNING_COMMANDS else ""
         ending = error_ending(err, args, sub, str(DEFAULT_CONFIG) if DEFAULT_CONFIG.is_file() else None)
         if ending is None:
