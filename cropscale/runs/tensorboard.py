@@ -99,16 +99,17 @@ def _epoch_band(name: str, label: str) -> Chart:
                  (median, median, p95), band=True)
 
 
-#: The charts of the custom-scalars layout, in display order: the one list of tags the layout uses.
+#: The charts of the custom-scalars layout, in display order (TensorBoard shows a group's margin charts after its
+#: line charts): the one list of tags the layout uses.
 LAYOUT: tuple[Chart, ...] = (
-    Chart("1 quality", "val/mIoU (line) up to the best so far (band, val/mIoU_best)",
-          ("val/mIoU", "val/mIoU", "val/mIoU_best"), band=True),
     Chart("1 quality", "training loss, each log step (train/loss_step)", ("train/loss_step",)),
     Chart("1 quality", "training loss, epoch mean (train/loss_epoch)", ("train/loss_epoch",)),
     Chart("1 quality", "validation loss (val/loss)", ("val/loss",)),
     Chart("1 quality", "loss term: semantic cross-entropy (train/loss_semantic)", ("train/loss_semantic",)),
     Chart("1 quality", "loss term: parcel (train/loss_parcel)", ("train/loss_parcel",)),
     Chart("1 quality", "loss term: high-grid L1 (train/loss_hr)", ("train/loss_hr",)),
+    Chart("1 quality", "val/mIoU (line) up to the best so far (band, val/mIoU_best)",
+          ("val/mIoU", "val/mIoU", "val/mIoU_best"), band=True),
     *(_epoch_band(name, label) for name, label in _STEP_WINDOWS.items()),
     *(Chart("3 step time per log interval", f"{label} (ms), mean over each log interval (perf/step/{name}_ms)",
             (f"perf/step/{name}_ms",)) for name, label in _STEP_WINDOWS.items()),
