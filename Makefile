@@ -71,9 +71,10 @@ lint: install
 	$(PY) -m ruff check cropscale tests
 
 # Prints the address that opens on loss, mIoU, step time and memory (pinned), then serves runs/.
+# TensorBoard on runs/; its last line is the address to open (loss, best mIoU, step, memory pinned). TB_PORT=0: a free port
+TB_PORT ?= 6006
 tensorboard: install
-	@$(PY) -c "from cropscale.runs.tensorboard import first_screen_url as u; print('open', u(), '(loss, mIoU, step, memory pinned)')"
-	$(VENV)/bin/tensorboard --logdir runs
+	$(PY) -m cropscale tensorboard --logdir runs --port $(TB_PORT)
 
 # The GPU check (scripts/gpu_check.sh): needs no install; on the lent H200 it runs from the carry.
 GPU_CARRY ?= .gpu-carry

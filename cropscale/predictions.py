@@ -31,7 +31,8 @@ Index ``predictions.json``: ``{"format": "cropscale-predictions/1", "num_classes
 the file).
 
 The output folder must be new or empty (:func:`check_output_folder`): a previous run's maps are never
-overwritten or mixed with this run's.
+overwritten or mixed with this run's. ``predict`` ends with :func:`written_line`: how many maps, in which
+format, and the folder.
 """
 
 from __future__ import annotations
@@ -82,6 +83,22 @@ class WrittenPatch:
     georeferenced: bool
     crs: str | None
     rank: int
+
+
+def written_line(entries: Sequence[WrittenPatch], folder: Path) -> str:
+    """One line of what ``predict --output`` wrote: the count of class maps, their format, the index and the folder.
+
+    E.g. ``cropscale predict: wrote 2 class maps (GeoTIFF, EPSG:32631) and predictions.json to /abs/maps``; a mix
+    of formats gives each format's count.
+    """
+    crss = sorted({e.crs or "no CRS" for e in entries if e.georeferenced})
+    formats = [(sum(e.georeferenced for e in entries), f"GeoTIFF, {' and '.join(crss)}"),
+               (sum(not e.georeferenced for e in entries), ".npz, no georeference")]
+    present = [(n, what) for n, what in formats if n]
+    kinds = (f" ({present[0][1]})" if len(present) == 1 else
+             f" ({'; '.join(f'{n} {what}' for n, what in present)})" if present else "")
+    maps = f"{len(entries)} class map{'s' if len(entries) != 1 else ''}"
+    return f"cropscale predict: wrote {maps}{kinds} and {INDEX_NAME} to {folder}"
 
 
 def check_output_folder(path: str | os.PathLike) -> Path:
@@ -186,6 +203,7 @@ class PredictionWriter(BasePredictionWriter):
         super().__init__(write_interval="batch")
         self.output_dir = check_output_folder(output_dir)
         self.written: list[WrittenPatch] = []
+        self.index: list[WrittenPatch] = []  # every rank's maps, once written to the index (global rank 0)
         self._patches: dict[int, Any] = {}
         self._classes: tuple[list[str], int | None] = ([], None)
 
@@ -239,8 +257,9 @@ class PredictionWriter(BasePredictionWriter):
                                      f" {entry.rank}: the predict sampler gave it to two ranks")
             seen[entry.patch_id] = entry.rank
         names, ignore = self._classes
+        self.index = sorted(entries, key=lambda e: e.patch_id)
         index = {"format": INDEX_FORMAT, "num_classes": len(names), "class_names": names, "ignore_index": ignore,
-                 "nodata": NODATA, "patches": [asdict(e) for e in sorted(entries, key=lambda e: e.patch_id)]}
+                 "nodata": NODATA, "patches": [asdict(e) for e in self.index]}
         atomic_write_json(self.output_dir / INDEX_NAME, index)
 
 

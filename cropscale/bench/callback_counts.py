@@ -5,6 +5,11 @@ One fit of the tiny model (:class:`~cropscale.testing.toy.ToyTask`) with the def
 side; :class:`~cropscale.bench.counts.HookCostCounter` counts per callback Python calls, C calls, torch ops and
 device-to-host reads, and :class:`StepCounts` cuts the totals into ordinary and log steps
 (``docs/measuring.md``, "Cost of the callbacks"). Evidence ``count``.
+
+Two references: Lightning's three monitors as a CPU run has them (:data:`LIGHTNING_ARM`; ``DeviceStatsMonitor``
+reads CPU stats through ``psutil`` when it is installed, about 770 C calls a log step), and the same three with
+``DeviceStatsMonitor(cpu_stats=False)`` (:data:`LIGHTNING_NO_CPU_ARM`, in the same fit: what a run without
+``psutil`` has, and the smaller of the two).
 """
 
 from __future__ import annotations
@@ -33,8 +38,8 @@ from cropscale.evidence import COUNT
 from cropscale.files import DEFAULT_CONFIG
 from cropscale.testing.toy import ToyTask, toy_batches
 
-__all__ = ["DEVICE_STATS", "LIGHTNING_ARM", "StepCounts", "count_fit", "default_group", "lightning_monitors",
-           "print_counts", "run_counts"]
+__all__ = ["DEVICE_STATS", "LIGHTNING_ARM", "LIGHTNING_NO_CPU_ARM", "StepCounts", "count_fit", "default_group",
+           "lightning_monitors", "print_counts", "run_counts"]
 
 _PSUTIL = importlib.util.find_spec("psutil") is not None
 DEVICE_STATS = ("DeviceStatsMonitor with CPU stats (psutil)" if _PSUTIL
@@ -44,6 +49,9 @@ _CALLBACK_PACKAGES = (cropscale_callbacks, lightning_callbacks)  # frames of the
 
 LIGHTNING_ARM = "Lightning monitors"
 """The reference arm: Lightning's ``ThroughputMonitor`` + ``LearningRateMonitor`` + ``DeviceStatsMonitor``."""
+
+LIGHTNING_NO_CPU_ARM = "Lightning monitors, no CPU stats"
+"""The smaller reference: the same three with ``DeviceStatsMonitor(cpu_stats=False)`` (no ``psutil`` reads)."""
 
 
 def lightning_monitors() -> list[Callback]:
@@ -111,14 +119,16 @@ def count_fit(precision: str, steps: int, log_every: int, root: str, features: i
     ``precision``: ``"32-true"``, or ``"16-mixed"`` (CPU autocast to FP16 with a real
     ``torch.amp.GradScaler("cpu")``, ``trainer.plugins``). Gradient norm clipped to 1.0 (as
     ``configs/default.yaml``). Returns ``{"arms": {arm: {kind: {figure: mean}, "max_...": ...}},
-    "members": {...}}``: per arm (the group, with its members, and Lightning's monitors) and per kind of
-    step, the mean of each :data:`~cropscale.bench.counts.FIGURES` per step and the largest torch ops and
-    reads seen on one step.
+    "members": {...}}``: per arm (the group, with its members; Lightning's monitors; the same with
+    ``DeviceStatsMonitor(cpu_stats=False)``, :data:`LIGHTNING_NO_CPU_ARM`) and per kind of step, the mean of
+    each :data:`~cropscale.bench.counts.FIGURES` per step and the largest torch ops and reads seen on one step.
     """
     group, monitors = default_group(), lightning_monitors()
+    no_cpu = DeviceStatsMonitor(cpu_stats=False) if _PSUTIL else monitors[-1]  # without psutil: the same one
     owners = {id(group): "CallbackGroup"}
     owners.update({id(cb): type(cb).__name__ for cb in group.callbacks})
     owners.update({id(cb): type(cb).__name__ for cb in monitors})
+    owners.setdefault(id(no_cpu), "DeviceStatsMonitor(cpu_stats=False)")
     files = {str(f) for pkg in _CALLBACK_PACKAGES for f in Path(pkg.__file__).parent.glob("*.py")}
     counter = HookCostCounter(owners, files, transparent={id(group)})
     cut = StepCounts(counter, skip=log_every if steps >= 3 * log_every else 0)  # the first interval: set-up
@@ -127,7 +137,8 @@ def count_fit(precision: str, steps: int, log_every: int, root: str, features: i
         plugins, prec = [MixedPrecision("16-mixed", "cpu", scaler=torch.amp.GradScaler("cpu"))], None
     trainer = Trainer(
         accelerator="cpu", devices=1, max_steps=steps, max_epochs=1, precision=prec, plugins=plugins,
-        callbacks=[group, *monitors, cut], logger=TensorBoardLogger(root, name=f"count-{precision}"),
+        callbacks=[group, *monitors, *([no_cpu] if no_cpu not in monitors else []), cut],
+        logger=TensorBoardLogger(root, name=f"count-{precision}"),
         log_every_n_steps=log_every, gradient_clip_val=1.0, gradient_clip_algorithm="norm",
         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
         default_root_dir=root,
@@ -136,10 +147,13 @@ def count_fit(precision: str, steps: int, log_every: int, root: str, features: i
     with counter:
         trainer.fit(ToyTask(features=features), train_dataloaders=loader)
     arms = {"CallbackGroup": ["CallbackGroup", *(type(cb).__name__ for cb in group.callbacks)],
-            LIGHTNING_ARM: [type(cb).__name__ for cb in monitors]}
+            LIGHTNING_ARM: [type(cb).__name__ for cb in monitors],
+            LIGHTNING_NO_CPU_ARM: [owners[id(cb)] for cb in (*monitors[:-1], no_cpu)]}
+    shown = {"CallbackGroup": arms["CallbackGroup"], LIGHTNING_ARM: arms[LIGHTNING_ARM],  # members printed once
+             LIGHTNING_NO_CPU_ARM: [n for n in arms[LIGHTNING_NO_CPU_ARM] if n not in arms[LIGHTNING_ARM]]}
     return {"precision": precision, "steps": {k: len(v) for k, v in cut.steps.items()},
             "arms": {arm: _kinds(cut.steps, names) for arm, names in arms.items()},
-            "members": {arm: {n: _kinds(cut.steps, [n]) for n in names} for arm, names in arms.items()}}
+            "members": {arm: {n: _kinds(cut.steps, [n]) for n in names} for arm, names in shown.items()}}
 
 
 def _kinds(steps: dict[str, list[dict[str, tuple[int, ...]]]], names: list[str]) -> dict[str, Any]:
@@ -162,11 +176,14 @@ def run_counts(steps: int, log_every: int, features: int = 16) -> dict[str, Any]
 
 
 def print_counts(result: dict[str, Any]) -> None:
-    """Print :func:`run_counts`'s figures, one line per fit, callback and kind of step."""
+    """Print :func:`run_counts`'s figures, one line per fit, callback and kind of step.
+
+    Then, per fit, the log step's Python + C calls of the group against both references.
+    """
     print(f"callback-bench --count ({result['evidence']}): {result['model']}, "
           f"log_every_n_steps={result['log_every_n_steps']}, {result['device_stats']}; per step, mean "
           "(max torch ops / reads on one step)")
-    head = f"{'precision':<9} {'callback':<28} {'step':<8} {'Python calls':>12} {'C calls':>8} {'torch ops':>9} " \
+    head = f"{'precision':<9} {'callback':<36} {'step':<8} {'Python calls':>12} {'C calls':>8} {'torch ops':>9} " \
            f"{'reads':>6} {'max ops':>7} {'max reads':>9}"
     print(head)
     for fit in result["fits"]:
@@ -177,7 +194,13 @@ def print_counts(result: dict[str, Any]) -> None:
                     k = kinds[kind]
                     if k["python_calls"] is None:
                         continue
-                    print(f"{fit['precision']:<9} {name:<28} {kind:<8} {k['python_calls']:>12.1f} "
+                    print(f"{fit['precision']:<9} {name:<36} {kind:<8} {k['python_calls']:>12.1f} "
                           f"{k['c_calls']:>8.1f} {k['torch_ops']:>9.2f} {k['reads']:>6.2f} "
                           f"{k['max_torch_ops']:>7d} {k['max_reads']:>9d}")
         print(f"  {fit['precision']}: {fit['steps']['ordinary']} ordinary and {fit['steps']['log']} log steps counted")
+        calls = {arm: k["log"]["python_calls"] + k["log"]["c_calls"] for arm, k in fit["arms"].items()
+                 if k["log"]["python_calls"] is not None}
+        if len(calls) == len(fit["arms"]):
+            print(f"  {fit['precision']}: log step, Python + C calls: CallbackGroup {calls['CallbackGroup']:,.0f}; "
+                  f"{LIGHTNING_ARM} {calls[LIGHTNING_ARM]:,.0f}; {LIGHTNING_NO_CPU_ARM} "
+                  f"{calls[LIGHTNING_NO_CPU_ARM]:,.0f}")

@@ -264,10 +264,11 @@ def norms_tensor(steps: Sequence[Sequence[torch.Tensor]], norm_type: float = 2.0
     total norm clipping computed, :class:`ClipNormTap`) is that part; otherwise
     ``(sum_i part_i^p)^(1/p)`` (``max_i part_i`` for ``p = inf``) on the device; NaN / inf propagate.
     """
-    if all(len(parts) == 1 for parts in steps):
+    widths = set(map(len, steps))  # C calls only: a log step hands 50 steps or more
+    if widths == {1}:
         return torch.stack([parts[0] for parts in steps])  # 0-d each
     width = len(steps[0])
-    if width and all(len(parts) == width for parts in steps):
+    if width and widths == {width}:
         try:  # [steps, parts] -> one norm per row
             mat = torch.stack([t for parts in steps for t in parts]).reshape(len(steps), width).double()
             return torch.linalg.vector_norm(mat, norm_type, dim=1)

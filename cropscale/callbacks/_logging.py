@@ -3,7 +3,10 @@
 A deferred write waits for the end of its block (:func:`deferred_logging`), e.g. the end of one hook.
 
 Loggers write on global rank 0 only (Lightning's ``rank_zero_only`` loggers); nothing here is a
-collective.
+collective. A Lightning ``TensorBoardLogger`` gets the scalars of one step as one event (one ``Summary`` of
+``n`` values, as ``tf.summary.merge`` writes them) instead of ``n`` events of one value each
+(``SummaryWriter.add_scalar``): the same tags, steps and ``float32`` values in the events file, one
+serialisation and one hand-over to the writer thread per step instead of one per scalar.
 """
 
 from __future__ import annotations
@@ -11,7 +14,9 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from typing import Any
 
+from lightning.fabric.loggers.tensorboard import TensorBoardLogger
 from lightning.pytorch import Trainer
 
 _DEFERRED: list[dict[int, dict[str, float]]] = []  # open deferred_logging() blocks, innermost last
@@ -44,8 +49,41 @@ def log_metrics(trainer: Trainer, metrics: Mapping[str, float | int | None], ste
     if _DEFERRED:
         _DEFERRED[-1].setdefault(step, {}).update(clean)
         return
+    _write(trainer, clean, step)
+
+
+def _write(trainer: Trainer, clean: dict[str, float], step: int) -> None:
+    """Write ``clean`` (finite floats) at ``step`` through every logger of ``trainer``: one event for TensorBoard."""
     for logger in trainer.loggers:
-        logger.log_metrics(clean, step=step)
+        writer = _event_writer(logger)
+        if writer is None:
+            logger.log_metrics(clean, step=step)
+        else:
+            summary = _SUMMARY[0]
+            writer.add_summary(summary(value=[summary.Value(tag=k, simple_value=v) for k, v in clean.items()]), step)
+
+
+_SUMMARY: list[Any] = []  # tensorboard's Summary message class, imported with the first TensorBoard write
+
+
+def _event_writer(logger: Any) -> Any:
+    """The events-file writer behind ``logger`` when it is Lightning's ``TensorBoardLogger`` as shipped, else ``None``.
+
+    ``None`` (the logger's own ``log_metrics``, one event per scalar) for any other logger, a subclass that
+    writes its own way, a name ``prefix``, a ``SummaryWriter`` other than ``torch.utils.tensorboard``'s
+    (``tensorboardX``) and on ranks other than 0 (where the logger's experiment is a dummy and its
+    ``log_metrics`` does nothing).
+    """
+    if type(logger).log_metrics is not TensorBoardLogger.log_metrics or getattr(logger, "_prefix", ""):
+        return None
+    experiment = logger.experiment
+    if type(experiment).__module__ != "torch.utils.tensorboard.writer":
+        return None
+    if not _SUMMARY:
+        from tensorboard.compat.proto.summary_pb2 import Summary
+
+        _SUMMARY.append(Summary)
+    return experiment._get_file_writer()  # what add_scalar writes through (re-opened after a close)
 
 
 def open_deferred() -> None:
@@ -54,19 +92,18 @@ def open_deferred() -> None:
 
 
 def close_deferred(trainer: Trainer) -> None:
-    """Write what was collected since the matching :func:`open_deferred`, one ``log_metrics`` call per step."""
+    """Write what was collected since the matching :func:`open_deferred`: per step, one write per logger."""
     collected = _DEFERRED.pop()
     if collected:
         for step, clean in collected.items():
-            for logger in trainer.loggers:
-                logger.log_metrics(clean, step=step)
+            _write(trainer, clean, step)
 
 
 @contextmanager
 def deferred_logging(trainer: Trainer) -> Iterator[None]:
     """Collect the :func:`log_metrics` calls made inside the block and write them at its end.
 
-    One ``logger.log_metrics`` call per step.
+    One write per logger and step.
 
     Why: TensorBoard's writer is a background thread that wakes on every event. Torch ops release the
     GIL, and each one that runs while the writer is busy waits to get it back, so a callback that

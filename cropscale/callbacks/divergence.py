@@ -48,7 +48,16 @@ class DivergenceCallback(Callback):
 
     Example::
 
+        from lightning.pytorch import Trainer
+        from cropscale.callbacks import DivergenceCallback
+
         trainer = Trainer(callbacks=[DivergenceCallback(window=3)], log_every_n_steps=10)
+
+        # configs/default.yaml has it (window: 3); in a configuration of your own, a --config file with
+        #   trainer:
+        #     callbacks+:
+        #       - class_path: cropscale.callbacks.DivergenceCallback
+        #         init_args: {window: 3, action: stop}
     """
 
     def __init__(self, window: int = DIVERGENCE_WINDOW, monitor: str = "train/loss_step",

@@ -95,6 +95,16 @@ class EnergyCallback(ScalingCallback):
     ``summary.energy.available`` and a setting of the HPARAMS tab, not a scalar.
 
     ``state_dict`` keeps the totals and per-epoch summaries.
+
+    Example::
+
+        from lightning.pytorch import Trainer
+        from cropscale.callbacks import EnergyCallback
+
+        trainer = Trainer(callbacks=[EnergyCallback(price_per_gpu_hour=2.5, currency="EUR")])
+
+        # command line: the preset's settings replace the member of configs/default.yaml's CallbackGroup
+        #   python -m cropscale fit --config callbacks/energy.yaml
     """
 
     summary_key = "energy"

@@ -74,6 +74,17 @@ class GradNormCallback(ScalingCallback):
     apart (``nonfinite_steps``) and left out of the statistics.
 
     ``state_dict`` keeps the counts and per-epoch summaries.
+
+    Example::
+
+        from lightning.pytorch import Trainer
+        from cropscale.callbacks import GradNormCallback
+
+        # clipping by norm: the callback keeps the norm the clipping computes (no device work of its own)
+        trainer = Trainer(gradient_clip_val=1.0, callbacks=[GradNormCallback()])
+
+        # command line: the preset's settings replace the member of configs/default.yaml's CallbackGroup
+        #   python -m cropscale fit --config callbacks/grad_norm.yaml
     """
 
     summary_key = "grad_norm"

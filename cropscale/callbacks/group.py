@@ -75,6 +75,18 @@ class CallbackGroup(Callback):
     :meth:`ScalingCallback.on_before_optimizer_step <cropscale.callbacks.base.ScalingCallback.on_before_optimizer_step>`
     get their step flag set without a call. The full table is restored at ``on_train_end`` and
     ``on_exception``.
+
+    Example::
+
+        from lightning.pytorch import Trainer
+        from cropscale.callbacks import CallbackGroup, GradNormCallback, ProvenanceCallback, StepTimingCallback
+
+        group = CallbackGroup([StepTimingCallback(), GradNormCallback(), ProvenanceCallback()])
+        trainer = Trainer(callbacks=[group], gradient_clip_val=1.0)
+
+        # command line: every scaling callback in one group (configs/default.yaml has it; members of a later
+        # group or a later callbacks/<name>.yaml replace the member of their class):
+        #   python -m cropscale fit --config callbacks/scaling.yaml
     """
 
     _is_callback_group = True

@@ -68,6 +68,19 @@ class LossScaleCallback(ScalingCallback):
     Counts are global: DDP ranks share one scale (the scaler's inf check sees all-reduced gradients),
     so rank 0's counts stand for the run. ``state_dict`` keeps the counts (read from the device when
     a checkpoint is saved), so a resumed run continues them.
+
+    No arguments: the scaler is the precision plugin's (``trainer.precision_plugin.scaler``); under ``32-true`` and
+    ``bf16-mixed`` the callback records that none is in use and does nothing per step.
+
+    Example::
+
+        from lightning.pytorch import Trainer
+        from cropscale.callbacks import LossScaleCallback
+
+        trainer = Trainer(precision="16-mixed", callbacks=[LossScaleCallback()])
+
+        # command line: the preset's settings replace the member of configs/default.yaml's CallbackGroup
+        #   python -m cropscale fit --config configs/precision/amp_fp16.yaml --config callbacks/loss_scale.yaml
     """
 
     summary_key = "loss_scale"

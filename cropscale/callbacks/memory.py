@@ -51,6 +51,18 @@ class MemoryCallback(ScalingCallback):
     ``memory/peak_reserved_gib`` (max over ranks), ``memory/host_peak_rss_gib`` (max over ranks).
 
     ``state_dict`` keeps the per-epoch summaries.
+
+    No arguments.
+
+    Example::
+
+        from lightning.pytorch import Trainer
+        from cropscale.callbacks import MemoryCallback
+
+        trainer = Trainer(callbacks=[MemoryCallback()])
+
+        # command line: the preset's settings replace the member of configs/default.yaml's CallbackGroup
+        #   python -m cropscale fit --config callbacks/memory.yaml
     """
 
     summary_key = "memory"

@@ -120,6 +120,16 @@ class NonFiniteCallback(ScalingCallback):
     Raises:
         CropScaleError: for an unknown ``policy`` or a negative ``max_records``.
         NonFiniteError: under ``policy="raise"``, on every rank, when a step is non-finite.
+
+    Example::
+
+        from lightning.pytorch import Trainer
+        from cropscale.callbacks import NonFiniteCallback
+
+        trainer = Trainer(callbacks=[NonFiniteCallback(policy="skip", max_records=100)])
+
+        # command line: the preset's settings replace the member of configs/default.yaml's CallbackGroup
+        #   python -m cropscale fit --config callbacks/nonfinite.yaml
     """
 
     summary_key = "nonfinite"

@@ -166,6 +166,17 @@ class ProvenanceCallback(ScalingCallback):
 
     Raises:
         CropScaleError: for an unknown ``data_hash`` or a ``data_root`` that is not a folder.
+
+    Example::
+
+        from lightning.pytorch import Trainer
+        from cropscale.callbacks import GradNormCallback, ProvenanceCallback
+
+        # last, so that run.json holds the summaries of the scaling callbacks before it
+        trainer = Trainer(callbacks=[GradNormCallback(), ProvenanceCallback(data_hash="listing")])
+
+        # command line: the preset's settings replace the member of configs/default.yaml's CallbackGroup
+        #   python -m cropscale fit --config callbacks/provenance.yaml
     """
 
     summary_key = "provenance"

@@ -187,6 +187,16 @@ class StepTimingCallback(ScalingCallback):
     ``perf/epoch/first_batch_wait_ms``.
 
     ``state_dict`` keeps the step counts and the per-epoch summaries, so a resumed run continues them.
+
+    Example::
+
+        from lightning.pytorch import Trainer
+        from cropscale.callbacks import StepTimingCallback
+
+        trainer = Trainer(callbacks=[StepTimingCallback(warmup_steps=5, trace_path="step_trace.rank{rank}.jsonl")])
+
+        # command line: the preset's settings replace the member of configs/default.yaml's CallbackGroup
+        #   python -m cropscale fit --config callbacks/step_timing.yaml
     """
 
     summary_key = "step_timing"

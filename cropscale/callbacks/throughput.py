@@ -82,6 +82,16 @@ class ThroughputCallback(ScalingCallback):
     ``state_dict`` keeps the totals and per-epoch summaries, and inside an epoch the samples trained so far
     in it and their train, validation and wall time (s), so that an epoch resumed from a mid-epoch checkpoint
     counts each of its samples once and their time with them (run-level samples/s stays samples / train time).
+
+    Example::
+
+        from lightning.pytorch import Trainer
+        from cropscale.callbacks import ThroughputCallback
+
+        trainer = Trainer(callbacks=[ThroughputCallback(flops_per_sample=13.3e9, peak_tflops=989.0)])
+
+        # command line: the preset's settings replace the member of configs/default.yaml's CallbackGroup
+        #   python -m cropscale fit --config callbacks/throughput.yaml
     """
 
     summary_key = "throughput"

@@ -27,9 +27,17 @@ __all__ = ["TrainedCallback"]
 class TrainedCallback(ScalingCallback):
     """Records whether the weights changed between ``on_train_start`` and ``on_train_end`` on any rank.
 
+    No arguments.
+
     Example::
 
-        Trainer(callbacks=[TrainedCallback(), ProvenanceCallback()])   # run.json summary.trained
+        from lightning.pytorch import Trainer
+        from cropscale.callbacks import ProvenanceCallback, TrainedCallback
+
+        trainer = Trainer(callbacks=[TrainedCallback(), ProvenanceCallback()])  # run.json summary.trained
+
+        # command line (configs/default.yaml's CallbackGroup has it; another configuration gets it added):
+        #   python -m cropscale fit --trainer.callbacks+=cropscale.callbacks.TrainedCallback
     """
 
     summary_key = "trained"

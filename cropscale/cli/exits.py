@@ -73,6 +73,22 @@ def error_ending(err: Exception, args: list[str], subcommand: str, config_file: 
     return f"{message} (set CROPSCALE_TRACEBACK=1 for the traceback)", 2
 
 
+def end_progress_bars(trainer: Trainer | None) -> None:
+    """Close the progress bars ``trainer`` still draws, so that what is printed next starts a line of its own.
+
+    Lightning's ``TQDMProgressBar`` leaves its bars open when a run ends with an exception: the bar's line on
+    stdout has no newline yet, and an error printed on stderr lands at its end on a terminal. Closing a bar
+    prints what tqdm prints at a bar's end (the bar and a newline; a bar that does not stay clears its line),
+    inner bars first. Lightning's ``RichProgressBar`` stops itself in ``on_exception`` (its last line ends with a
+    newline on a terminal) and is left alone. Nothing happens without a trainer or with the bar off.
+    """
+    bar = getattr(trainer, "progress_bar_callback", None)
+    for name in ("_val_progress_bar", "_test_progress_bar", "_predict_progress_bar", "_train_progress_bar"):
+        drawn = getattr(bar, name, None)  # TQDMProgressBar's bars (its properties raise while unset)
+        if drawn is not None and not getattr(drawn, "disable", True):  # tqdm sets disable when closed
+            drawn.close()
+
+
 def fail(message: str, status: int = 2) -> None:
     """Print ``cropscale: error: <message>`` as the last line and exit; under DDP, end the other ranks first.
 

@@ -77,7 +77,7 @@ from typing_extensions import override
 from cropscale.callbacks.divergence import DivergenceCallback
 from cropscale.checkpointing import RESUME_AUTO, AtomicCheckpointIO, StopOnSignal, check_fit_start
 from cropscale.cli.config import explicit_model_settings, integers_stay_integers, merge_callbacks
-from cropscale.cli.exits import ACTIVE, error_ending, fail, name_trainer_argument, stopped_by_signal
+from cropscale.cli.exits import ACTIVE, end_progress_bars, error_ending, fail, name_trainer_argument, stopped_by_signal
 from cropscale.cli.folders import check_checkpoint, continue_in_run_folder, eval_run_folder, resolve_last
 from cropscale.data.datamodule import PastisHDDataModule
 from cropscale.distributed import ChildRankWatch, elastic_restart_hazard, finish_distributed, prepare_rank_reports
@@ -87,7 +87,7 @@ from cropscale.files import DEFAULT_CONFIG, check_writable_folder
 from cropscale.model.settings import RESUME_FIXED_SETTINGS
 from cropscale.model.task import CropMappingTask
 from cropscale.precision import cpu_precision_line
-from cropscale.predictions import PredictionWriter, check_output_folder
+from cropscale.predictions import PredictionWriter, check_output_folder, written_line
 from cropscale.report.summary import fit_summary, not_trained_reason
 from cropscale.runs.record import is_run_folder, load_run
 
@@ -102,6 +102,7 @@ EXTRA_COMMANDS: dict[str, tuple[str, str]] = {
     "callback-bench": ("cropscale.bench.callbacks", "per-step overhead of the scaling callbacks"),
     "lever-bench": ("cropscale.bench.levers", "speed levers (compile, fused AdamW, channels_last, pinned) vs eager"),
     "pipeline-bench": ("cropscale.bench.pipeline", "end-to-end / compute-only training samples/s (input pipeline)"),
+    "tensorboard": ("cropscale.cli.tensorboard", "serve the runs with TensorBoard; ends with the address to open"),
 }
 
 
@@ -331,6 +332,19 @@ class CropScaleCLI(LightningCLI):
         else:
             rank_zero_warn("cropscale predict: no --output folder given, so no prediction is written")
 
+    def after_predict(self) -> None:
+        """End with one line on rank 0: what was written and where (:func:`~cropscale.predictions.written_line`).
+
+        Without ``--output``: that nothing was written.
+        """
+        if not self.trainer.is_global_zero:
+            return
+        writer = next((cb for cb in self.trainer.callbacks if isinstance(cb, PredictionWriter)), None)
+        if writer is None:
+            print("cropscale predict: wrote nothing (no --output folder given)", flush=True)
+        else:
+            print(written_line(writer.index, writer.output_dir.resolve()), flush=True)
+
     def after_fit(self) -> None:
         """Print the end-of-fit summary on global rank 0 (:func:`end_of_fit`); a divergence goes to ``fit_error``."""
         folder = self.trainer.log_dir or self.trainer.default_root_dir  # a collective under DDP: every rank
@@ -396,6 +410,7 @@ def main(argv: list[str] | None = None) -> None:
     except SIGTERMException:
         stopped_by_signal()
     except Exception as err:
+        end_progress_bars(ACTIVE.get("trainer"))  # the error's first line starts a line of its own
         sub = args[0] if args[0] in LIGHTNING_COMMANDS else ""
         ending = error_ending(err, args, sub, str(DEFAULT_CONFIG) if DEFAULT_CONFIG.is_file() else None)
         if ending is None:

@@ -7,11 +7,12 @@ checkpoint is loaded. :data:`RESUME_FIXED_SETTINGS` is what the CLI refuses to c
 
 from __future__ import annotations
 
+import difflib
 import inspect
 from collections.abc import Mapping
 from typing import Any
 
-from cropscale.errors import CropScaleError
+from cropscale.errors import ConfigError, CropScaleError
 from cropscale.model.network import CropMappingNet
 from cropscale.model.optim import OPTIMIZERS, warmup_steps_of
 from cropscale.model.speed import COMPILE_MODES
@@ -61,6 +62,26 @@ def check_settings(optimizer: str, compile_mode: str, **values: Any) -> None:
     warmup_steps_of(values["warmup_steps"], values["warmup_epochs"], updates_per_epoch=1)  # both units: refused
     if compile_mode not in COMPILE_MODES:
         raise CropScaleError(f"model.compile_mode must be one of {', '.join(COMPILE_MODES)}; got {compile_mode!r}")
+
+
+def check_net_kwargs(net_kwargs: Mapping[str, Any]) -> None:
+    """Refuse a ``model.net_kwargs`` key that is not an argument of :class:`CropMappingNet`, before it is built.
+
+    Raises:
+        ConfigError: one line naming each unknown key (with the closest valid key, if any is close) and every
+            valid key, in the network's order; ``num_classes`` is not one (the task takes it from the data).
+    """
+    valid = [name for name in inspect.signature(CropMappingNet.__init__).parameters if name not in ("self",
+                                                                                                   "num_classes")]
+    unknown = [key for key in net_kwargs if key not in valid and key != "num_classes"]
+    if not unknown:
+        return
+    named = []
+    for key in unknown:
+        close = difflib.get_close_matches(str(key), valid, n=1)
+        named.append(f"{key!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
+    raise ConfigError(f"model.net_kwargs: unknown key{'s' if len(unknown) > 1 else ''} {', '.join(named)}; "
+                      f"valid keys: {', '.join(valid)}")
 
 
 def architecture(num_classes: int, net_kwargs: dict[str, Any] | None) -> dict[str, Any]:

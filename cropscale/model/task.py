@@ -35,7 +35,7 @@ from cropscale.model.flops import flops_per_sample, flops_per_sample_by_class
 from cropscale.model.losses import MultiTaskLoss
 from cropscale.model.network import CropMappingNet
 from cropscale.model.optim import LRScaling, OptimizerName, Schedule, clip_gradients_by_norm, configure_optimization
-from cropscale.model.settings import architecture_mismatch, check_settings
+from cropscale.model.settings import architecture_mismatch, check_net_kwargs, check_settings
 from cropscale.model.speed import compile_network
 from cropscale.model.synthetic import synthetic_batch
 from cropscale.numbers import TARGET_FRACTION, time_to_target
@@ -188,8 +188,13 @@ class CropMappingTask(LightningModule):
         self._train_net.append(compile_network(self.net, self.hparams.get("compile_mode", "default"), device))
 
     def _net_kwargs(self) -> dict[str, Any]:
-        """``net_kwargs`` without ``num_classes``, which always comes from the task (linked from the data)."""
+        """``net_kwargs`` without ``num_classes``, which always comes from the task (linked from the data).
+
+        Raises:
+            ConfigError: a key that is not an argument of the network (``settings.check_net_kwargs``).
+        """
         kwargs = dict(self.hparams.net_kwargs or {})
+        check_net_kwargs(kwargs)
         kwargs.pop("num_classes", None)
         return kwargs
 

@@ -11,6 +11,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote, urlsplit
 
 from cropscale.errors import CropScaleError
 
@@ -63,46 +64,84 @@ def epoch_series(scalars: Scalars, tag: str) -> list[tuple[int, float]]:
 # ------------------------------------------------------------------------------ what a run writes for the eye
 @dataclass(frozen=True)
 class Chart:
-    """One chart of the custom-scalars layout: every scalar whose tag matches one of ``tags`` on one plot.
+    """One chart of the custom-scalars layout: one line, or one line and a band, each named in the title.
+
+    TensorBoard's custom-scalars charts draw every line of a run in the run's colour and tell them apart only by
+    a marker that its server hands out in an order that changes from one start to the next (the lines are named
+    only under "Matches"). So a chart holds one figure: one line, whose tag the title names, or (``band``) a
+    margin chart whose title names the line (``tags[0]``) and the band (from ``tags[1]`` up to ``tags[2]``), e.g.
+    an epoch median and its p95, or val/mIoU and the best so far.
 
     Attributes:
         category: the group it is shown in (TensorBoard sorts groups by name).
-        title: the chart's title (with the unit).
-        tags: regular expressions, anchored at both ends when written (:func:`custom_scalars_layout`);
-            mostly exact tags.
+        title: what the line (and band) is, with the unit.
+        tags: the exact tag of the line; with ``band``, ``(line, band bottom, band top)``, logged at the same steps.
         needs: where the run can log these tags: ``None`` (any run), ``"scaler"`` (a GradScaler:
             ``16-mixed``) or ``"cuda"`` (a CUDA device: GPU memory, energy, MFU).
+        band: a margin chart (TensorBoard draws ``tags[0]`` as the line, the band between the other two).
     """
 
     category: str
     title: str
     tags: tuple[str, ...]
     needs: str | None = None
+    band: bool = False
 
 
-_WINDOWS = "(data_wait|transfer|forward|backward|optimizer|remainder)"
+_WINDOWS = {"data_wait": "data wait", "transfer": "host-to-device transfer", "forward": "forward",
+            "backward": "backward", "optimizer": "optimizer step", "remainder": "remainder (outside the hooks)"}
+_STEP_WINDOWS = {"step": "step", **_WINDOWS}
 
-#: The charts of the custom-scalars layout, in display order: the one list of tags the layout uses.
+
+def _epoch_band(name: str, label: str) -> Chart:
+    median, p95 = f"perf/epoch/{name}_ms_median", f"perf/epoch/{name}_ms_p95"
+    return Chart("2 step time per epoch", f"{label} (ms): epoch median (line) up to the p95 (band)",
+                 (median, median, p95), band=True)
+
+
+#: The charts of the custom-scalars layout, in display order (TensorBoard shows a group's margin charts after its
+#: line charts): the one list of tags the layout uses.
 LAYOUT: tuple[Chart, ...] = (
-    Chart("1 quality", "loss (train step, train epoch, val)", ("train/loss_step", "train/loss_epoch", "val/loss")),
-    Chart("1 quality", "training loss terms", ("train/loss_semantic", "train/loss_parcel", "train/loss_hr")),
-    Chart("1 quality", "val/mIoU and best so far", ("val/mIoU", "val/mIoU_best")),
-    Chart("2 step time", "step decomposition (ms, mean over each log interval)", (f"perf/step/{_WINDOWS}_ms",)),
-    Chart("2 step time", "step (ms): log-interval mean, epoch median and p95",
-          ("perf/step/step_ms", "perf/epoch/step_ms_median", "perf/epoch/step_ms_p95")),
-    Chart("2 step time", "epoch medians of the step windows (ms)", (f"perf/epoch/{_WINDOWS}_ms_median",)),
-    Chart("3 throughput", "training samples/s (epoch, steady, rank 0 log interval)",
-          ("perf/epoch/samples_per_s", "perf/epoch/samples_per_s_steady", "perf/samples_per_s_rank")),
-    Chart("3 throughput", "TFLOP/s (epoch)", ("perf/epoch/tflops_per_s",)),
-    Chart("3 throughput", "MFU (epoch, fraction of the GPU peak)", ("perf/epoch/mfu",), needs="cuda"),
-    Chart("4 AMP", "loss scale", ("amp/loss_scale",), needs="scaler"),
-    Chart("4 AMP", "skipped steps and scale events (cumulative)",
-          ("amp/skipped_steps", "amp/overflow_skips", "amp/backoff_events", "amp/growth_events"), needs="scaler"),
-    Chart("5 memory", "host RSS (GiB)", ("memory/host_rss_gib", "memory/host_peak_rss_gib")),
-    Chart("5 memory", "GPU memory (GiB)", ("memory/allocated_gib", "memory/reserved_gib", "memory/peak_allocated_gib",
-                                           "memory/peak_reserved_gib"), needs="cuda"),
-    Chart("6 energy", "GPU power (W)", ("energy/power_w", "energy/epoch_avg_w"), needs="cuda"),
-    Chart("6 energy", "energy per training sample (J)", ("energy/j_per_sample",), needs="cuda"),
+    Chart("1 quality", "training loss, each log step (train/loss_step)", ("train/loss_step",)),
+    Chart("1 quality", "training loss, epoch mean (train/loss_epoch)", ("train/loss_epoch",)),
+    Chart("1 quality", "validation loss (val/loss)", ("val/loss",)),
+    Chart("1 quality", "loss term: semantic cross-entropy (train/loss_semantic)", ("train/loss_semantic",)),
+    Chart("1 quality", "loss term: parcel (train/loss_parcel)", ("train/loss_parcel",)),
+    Chart("1 quality", "loss term: high-grid L1 (train/loss_hr)", ("train/loss_hr",)),
+    Chart("1 quality", "val/mIoU (line) up to the best so far (band, val/mIoU_best)",
+          ("val/mIoU", "val/mIoU", "val/mIoU_best"), band=True),
+    *(_epoch_band(name, label) for name, label in _STEP_WINDOWS.items()),
+    *(Chart("3 step time per log interval", f"{label} (ms), mean over each log interval (perf/step/{name}_ms)",
+            (f"perf/step/{name}_ms",)) for name, label in _STEP_WINDOWS.items()),
+    Chart("4 throughput", "training samples/s, epoch, all ranks (perf/epoch/samples_per_s)",
+          ("perf/epoch/samples_per_s",)),
+    Chart("4 throughput", "training samples/s, epoch without its first steps (perf/epoch/samples_per_s_steady)",
+          ("perf/epoch/samples_per_s_steady",)),
+    Chart("4 throughput", "training samples/s, rank 0, each log interval (perf/samples_per_s_rank)",
+          ("perf/samples_per_s_rank",)),
+    Chart("4 throughput", "TFLOP/s per device, epoch (perf/epoch/tflops_per_s)", ("perf/epoch/tflops_per_s",)),
+    Chart("4 throughput", "MFU, epoch, fraction of the GPU peak (perf/epoch/mfu)", ("perf/epoch/mfu",), needs="cuda"),
+    Chart("5 AMP", "loss scale (amp/loss_scale)", ("amp/loss_scale",), needs="scaler"),
+    Chart("5 AMP", "skipped optimizer steps, cumulative (amp/skipped_steps)", ("amp/skipped_steps",), needs="scaler"),
+    Chart("5 AMP", "steps skipped on an overflow, cumulative (amp/overflow_skips)", ("amp/overflow_skips",),
+          needs="scaler"),
+    Chart("5 AMP", "scale back-offs, cumulative (amp/backoff_events)", ("amp/backoff_events",), needs="scaler"),
+    Chart("5 AMP", "scale growths, cumulative (amp/growth_events)", ("amp/growth_events",), needs="scaler"),
+    Chart("6 memory", "host RSS (GiB), each log step (memory/host_rss_gib)", ("memory/host_rss_gib",)),
+    Chart("6 memory", "host peak RSS (GiB), epoch, max over ranks (memory/host_peak_rss_gib)",
+          ("memory/host_peak_rss_gib",)),
+    Chart("6 memory", "GPU memory allocated (GiB), each log step (memory/allocated_gib)", ("memory/allocated_gib",),
+          needs="cuda"),
+    Chart("6 memory", "GPU memory reserved (GiB), each log step (memory/reserved_gib)", ("memory/reserved_gib",),
+          needs="cuda"),
+    Chart("6 memory", "GPU peak allocated (GiB), epoch (memory/peak_allocated_gib)", ("memory/peak_allocated_gib",),
+          needs="cuda"),
+    Chart("6 memory", "GPU peak reserved (GiB), epoch (memory/peak_reserved_gib)", ("memory/peak_reserved_gib",),
+          needs="cuda"),
+    Chart("7 energy", "GPU power (W), rank 0, each log interval (energy/power_w)", ("energy/power_w",), needs="cuda"),
+    Chart("7 energy", "GPU power (W), epoch average (energy/epoch_avg_w)", ("energy/epoch_avg_w",), needs="cuda"),
+    Chart("7 energy", "energy per training sample (J), epoch (energy/j_per_sample)", ("energy/j_per_sample",),
+          needs="cuda"),
 )
 
 
@@ -116,14 +155,15 @@ def custom_scalars_layout(scaler: bool, cuda: bool, charts: tuple[Chart, ...] = 
         charts: the charts to choose from.
 
     Returns:
-        ``{category: {title: ["Multiline", [regex, ...]]}}``, each regex ``^tag$``; the charts whose tags this
-        run cannot log are left out.
+        ``{category: {title: ["Multiline", ["^tag$"]] or ["Margin", [line, bottom, top]]}}``; the charts whose
+        tags this run cannot log are left out.
     """
     have = {None: True, "scaler": scaler, "cuda": cuda}
     layout: dict[str, dict[str, list[Any]]] = {}
     for chart in charts:
         if have[chart.needs]:
-            layout.setdefault(chart.category, {})[chart.title] = ["Multiline", [f"^{t}$" for t in chart.tags]]
+            spec = ["Margin", list(chart.tags)] if chart.band else ["Multiline", [f"^{t}$" for t in chart.tags]]
+            layout.setdefault(chart.category, {})[chart.title] = spec
     return layout
 
 
@@ -197,13 +237,53 @@ def hparams_summaries(settings: dict[str, str | float | int], metrics: tuple[Hpa
 
 
 #: The charts pinned at the top of the Time Series tab by :func:`first_screen_url` (TensorBoard expands only the
-#: first two tag groups by name, ``epoch`` and ``lr-*`` in a CPU run, and keeps the tags' names).
-FIRST_SCREEN: tuple[str, ...] = ("train/loss_step", "val/mIoU", "perf/epoch/step_ms_median", "memory/host_rss_gib")
+#: first two tag groups by name, ``epoch`` and ``lr-*`` in a CPU run, and keeps the tags' names). Quality is the
+#: best val/mIoU so far: its last value is the run's best, in the card's table and (see :data:`FIRST_SCREEN_SMOOTHING`)
+#: within the card's frame.
+FIRST_SCREEN: tuple[str, ...] = ("train/loss_step", "val/mIoU_best", "perf/epoch/step_ms_median",
+                                 "memory/host_rss_gib")
+
+#: The Time Series smoothing the first-screen address sets (TensorBoard's default is 0.6). A card's y-range is taken
+#: over the line it draws: with smoothing, the smoothed line, which stays below a best that is not held for several
+#: points, so the best's raw point ends up above the frame; TensorBoard's "ignore outliers" (on by default, no
+#: address setting) then also drops the top 5 % of the points (of up to 20, the highest: a value reached once).
+#: Unsmoothed, the best so far is in the frame from the second validation that keeps it.
+FIRST_SCREEN_SMOOTHING = 0.0
 
 
-def first_screen_url(host: str = "localhost", port: int = 6006, tags: tuple[str, ...] = FIRST_SCREEN) -> str:
-    """The TensorBoard address whose Time Series tab opens with ``tags`` pinned at the top (``pinnedCards``)."""
-    from urllib.parse import quote
+def first_screen_url(host: str = "localhost", port: int = 6006, tags: tuple[str, ...] = FIRST_SCREEN,
+                     smoothing: float = FIRST_SCREEN_SMOOTHING) -> str:
+    """The TensorBoard address whose Time Series tab opens with ``tags`` pinned at the top (``pinnedCards``).
 
+    ``smoothing`` is TensorBoard's own address parameter of that name (:data:`FIRST_SCREEN_SMOOTHING`).
+    """
     cards = json.dumps([{"plugin": "scalars", "tag": t} for t in tags], separators=(",", ":"))
-    return f"http://{host}:{port}/?pinnedCards={quote(cards)}#timeseries"
+    return f"http://{host}:{port}/?smoothing={smoothing:g}&pinnedCards={quote(cards)}#timeseries"
+
+
+def serve(logdir: str | Path = "runs", host: str = "localhost", port: int = 6006) -> None:
+    """Serve ``logdir`` with TensorBoard and print, as the last line, the address to open (:func:`first_screen_url`).
+
+    TensorBoard starts in this process (``tensorboard.program``, the same server as the ``tensorboard`` command);
+    once it listens, the address with the pinned first screen is printed, and TensorBoard's own start-up line,
+    the bare address, is not. Runs until interrupted (Ctrl+C). ``port=0`` takes a free port.
+
+    Raises:
+        CropScaleError: ``logdir`` is not a folder, or TensorBoard cannot serve (e.g. the port is taken).
+    """
+    from tensorboard import program
+
+    if not Path(logdir).is_dir():
+        raise CropScaleError(f"tensorboard: no folder {logdir}: train a run first (make fit)")
+    board = program.TensorBoard()
+    board.configure(argv=[None, "--logdir", str(logdir), "--host", host, "--port", str(port)])
+    try:
+        address = urlsplit(board.launch())
+    except program.TensorBoardServerException as err:
+        raise CropScaleError(f"tensorboard --logdir {logdir} --port {port}: {err.msg}") from None
+    print(f"TensorBoard serves {logdir}; open {first_screen_url(host, address.port)}", flush=True)
+    try:
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        pass

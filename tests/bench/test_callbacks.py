@@ -11,7 +11,7 @@ from lightning.pytorch import Callback, Trainer
 
 from cropscale import CropScaleError
 from cropscale.bench import callbacks as callback_overhead
-from cropscale.bench.callback_counts import LIGHTNING_ARM
+from cropscale.bench.callback_counts import LIGHTNING_ARM, LIGHTNING_NO_CPU_ARM
 from cropscale.bench.interleave import Interleaver
 from cropscale.callbacks._logging import deferred_logging, log_metrics
 from cropscale.testing.toy import ToyTask, toy_batches
@@ -181,9 +181,10 @@ def test_callback_bench_count_prints_both_arms_and_precisions(tmp_path, capsys):
     res = json.loads(out.read_text())
     assert res["evidence"] == "count" and [f["precision"] for f in res["fits"]] == ["32-true", "16-mixed"]
     for fit in res["fits"]:
-        assert set(fit["arms"]) == {"CallbackGroup", LIGHTNING_ARM}
+        assert set(fit["arms"]) == {"CallbackGroup", LIGHTNING_ARM, LIGHTNING_NO_CPU_ARM}
         assert fit["arms"]["CallbackGroup"]["ordinary"]["max_reads"] == 0
     printed = capsys.readouterr().out
     assert "= CallbackGroup" in printed and "= Lightning monitors" in printed and "16-mixed" in printed
+    assert f"= {LIGHTNING_NO_CPU_ARM}" in printed and "log step, Python + C calls: CallbackGroup" in printed
     with pytest.raises(CropScaleError, match="--count runs the linear model only"):
         callback_overhead.main(["--count", "--model", "network"])

@@ -41,7 +41,7 @@ def scalar_tags(run_dir: Path) -> set[str]:
 
 #: Every subcommand, written out here (not read from the CLI's table): Lightning's four and the analysis ones.
 ALL_SUBCOMMANDS = ("fit", "validate", "test", "predict", "summary", "benchmark", "report", "study", "scaling",
-                   "loader-bench", "tiling-bench", "callback-bench", "lever-bench", "pipeline-bench")
+                   "loader-bench", "tiling-bench", "callback-bench", "lever-bench", "pipeline-bench", "tensorboard")
 
 
 @pytest.mark.parametrize("args", [[], ["--help"], ["-h"]])

@@ -93,3 +93,30 @@ def test_trainer_argument_errors_are_typed_where_the_trainer_is_built(flanders_r
     monkeypatch.chdir(tmp_path)
     with pytest.raises(TrainerArgumentError, match=needle):
         cli._lightning_cli(["fit", f"--data.root={flanders_root}", arg])
+
+
+def test_a_misspelt_net_kwargs_key_is_one_line_naming_it_and_the_valid_keys(tmp_path, flanders_root):
+    """Issue 37: ``--model.net_kwargs='{"widht": 8}'`` ended in a 52-line traceback (CropMappingNet's TypeError).
+    Now: exit status 2 and one line naming the key, the closest valid key and every valid key, the latter read
+    here from CropMappingNet's signature (num_classes comes from the data, so it is not one of them)."""
+    import inspect
+    import os
+    import subprocess
+    from pathlib import Path
+
+    from cropscale.model.network import CropMappingNet
+
+    repo = Path(__file__).resolve().parents[2]
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(repo))
+    res = subprocess.run([sys.executable, "-m", "cropscale", "fit", f"--data.root={flanders_root}",
+                          '--model.net_kwargs={"widht": 8, "s2_dim": 16}'], cwd=tmp_path, env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert res.returncode == 2, res.stderr[-3000:]
+    assert "Traceback" not in res.stderr
+    (line,) = [x for x in res.stderr.splitlines() if "error" in x.lower()]
+    assert line == res.stderr.strip().splitlines()[-1] and line.startswith("cropscale: error: model.net_kwargs")
+    valid = [p for p in inspect.signature(CropMappingNet.__init__).parameters if p not in ("self", "num_classes")]
+    assert len(valid) == 17 and "'widht'" in line and "'width'" in line, line
+    assert line.endswith(", ".join(valid)), line
+    assert "s2_dim" not in line.split("valid keys")[0]  # the key that exists is not named as the wrong one
+    assert not (tmp_path / "runs").exists()  # refused before the run folder was made

@@ -7,6 +7,7 @@
 - pastis-r-mini (patch centres in lon/lat, no georeference): one ``.npz`` per patch, the class map against the
   network's logits on the whole 32 x 32 patch (one tile);
 - the index lists every patch of the folds once; a non-empty or unwritable ``--output`` is refused, naming it;
+- the command's last line says what it wrote and where (the count of class maps, their format, the folder);
 - 2 gloo processes (slow): 5 patches, so one rank predicts a placeholder; each patch written once, by one rank.
 """
 
@@ -20,7 +21,7 @@ import pytest
 import torch
 
 from cropscale.errors import CropScaleError
-from cropscale.predictions import INDEX_NAME, NODATA, check_output_folder
+from cropscale.predictions import INDEX_NAME, NODATA, WrittenPatch, check_output_folder, written_line
 from tests.integration.test_cli import run_cli
 
 REPO = Path(__file__).resolve().parents[2]
@@ -103,11 +104,19 @@ def _independent_class_map(ckpt: Path, root: Path, data_kwargs: dict, folds: lis
 
 def _predicted(tmp_path: Path, ckpt: Path, root: Path, data_kwargs: dict, folds: list[int], *extra: str,
                timeout: int = 600) -> tuple[Path, dict]:
-    """``predict --output tmp_path/maps``, which must succeed: the folder and its ``predictions.json``."""
+    """``predict --output tmp_path/maps``, which must succeed: the folder and its ``predictions.json``.
+
+    The last line of its output says what it wrote and where: the count of maps and their format from the index.
+    """
     output = tmp_path / "maps"
     res = _predict(tmp_path, ckpt, root, data_kwargs, folds, output, *extra, timeout=timeout)
     assert res.returncode == 0, res.stderr[-3000:]
-    return output, json.loads((output / INDEX_NAME).read_text())
+    index = json.loads((output / INDEX_NAME).read_text())
+    n, tif = len(index["patches"]), all(p["georeferenced"] for p in index["patches"])
+    fmt = f"GeoTIFF, {index['patches'][0]['crs']}" if tif else ".npz, no georeference"
+    assert res.stdout.splitlines()[-1] == (f"cropscale predict: wrote {n} class maps ({fmt}) and {INDEX_NAME} to "
+                                           f"{output.resolve()}"), res.stdout[-2000:]
+    return output, index
 
 
 def test_predict_writes_georeferenced_geotiffs_from_a_trained_checkpoint(tmp_path, flanders_root, flanders_ckpt):
@@ -202,3 +211,16 @@ def test_predict_under_two_gloo_processes_writes_each_patch_once(tmp_path, pasti
         with np.load(output / f"PRED_{pid}.npz") as npz:
             want = _independent_class_map(pastis_ckpt, pastis_mini_root, data_kwargs, folds, pid)
             np.testing.assert_array_equal(npz["semantic"], want)
+
+
+def test_the_written_line_counts_each_format():
+    def patch(pid, crs):
+        return WrittenPatch(pid, f"PRED_{pid}.{'tif' if crs else 'npz'}", (32, 32), crs is not None, crs, 0)
+
+    folder = Path("/data/maps")
+    assert written_line([patch(1, "EPSG:2154")], folder) == \
+        "cropscale predict: wrote 1 class map (GeoTIFF, EPSG:2154) and predictions.json to /data/maps"
+    assert written_line([patch(1, "EPSG:2154"), patch(2, "EPSG:32631"), patch(3, None)], folder) == (
+        "cropscale predict: wrote 3 class maps (2 GeoTIFF, EPSG:2154 and EPSG:32631; 1 .npz, no georeference)"
+        " and predictions.json to /data/maps")
+    assert written_line([], folder) == "cropscale predict: wrote 0 class maps and predictions.json to /data/maps"

@@ -60,12 +60,20 @@ def cli_runs(tmp_path_factory, flanders_root):
 
 
 def _written_layout(folder: Path) -> dict[str, dict[str, list[str]]]:
+    """``{category: {title: patterns}}`` as written: a multiline chart's tag regexes, a margin chart's three tags as
+    exact patterns (``^tag$``: TensorBoard's margin charts take tags, not regexes)."""
     from tensorboard.plugins.custom_scalar import layout_pb2, metadata
 
     acc = _accumulator(folder)
     (event,) = acc.Tensors(metadata.CONFIG_SUMMARY_TAG)
     layout = layout_pb2.Layout.FromString(event.tensor_proto.string_val[0])
-    return {cat.title: {chart.title: list(chart.multiline.tag) for chart in cat.chart} for cat in layout.category}
+
+    def patterns(chart) -> list[str]:
+        if chart.HasField("margin"):
+            return [f"^{re.escape(t)}$" for s in chart.margin.series for t in (s.value, s.lower, s.upper)]
+        return list(chart.multiline.tag)
+
+    return {cat.title: {chart.title: patterns(chart) for chart in cat.chart} for cat in layout.category}
 
 
 def _unmatched(layout: dict[str, dict[str, list[str]]], tags: set[str]) -> list[str]:
@@ -74,16 +82,29 @@ def _unmatched(layout: dict[str, dict[str, list[str]]], tags: set[str]) -> list[
             if not any(re.search(rx, tag) for tag in tags)]
 
 
+def _steps(folder: Path) -> dict[str, list[int]]:
+    acc = _accumulator(folder)
+    return {tag: [e.step for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
+
+
 def test_the_written_layout_matches_logged_tags(cli_runs):
     layout = _written_layout(cli_runs["run_dir"])
     tags = set(_scalars(cli_runs["run_dir"]))
     # a CPU FP32 run: no GradScaler and no GPU, so no AMP, energy, GPU-memory or MFU chart
-    assert list(layout) == ["1 quality", "2 step time", "3 throughput", "5 memory"]
+    assert list(layout) == ["1 quality", "2 step time per epoch", "3 step time per log interval", "4 throughput",
+                            "6 memory"]
     assert _unmatched(layout, tags) == []
-    step_chart = layout["2 step time"]["step decomposition (ms, mean over each log interval)"]
-    windows = {t for t in tags if any(re.search(rx, t) for rx in step_chart)}
-    assert windows == {f"perf/step/{w}_ms" for w in ("data_wait", "transfer", "forward", "backward", "optimizer",
-                                                     "remainder")}
+    each = {t for rxs in layout["3 step time per log interval"].values() for t in tags if re.search(rxs[0], t)}
+    assert each == {f"perf/step/{w}_ms" for w in ("step", "data_wait", "transfer", "forward", "backward",
+                                                  "optimizer", "remainder")}
+    # one line per chart, or a margin chart (line, band bottom, band top) whose three tags share their steps
+    # (TensorBoard's margin chart warns of a step mismatch otherwise)
+    steps = _steps(cli_runs["run_dir"])
+    bands = [rxs for charts in layout.values() for rxs in charts.values() if len(rxs) == 3]
+    assert len(bands) == 8 and all(len(rxs) in (1, 3) for charts in layout.values() for rxs in charts.values())
+    for rxs in bands:
+        line, _, top = (rx.strip("^$").replace("\\", "") for rx in rxs)
+        assert steps[line] == steps[top] and steps[line], (line, top)
 
 
 def _toy_trainer(root: Path, **kw) -> Trainer:
@@ -108,10 +129,10 @@ def test_amp_energy_and_mfu_charts_match_tags_logged_by_the_callbacks(tmp_path, 
     gpu_like = _toy_trainer(tmp_path / "energy", callbacks=[CallbackGroup(cbs)])
     gpu_like.fit(ToyTask())
     tags = set(_scalars(cli_runs["run_dir"])) | set(_scalars(Path(amp.log_dir))) | set(_scalars(Path(gpu_like.log_dir)))
-    charts = [c for c in LAYOUT if c.title != "GPU memory (GiB)"]
+    charts = [c for c in LAYOUT if not (c.needs == "cuda" and c.tags[0].startswith("memory/"))]
     layout = {cat: {title: spec[1] for title, spec in charts_.items()}
               for cat, charts_ in custom_scalars_layout(scaler=True, cuda=True, charts=tuple(charts)).items()}
-    assert {"4 AMP", "6 energy"} <= set(layout)
+    assert {"5 AMP", "7 energy"} <= set(layout)
     assert _unmatched(layout, tags) == []
 
 
@@ -126,10 +147,10 @@ def test_first_screen_opens_on_changing_curves(cli_runs):
     first_two = list(groups)[:2]
     for group in first_two:
         assert all(len(scalars[t]) > 1 for t in groups[group]), (group, {t: scalars[t] for t in groups[group]})
-    # the address make tensorboard prints pins loss, mIoU, step time and memory: tags this run logged
+    # the address make tensorboard prints pins loss, best mIoU so far, step time and memory: tags this run logged
     query = urllib.parse.parse_qs(urllib.parse.urlsplit(first_screen_url()).query)
     pinned = [card["tag"] for card in json.loads(query["pinnedCards"][0])]
-    assert pinned == ["train/loss_step", "val/mIoU", "perf/epoch/step_ms_median", "memory/host_rss_gib"]
+    assert pinned == ["train/loss_step", "val/mIoU_best", "perf/epoch/step_ms_median", "memory/host_rss_gib"]
     assert all(t in scalars for t in pinned), sorted(scalars)
 
 
@@ -201,3 +222,63 @@ def test_evaluation_runs_are_logged_apart_from_training_runs(cli_runs):
     for folder in find_runs(root):
         record = load_run(folder)
         assert record.training_run is (folder == run_dir), (folder, record.skip_reason)
+
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _make_recipe(target: str, **variables: str) -> str:
+    """The Makefile's recipe of ``target`` as a shell script, its ``$(NAME)`` variables replaced by ``variables``."""
+    lines = (REPO / "Makefile").read_text(encoding="utf-8").splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(f"{target}:"))
+    recipe = []
+    for line in lines[start + 1:]:
+        if not line.startswith("\t"):
+            break
+        recipe.append(line[1:].lstrip("@"))
+    script = "\n".join(recipe)
+    for name, value in variables.items():
+        script = script.replace(f"$({name})", value)
+    return script
+
+
+def test_make_tensorboard_ends_with_the_address_to_open(cli_runs):
+    """``make tensorboard``'s recipe, run as make runs it (on the CLI run's folder, a free port): once TensorBoard
+    serves, the last line printed (stdout and stderr together) is the address with the pinned first screen, and that
+    address answers. Before, the pinned address came first and TensorBoard's bare address last."""
+    import os
+    import signal
+    import socket
+    import subprocess
+    import threading
+    import time
+    import urllib.request
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = str(s.getsockname()[1])
+    script = _make_recipe("tensorboard", PY=str(REPO / ".venv" / "bin" / "python"), VENV=str(REPO / ".venv"),
+                          TB_PORT=port)
+    env = dict(os.environ, PYTHONPATH=str(REPO), PYTHONUNBUFFERED="1")
+    proc = subprocess.Popen(["bash", "-c", script], cwd=cli_runs["root"].parent, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(iter(proc.stdout.readline, "")), daemon=True)
+    reader.start()
+    try:
+        deadline = time.monotonic() + 120
+        while not any("pinnedCards" in line for line in lines) and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.5)
+        time.sleep(8)  # what TensorBoard prints once it serves comes within this
+        printed = [line.rstrip("\n") for line in lines if line.strip()]
+        assert printed and "pinnedCards" in printed[-1], printed[-5:]
+        address = printed[-1].split()[-1]
+        assert urllib.parse.urlsplit(address).port == int(port) and first_screen_url(port=int(port)) == address
+        with urllib.request.urlopen(address, timeout=30) as response:
+            assert response.status == 200
+    finally:
+        os.killpg(proc.pid, signal.SIGINT)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)

@@ -169,3 +169,18 @@ def test_lr_rule_refuses_a_batch_that_does_not_form(flanders_root, tmp_path):
     msg = str(err.value)
     for needle in ("data.batch_size=64", "4 training samples per rank", "global batch 4, not 64"):
         assert needle in msg, (needle, msg)
+
+
+def test_net_kwargs_keys_are_checked_before_the_network_is_built():
+    """Several unknown keys are all named, each with the closest valid key when one is close; num_classes (taken from
+    the data) and every network argument pass."""
+    from cropscale.errors import ConfigError
+
+    with pytest.raises(ConfigError) as err:
+        CropMappingTask(net_kwargs={"widht": 8, "s2_dim": 16, "zzzz": 1, "fpn_dimm": 16})
+    message = str(err.value)
+    assert message.startswith("model.net_kwargs: unknown keys 'widht' (did you mean 'width'?), 'zzzz', "
+                              "'fpn_dimm' (did you mean 'fpn_dim'?); valid keys: num_parcel_outputs, "), message
+    assert "\n" not in message and "'s2_dim'" not in message
+    task = CropMappingTask(num_classes=5, net_kwargs={"num_classes": 99, "s2_dim": 16, "s2_heads": 2, "width": 8})
+    assert task.net.num_classes == 5
