@@ -24,6 +24,7 @@ synchronisation, so there the Flight Recorder's dumps tell more.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import linecache
 import os
@@ -451,7 +452,7 @@ class HangWatch(Callback):
                 continue
             if progress.position == last:
                 where, in_collective = where_is(thread_stack(main_ident))
-                progress = Progress(**{**progress.__dict__, "where": where, "in_collective": in_collective})
+                progress = dataclasses.replace(progress, where=where, in_collective=in_collective)
             last = progress.position
             self._board.publish(progress)
             if judge is None:
@@ -517,18 +518,21 @@ class HangWatch(Callback):
         assert self._board is not None
         _ENDING.set()
         message = hang.describe()
-        applies = self.flight_recorder is not None and self.flight_recorder.applies
-        dumps = self._collect_dumps(trainer.world_size) if applies else []
-        self.hang = hang_record(hang, message, dumps)
-        self._notify(message)
-        self._board.ask("stop", "hang")
-        for cb in trainer.callbacks:
-            if isinstance(cb, ChildRankWatch):
-                cb.stop()
-        if child_rank_processes(trainer):
-            stop_child_ranks(trainer)
-        else:  # ranks of torchrun or srun: give them time to read the stop request (the store may be ours)
-            time.sleep(min(3 * self.poll_s, 10.0))
-        print(f"cropscale: error: {message}; {resume_hint(trainer, self._argv)}", file=sys.stderr, flush=True)
-        sys.stdout.flush()
-        os._exit(HANG_EXIT_STATUS)
+        try:
+            applies = self.flight_recorder is not None and self.flight_recorder.applies
+            dumps = self._collect_dumps(trainer.world_size) if applies else []
+            self.hang = hang_record(hang, message, dumps)
+            self._notify(message)
+            self._board.ask("stop", "hang")
+            for cb in trainer.callbacks:
+                if isinstance(cb, ChildRankWatch):
+                    cb.stop()
+            if child_rank_processes(trainer):
+                stop_child_ranks(trainer)
+            else:  # ranks of torchrun or srun: give them time to read the stop request (the store may be ours)
+                time.sleep(min(3 * self.poll_s, 10.0))
+            message = f"{message}; {resume_hint(trainer, self._argv)}"
+        finally:  # whatever failed above, the run ends with the line
+            print(f"cropscale: error: {message}", file=sys.stderr, flush=True)
+            sys.stdout.flush()
+            os._exit(HANG_EXIT_STATUS)
