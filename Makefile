@@ -53,9 +53,10 @@ test-slow: install data
 	$(PY) -m pytest -q -m slow $(ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test-slow: no slow test selected (pytest exit 5)"; exit 0; fi; exit $$rc
 
-# kill/resume, SIGTERM, full disk, failed ranks, evaluation on 1-4 processes (slow; part of test-slow)
+# kill/resume, SIGTERM, full disk, failed and hanging ranks, evaluation on 1-4 processes (slow; part of test-slow)
 test-resilience: install data
-	$(PY) -m pytest -q -m slow tests/integration/test_resilience.py tests/integration/test_eval_world_sizes_ddp.py $(ARGS)
+	$(PY) -m pytest -q -m slow tests/integration/test_resilience.py tests/integration/test_hangs.py \
+		tests/integration/test_eval_world_sizes_ddp.py $(ARGS)
 
 # Only the torchrun elastic-restart test (slow; part of test-slow since it passed every run here: see the README).
 test-elastic: install data

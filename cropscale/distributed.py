@@ -20,7 +20,8 @@ Three gaps of Lightning 2.6 that this closes:
   observer: rank 0 learns which child failed and how (:func:`child_failures`), stops the others
   (:func:`stop_child_ranks`) and prints one line naming the failed rank, its exit status and its
   own error message (:func:`report_rank_error`, written by the child to a file), as the last line.
-  A rank that hangs instead of failing is bounded by the watch's grace period.
+  A rank 0 stuck after a child failed is bounded by the watch's grace period; a rank that hangs while the
+  others wait for it is named by :class:`cropscale.hangs.HangWatch`.
 - Under an external launcher (torchrun, ``srun``) every rank is a process of its own and rank 0 has no handle on
   the others: a rank killed outright (SIGKILL, the OOM killer) shows on rank 0 only as a collective's error
   ("Connection closed by peer"). :class:`PeerRanks` gives rank 0 the name: each rank leaves its host and pid in
@@ -339,6 +340,31 @@ def _pid_gone(pid: int) -> bool:
     return stat.rsplit(")", 1)[-1].split()[:1] == ["Z"]
 
 
+def run_store(prefix: str, timeout_s: float = 5.0) -> Any | None:
+    """A new client of the run's TCP store (``MASTER_ADDR:MASTER_PORT``), under ``<prefix>/<torchrun attempt>/``.
+
+    The process group's rendezvous store, set up under torchrun, srun and Lightning's launcher; the attempt
+    (``TORCHELASTIC_RESTART_COUNT``) keeps a restarted torchrun job's keys apart (its shared store outlives a
+    restart). A client serves one thread at a time: a thread that polls the store makes its own.
+
+    Returns:
+        A :class:`torch.distributed.PrefixStore`, or None when the variables are missing or the store does not
+        answer within ``timeout_s``.
+    """
+    import torch.distributed as dist
+
+    addr, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
+    if not addr or not port:
+        return None
+    try:
+        client = dist.TCPStore(addr, int(port), is_master=False, wait_for_workers=False,
+                               timeout=datetime.timedelta(seconds=timeout_s))
+    except (RuntimeError, ValueError):  # DistNetworkError, DistStoreError are RuntimeErrors
+        return None
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    return dist.PrefixStore(f"{prefix}/{attempt}", client)
+
+
 class PeerRanks:
     """The ranks of a multi-process run as its TCP store knows them: who runs where, and who said what at the end.
 
@@ -362,18 +388,8 @@ class PeerRanks:
 
         Returns None when the variables are missing or the store does not answer within ``timeout_s``.
         """
-        import torch.distributed as dist
-
-        addr, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
-        if not addr or not port:
-            return None
-        try:
-            client = dist.TCPStore(addr, int(port), is_master=False, wait_for_workers=False,
-                                   timeout=datetime.timedelta(seconds=timeout_s))
-        except (RuntimeError, ValueError):  # DistNetworkError, DistStoreError are RuntimeErrors
-            return None
-        attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-        return cls(dist.PrefixStore(f"cropscale/ranks/{attempt}", client), rank, world_size, launcher_name())
+        store = run_store("cropscale/ranks", timeout_s)
+        return None if store is None else cls(store, rank, world_size, launcher_name())
 
     def register(self) -> None:
         """Leave this rank's host and pid in the store (call on every rank once the process group is up)."""

@@ -20,7 +20,7 @@ LAYERS: tuple[tuple[int, tuple[str, ...]], ...] = (
          "cropscale.batch", "cropscale.files", "cropscale.progress")),
     (1, ("cropscale.env", "cropscale.scaling", "cropscale.runs", "cropscale.options")),
     (2, ("cropscale.data", "cropscale.model", "cropscale.tiling", "cropscale.metrics", "cropscale.distributed",
-         "cropscale.checkpointing", "cropscale.predictions")),
+         "cropscale.checkpointing", "cropscale.predictions", "cropscale.hangs")),
     (3, ("cropscale.callbacks",)),
     (4, ("cropscale.testing",)),
     (5, ("cropscale.report",)),

@@ -12,6 +12,8 @@ not imported). At ``on_fit_end`` it adds the ``summary`` section: one entry per 
 ``status: "finished"`` (``"not-trained"`` where :func:`cropscale.runs.rules.trained` says the run did
 not train: too many skipped steps or no weight changed); on an exception ``status: "failed"`` with the
 error's one-line message (a DataLoader worker's error unwrapped, :func:`cropscale.errors.user_error_text`).
+With a :class:`~cropscale.hangs.HangWatch` in the run, ``hang_watch`` records how it watched; when it names a
+hanging rank it finishes the record (``failed``, the hang in ``hang_watch.hang``) before it ends the run.
 A fit that fails before ``on_fit_start`` (a data check at setup) still gets a ``failed`` record in the logger's
 run folder, with the configuration, precision, world size and error but no provenance probes, unless that
 folder already holds a ``run.json`` (a resumed run whose attempt failed before restoring): that record is kept
@@ -50,10 +52,11 @@ from cropscale.env.host import (
 from cropscale.errors import CropScaleError, user_error_text
 from cropscale.evidence import MEASURED_RUN
 from cropscale.files import atomic_write_json
+from cropscale.hangs import RankHang, watch_of
 from cropscale.precision import PrecisionDecision, decide, requested_in
 from cropscale.runs.describe import accelerator_name
 from cropscale.runs.rules import NOT_TRAINED, trained
-from cropscale.runs.schema import RUN_SCHEMA, SUMMARY_TYPES, Record, RunJson, RunSummary
+from cropscale.runs.schema import RUN_SCHEMA, SUMMARY_TYPES, HangWatchRecord, Record, RunJson, RunSummary
 
 SCHEMA = RUN_SCHEMA
 _DATA_ATTRS = ("data_root", "root", "data_dir", "root_dir", "dataset_root")
@@ -268,8 +271,27 @@ class ProvenanceCallback(ScalingCallback):
             extra=dict(self.extra),
             data_warnings=_data_warnings(trainer),
         )
+        self._watch_hangs(trainer)
         self._write()
         rank_zero_info(f"ProvenanceCallback: wrote {self.path}")
+
+    def _watch_hangs(self, trainer: Trainer) -> None:
+        """``hang_watch`` from the run's :class:`~cropscale.hangs.HangWatch`, and its listener.
+
+        When the watch names a hang, the listener finishes the record as failed with the hang (from the watch's
+        thread: the main thread may be stuck in a collective).
+        """
+        watch = watch_of(trainer)
+        if watch is None or self.record is None:
+            return
+        self.record.hang_watch = watch.record()
+
+        def on_hang(record: HangWatchRecord, line: str) -> None:
+            if self.record is not None:
+                self.record.hang_watch = record
+                self._finish(trainer, "failed", RankHang(line))
+
+        watch.add_listener(on_hang)
 
     @override
     def on_fit_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
@@ -277,6 +299,8 @@ class ProvenanceCallback(ScalingCallback):
 
     @override
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
+        if self.record is not None and self.record.hang_watch is not None and self.record.hang_watch.hang is not None:
+            return  # the hang watch finished the record: this error is the other ranks' end
         if self.record is None and trainer.is_global_zero:
             self._before_start(trainer, pl_module)
         self._finish(trainer, "failed", exception)

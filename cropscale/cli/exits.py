@@ -11,7 +11,8 @@ worker's own message (:func:`cropscale.errors.user_error_text`). Any other excep
 Under DDP (:mod:`cropscale.distributed`): when a rank fails, the launching rank stops the others and prints
 one last line naming the failed rank, its exit status and its own error (:func:`fail`); the other ranks'
 collective errors are reduced to one line each (:func:`rank_error_line`). A stop signal ends with status 0
-after one line with the resume command (:func:`stopped_by_signal`).
+after one line with the resume command (:func:`stopped_by_signal`). While :class:`~cropscale.hangs.HangWatch`
+ends a run after naming a hanging rank, the main thread's own ending waits: the watch prints the last line.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from cropscale.distributed import (
     stop_child_ranks,
 )
 from cropscale.errors import CropScaleError, user_error_text
+from cropscale.hangs import wait_while_ending
 
 #: The Trainer of the running Lightning subcommand, for the error and stop endings (set by the CLI).
 ACTIVE: dict[str, Trainer] = {}
@@ -56,6 +58,7 @@ def error_ending(err: Exception, args: list[str], subcommand: str, config_file: 
         ``(message, status)``: 2 for a user error (or the ``CropScaleError``'s ``exit_status``), 1 for an unexpected
         error in a rank of a multi-process run (its traceback printed first, unless another rank left).
     """
+    wait_while_ending()  # the hang watch is ending the run: this error is the other ranks' end
     if isinstance(err, ArgumentError):  # jsonargparse: an unknown or ill-typed option
         text = describe_config_error(str(err), args, config_file)
         return f"{text} (see: python -m cropscale {subcommand} --help)".replace("  ", " "), 2
@@ -102,6 +105,7 @@ def fail(message: str, status: int = 2) -> None:
     """
     import torch.distributed as dist
 
+    wait_while_ending()  # the hang watch prints the last line and exits
     text = " ".join(str(message).split())
     local_rank = int(os.environ.get("LOCAL_RANK", "0") or 0)
     trainer = ACTIVE.get("trainer")

@@ -53,7 +53,9 @@ step, saves ``last.ckpt`` and exits with status 0 after one line with the resume
 requeues the job first; :class:`~cropscale.checkpointing.StopOnSignal`). When a DDP rank
 fails, the launching rank stops the others and prints one last line naming the failed rank, its exit
 status and its own error; the other ranks' collective errors are reduced to one line each
-(:mod:`cropscale.cli.exits`).
+(:mod:`cropscale.cli.exits`). When a DDP rank hangs, :class:`~cropscale.hangs.HangWatch` (added to every run;
+a configured one replaces it) names it on rank 0 within its bound, with every rank's last step, and ends the
+run with status 1 and the resume command; on NCCL the Flight Recorder is on (:mod:`cropscale.hangs.recorder`).
 """
 
 from __future__ import annotations
@@ -84,6 +86,7 @@ from cropscale.distributed import ChildRankWatch, elastic_restart_hazard, finish
 from cropscale.env.host import choose_torch_threads, set_torch_threads, usable_cores
 from cropscale.errors import ConfigError, CropScaleError, TrainerArgumentError
 from cropscale.files import DEFAULT_CONFIG, check_writable_folder
+from cropscale.hangs import HangWatch, prepare_flight_recorder
 from cropscale.model.settings import RESUME_FIXED_SETTINGS
 from cropscale.model.task import CropMappingTask
 from cropscale.precision import cpu_precision_line
@@ -280,6 +283,7 @@ class CropScaleCLI(LightningCLI):
         except (ValueError, TypeError, MisconfigurationException) as err:  # the Trainer's own argument checks
             raise TrainerArgumentError(name_trainer_argument(" ".join(str(err).split()))) from err
         ACTIVE["trainer"] = trainer
+        prepare_flight_recorder(trainer)  # NCCL: before the process group exists (cropscale.hangs.recorder)
         line = cpu_precision_line(trainer.precision) if isinstance(trainer.accelerator, CPUAccelerator) else None
         if line and line[0] == "error":
             raise ConfigError(line[1])
@@ -368,7 +372,7 @@ def _lightning_cli(args: list[str] | None) -> LightningCLI:
         PastisHDDataModule,
         parser_kwargs=parser_kwargs,
         save_config_kwargs={"overwrite": True},
-        trainer_defaults={"callbacks": [StopOnSignal(), ChildRankWatch()]},
+        trainer_defaults={"callbacks": [StopOnSignal(), ChildRankWatch(), HangWatch()]},
         args=args,
     )
 

@@ -473,6 +473,100 @@ class TrainedSummary(Record):
     optimizer_steps: int | None = None
 
 
+# ------------------------------------------------------------------------------------- hang watch
+@dataclass
+class FlightRecorderRecord(Record):
+    """``hang_watch.flight_recorder``: PyTorch's Flight Recorder (the collectives each rank entered) for this run.
+
+    ``applies`` is false, with ``reason``, where it records nothing (gloo unless the user turned it on, one
+    process); else ``trace_buffer_size`` (entries kept per rank), ``dump_on_timeout`` (PyTorch dumps when a
+    collective times out), ``dump_prefix`` (each rank's dump is ``<dump_prefix><rank>``, written at a collective
+    timeout and when the hang watch names a hang) and ``set_by`` (``cropscale``, ``user``, or both: which of the
+    variables cropscale set because they were unset).
+    """
+
+    applies: bool = False
+    reason: str | None = optional()
+    backend: str | None = optional()
+    trace_buffer_size: int | None = optional()
+    dump_on_timeout: bool | None = optional()
+    dump_prefix: str | None = optional()
+    set_by: str | None = optional()
+
+
+@dataclass
+class RankProgress(Record):
+    """One rank's last progress as the hang watch saw it (``hang_watch.hang.ranks[]``).
+
+    ``epoch``, ``batch`` (index within the epoch of the batch it last fetched), ``stage`` (how far that batch
+    got: ``before its step``, ``in its step``, ``after its step``, ``done``, ``no batch yet``), ``global_step``
+    (optimizer steps done); ``phase`` (``training``, or a pause: ``warm-up``, ``epoch start``, ``validation``,
+    ``epoch end``); ``where`` its main thread's Python stack said (``in a collective: ...``, ``in backward
+    ...``, ``in its own code at <file>:<line> in <function>``); ``in_collective`` (true: waiting for other
+    ranks; false: in its own code; null: unknown); ``still_s``: seconds since its progress last changed;
+    ``heartbeat``: whether its reporting thread still ran (false: the process is stopped, or a C call holds
+    the GIL); ``published``: false for a rank that never reported.
+    """
+
+    rank: int = 0
+    published: bool = True
+    epoch: int | None = None
+    batch: int | None = None
+    stage: str | None = None
+    global_step: int | None = None
+    phase: str | None = None
+    where: str | None = None
+    in_collective: bool | None = None
+    still_s: float | None = None
+    heartbeat: bool | None = None
+
+
+@dataclass
+class HangRecord(Record):
+    """``hang_watch.hang``: the hang the watch named (only in a run it ended).
+
+    ``hung_ranks`` (the ranks named), ``separated`` (false: every rank stopped at the same point and none was
+    in its own code, so the evidence could not tell the hung rank from the waiting ones: all are named),
+    ``still_s`` (how long no rank had reached its next step when named), ``bound_s`` with ``bound_kind``
+    (``step`` or ``pause``) and ``bound_rule`` (how the bound was computed), ``detected_utc``, ``ranks`` (every
+    rank's last progress), ``message`` (the line printed) and ``flight_recorder_dumps`` (the files written).
+    """
+
+    evidence: str = MEASURED_RUN
+    hung_ranks: list[int] = field(default_factory=list)
+    separated: bool = True
+    still_s: float | None = None
+    bound_s: float | None = None
+    bound_kind: str | None = None
+    bound_rule: str | None = None
+    detected_utc: str | None = None
+    ranks: list[RankProgress] = field(default_factory=list)
+    message: str | None = None
+    flight_recorder_dumps: list[str] = field(default_factory=list)
+
+
+@dataclass
+class HangWatchRecord(Record):
+    """``run.json["hang_watch"]``: how :class:`cropscale.hangs.HangWatch` watched this fit, and the hang it named.
+
+    ``enabled`` (false, with ``reason``, for one process or without a store); ``floor_s``, ``pause_floor_s``,
+    ``factor``, ``poll_s`` (the bound's settings: a step bound ``max(floor_s, factor x the longest stillness
+    of ordinary steps)``, a pause bound ``max(pause_floor_s, factor x the longest pause)``); ``channel`` (where
+    ranks report their progress); ``flight_recorder``; ``hang`` (absent unless the watch ended the run).
+    """
+
+    evidence: str = MEASURED_RUN
+    enabled: bool = False
+    reason: str | None = optional()
+    floor_s: float | None = None
+    pause_floor_s: float | None = None
+    factor: float | None = None
+    poll_s: float | None = None
+    channel: str | None = optional()
+    flight_recorder: FlightRecorderRecord | None = None
+    hang: HangRecord | None = optional()
+
+
 # -------------------------------------------------------------------------------------- the record
 @dataclass
 class RunSummary(Record):
@@ -527,3 +621,4 @@ class RunJson(Record):
     global_step: int | None = optional()
     epochs_completed: int | None = optional()
     error: dict[str, Any] | None = optional()
+    hang_watch: HangWatchRecord | None = optional()

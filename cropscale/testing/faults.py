@@ -9,6 +9,8 @@ run under test is the real CLI, data and model:
   in the middle of its ``n``-th checkpoint write (the temporary file half written).
 - :class:`FullDiskCheckpointIO`: the same, but the ``n``-th write fails with ``ENOSPC`` (or another
   ``errno``) after part of the bytes, as a full disk does.
+- :class:`HangAt`: at one training batch of one rank, hang for ever in its own code or in a collective that the
+  other ranks never enter (for :class:`cropscale.hangs.HangWatch`).
 """
 
 from __future__ import annotations
@@ -22,10 +24,12 @@ import time
 from typing import IO, Any, Literal
 
 import torch
+import torch.distributed as dist
 from lightning.pytorch import Callback, LightningModule, Trainer
 from typing_extensions import override
 
 from cropscale.checkpointing import AtomicCheckpointIO
+from cropscale.errors import ConfigError
 
 
 class FailAt(Callback):
@@ -122,3 +126,57 @@ class FullDiskCheckpointIO(_PartialWrite):
 
     def _fault(self) -> None:
         raise OSError(self.errno, os.strerror(self.errno))
+
+
+class HangAt(Callback):
+    """At the end of training batch ``batch`` of epoch ``epoch`` on global rank ``rank``: hang, as ``where`` says.
+
+    - ``own-code``: sleep for ever in this hook (a rank stuck in its own code: a deadlock, a dead file system);
+    - ``collective``: enter an all-reduce that the other ranks never enter, on a gloo group of all ranks made
+      at ``setup`` for it (a rank that took a branch the others did not). A collective on the default group
+      would not do: gloo matches collectives by order, so the others' next all-reduce would pair with it and
+      fail, not hang.
+
+    Before hanging it prints ``HangAt: rank <r> hangs ... unix time <t>`` to stderr (the time the hang began, for
+    measuring how soon it is named). The run ends only when something stops the process (the hang watch, the
+    collective's timeout).
+
+    Args:
+        epoch: the epoch (0-based).
+        batch: the batch index within the epoch.
+        rank: the global rank that hangs.
+        where: ``own-code`` or ``collective``.
+
+    Example (``--config`` file)::
+
+        trainer:
+          callbacks:
+            - class_path: cropscale.testing.faults.HangAt
+              init_args: {epoch: 1, batch: 0, rank: 1, where: collective}
+    """
+
+    def __init__(self, epoch: int = 0, batch: int = 0, rank: int = 0,
+                 where: Literal["own-code", "collective"] = "own-code") -> None:
+        super().__init__()
+        if where not in ("own-code", "collective"):
+            raise ConfigError(f"HangAt(where={where!r}): use 'own-code' or 'collective'")
+        self.epoch, self.batch, self.rank, self.where = int(epoch), int(batch), int(rank), where
+        self._group: Any = None
+
+    @override
+    def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        if self.where == "collective" and dist.is_available() and dist.is_initialized():
+            self._group = dist.new_group(backend="gloo")  # every rank calls setup: creating a group is a collective
+
+    @override
+    def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
+        if (trainer.current_epoch, batch_idx, trainer.global_rank) != (self.epoch, self.batch, self.rank):
+            return
+        how = "its own code" if self.where == "own-code" else "a collective the others never enter"
+        print(f"HangAt: rank {self.rank} (pid {os.getpid()}) hangs in {how} at epoch {self.epoch}, batch {self.batch},"
+              f" unix time {time.time():.3f}", file=sys.stderr, flush=True)
+        if self._group is not None:
+            dist.all_reduce(torch.zeros(1), group=self._group)  # returns only at the group's timeout
+        while True:
+            time.sleep(3600)
