@@ -85,7 +85,7 @@ def measure_end_to_end(args: PipelineOptions, progress: Progress | None = None) 
     dm = _datamodule(args, total)
     torch.manual_seed(args.seed)
     task = CropMappingTask(num_classes=dm.num_classes, ignore_index=None, val_window=args.crop_size,
-                           compile=args.compile)
+                           compile=args.compile, t2=args.t2, t1=args.t1, crop_size=args.crop_size)
     probe = _BatchEnds(progress)
     trainer = Trainer(accelerator="gpu" if args.device.startswith("cuda") else "cpu", devices=1,
                       precision=args.precision, max_steps=total, max_epochs=1, limit_val_batches=0,
