@@ -18,7 +18,9 @@ reads, and every value of every patch once at setup (cached); "off" does neither
 is printed too: the first "on" arm scans every value (a fresh cache, created for the command), the later ones
 read the cache. ``--rounds N`` repeats every arm N times, interleaved (the arm order reversed every other
 round), and prints the median and the spread (min..max) of each arm's samples/s and the on/off ratio of the
-medians: on a shared machine one pair of runs differs by more than the checks cost.
+medians: on a shared machine one pair of runs differs by more than the checks cost. ``--clock cpu`` (with
+``--workers 0``) times the process's CPU seconds instead of wall seconds, which other processes on the core
+disturb less (they still share its caches).
 
 When :class:`cropscale.model.network.CropMappingNet` and :class:`cropscale.model.losses.MultiTaskLoss`
 are importable, one training step (forward, loss, backward, gradient clipping to 1.0, AdamW) is
@@ -32,12 +34,14 @@ import dataclasses
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Literal
 
 import torch
 
 from cropscale.batch import model_inputs
+from cropscale.bench.interleave import CLOCKS
 from cropscale.data.datamodule import PastisHDDataModule
 from cropscale.data.scans import compute_norm_stats
 from cropscale.env.host import environment_record
@@ -46,7 +50,7 @@ from cropscale.evidence import MEASURED_MICROBENCHMARK
 from cropscale.files import atomic_write_json
 from cropscale.model.losses import MultiTaskLoss
 from cropscale.model.network import CropMappingNet
-from cropscale.options import CropSize, JsonOut, SampleShape, Seed, Warmup, parse_options
+from cropscale.options import CropSize, JsonOut, OptionError, SampleShape, Seed, Warmup, parse_options
 from cropscale.progress import Progress
 
 _REPO = Path(__file__).resolve().parents[2]
@@ -87,15 +91,23 @@ class LoaderOptions(SampleShape, CropSize, Warmup, Seed, JsonOut):
     """the data checks (data.check_values) of the arms to measure: on, off or both"""
     rounds: int = 1
     """times each arm runs, interleaved"""
+    clock: Literal["wall", "cpu"] = "wall"
+    """wall time, or this process's CPU time (steadier on a shared machine; --workers 0 only)"""
 
     AT_LEAST = {"batches": 1, "batch_size": 1, "workers": 0, "model_steps": 1, "rounds": 1}
 
+    def check(self) -> None:
+        """``--clock cpu`` times this process only: the workers' reads would not count."""
+        if self.clock == "cpu" and any(self.workers):
+            raise OptionError(f"--clock cpu: measures this process only; use it with --workers 0 (got {self.workers})")
 
-def measure_loader(dm, batches: int, warmup: int, keep: bool = False, progress: Progress | None = None) -> dict:
+
+def measure_loader(dm, batches: int, warmup: int, keep: bool = False, progress: Progress | None = None,
+                   clock: Callable[[], float] = time.perf_counter) -> dict:
     """Iterate ``dm.train_dataloader()``: first batch, ``warmup`` skipped, ``batches`` timed.
 
     Returns ``{"first_batch_s", "samples_per_s", "median_batch_ms", "samples", "elapsed_s"}`` and,
-    with ``keep``, the timed batches under ``"batches"``.
+    with ``keep``, the timed batches under ``"batches"``; seconds of ``clock`` (wall, or this process's CPU time).
 
     Raises:
         CropScaleError: the loader has fewer than ``1 + warmup + batches`` batches.
@@ -105,20 +117,20 @@ def measure_loader(dm, batches: int, warmup: int, keep: bool = False, progress: 
     if len(loader) < needed:
         raise CropScaleError(f"loader-bench: the training loader has {len(loader)} batches, {needed} needed; "
                              "raise --samples-per-patch or lower --batches/--warmup")
-    t0 = time.perf_counter()
+    t0 = clock()
     it = iter(loader)
     next(it)
-    first = time.perf_counter() - t0
+    first = clock() - t0
     for i in range(warmup):
         next(it)
         if progress is not None:
             progress.step(2 + i)
     kept, times, samples = [], [], 0
-    start = time.perf_counter()
+    start = clock()
     last = start
     for _ in range(batches):
         batch = next(it)
-        now = time.perf_counter()
+        now = clock()
         times.append(now - last)
         last = now
         samples += int(batch["s2"].shape[0])
@@ -193,8 +205,9 @@ def summarise(rows: list[dict]) -> dict:
     for key in dict.fromkeys((r["workers"], r["checks"]) for r in rows):
         rates = [r["samples_per_s"] for r in rows if (r["workers"], r["checks"]) == key]
         setups = [r["setup_s"] for r in rows if (r["workers"], r["checks"]) == key]
+        scanned = [r.get("scanned_mb", 0.0) for r in rows if (r["workers"], r["checks"]) == key]
         out["arms"][f"{key[0]}/{key[1]}"] = {"median": statistics.median(rates), "min": min(rates), "max": max(rates),
-                                            "runs": len(rates), "setup_s": setups}
+                                            "runs": len(rates), "setup_s": setups, "scanned_mb": scanned}
     for w in dict.fromkeys(r["workers"] for r in rows):
         on, off = out["arms"].get(f"{w}/on"), out["arms"].get(f"{w}/off")
         if on and off:
@@ -204,9 +217,10 @@ def summarise(rows: list[dict]) -> dict:
 
 def _print_summary(summary: dict) -> None:
     for arm, s in summary["arms"].items():
-        setups = s["setup_s"]
-        cold = f", setup {setups[0]:.2f} s first, median {statistics.median(setups[1:]):.2f} s after" \
-            if len(setups) > 1 else f", setup {setups[0]:.2f} s"
+        setups, scanned = s["setup_s"], s["scanned_mb"][0]
+        read = f" (a scan of {scanned:.1f} MB: {scanned / setups[0]:.0f} MB/s)" if scanned else ""
+        cold = f", setup {setups[0]:.2f} s first{read}, median {statistics.median(setups[1:]):.2f} s after" \
+            if len(setups) > 1 else f", setup {setups[0]:.2f} s{read}"
         print(f"workers/checks {arm}: median {s['median']:.1f} samples/s over {s['runs']} run(s) (min {s['min']:.1f},"
               f" max {s['max']:.1f}){cold}  [{MEASURED_MICROBENCHMARK}]")
     for w, ratio in summary["on_vs_off"].items():
@@ -237,7 +251,7 @@ def main(argv: list[str] | None = None) -> int:
 
     print(f"loader-bench: {root}, folds {args.train_folds} ({n_patches} patches x {spp} crops), "
           f"batch {args.batch_size}, crop {args.crop_size}, T2 {args.t2}, T1 {args.t1}, "
-          f"torch threads {torch.get_num_threads()}  [{MEASURED_MICROBENCHMARK}]")
+          f"torch threads {torch.get_num_threads()}, {args.clock} clock  [{MEASURED_MICROBENCHMARK}]")
     print(f"{'round':>5}  {'workers':>7}  {'checks':>6}  {'setup s':>7}  {'first batch s':>13}  {'timed batches':>13}  "
           f"{'samples/s':>9}  {'median ms/batch':>15}")
     rows, kept, num_classes = [], None, None
@@ -251,10 +265,12 @@ def main(argv: list[str] | None = None) -> int:
             t0 = time.perf_counter()
             dm.setup("fit")
             setup_s = time.perf_counter() - t0
-            r = measure_loader(dm, args.batches, args.warmup, keep=(i == 0 and args.model), progress=progress)
+            r = measure_loader(dm, args.batches, args.warmup, keep=(i == 0 and args.model), progress=progress,
+                               clock=CLOCKS[args.clock])
             progress.finish()
             kept, num_classes = r.pop("batches", kept), dm.num_classes
-            rows.append({"round": rnd, "workers": workers, "checks": checks, "setup_s": setup_s, **r})
+            rows.append({"round": rnd, "workers": workers, "checks": checks, "setup_s": setup_s,
+                         "scanned_mb": dm.scan_cache.scanned_bytes / 1e6, **r})
             print(f"{rnd:>5}  {workers:>7}  {checks:>6}  {setup_s:>7.2f}  {r['first_batch_s']:>13.3f}  "
                   f"{args.batches:>13}  {r['samples_per_s']:>9.1f}  {r['median_batch_ms']:>15.1f}")
     summary = summarise(rows)

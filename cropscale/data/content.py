@@ -300,8 +300,7 @@ def _scan_s2(p: PatchFiles, scan: PatchScan, check: bool) -> None:
             _raise(nodata_s2_message(p, data, dates, clear=valid))
             values[dates] = valid.sum(axis=(1, 2)) * len(S2_BANDS)
             hits[dates] = ((np.abs(data) >= S2_MIN_P99) & valid[:, None]).sum(axis=(1, 2, 3))
-        data = np.where(np.isfinite(data), data, 0) if data.dtype.kind == "f" else data  # NaN under the mask only
-        moments.update(data.astype(np.float64), valid)
+        moments.update(data, valid)  # the valid values only: NaN under the mask is never read
     if moments.n == 0:
         _raise(f"patch {p.patch_id}: all {t_all} dates invalid: S2 mask file {p.mask} marks no clear observation;"
                " remove the patch or fix the mask" if mask is not None and not marked_any else
@@ -337,7 +336,7 @@ def _scan_s1(p: PatchFiles, orbit: str, path: Path, scan: PatchScan, check: bool
     values, huge, negative = (np.zeros(t_all, dtype=np.int64) for _ in range(3))
     for t0 in range(0, t_all, CHUNK_DATES):
         dates = np.arange(t0, min(t_all, t0 + CHUNK_DATES))
-        data = np.asarray(arr[t0:t0 + CHUNK_DATES, :len(S1_BANDS)], dtype=np.float64)
+        data = np.asarray(arr[t0:t0 + CHUNK_DATES, :len(S1_BANDS)])  # float32 (or int): the moments sum in float64
         valid = s1_pixel_validity(data)
         if check:
             counted = valid[:, None]
@@ -345,14 +344,20 @@ def _scan_s1(p: PatchFiles, orbit: str, path: Path, scan: PatchScan, check: bool
             with np.errstate(invalid="ignore"):
                 huge[dates] = ((np.abs(data) > S1_MAX_ABS_DB) & counted).sum(axis=(1, 2, 3))
                 negative[dates] = ((data < 0) & counted).sum(axis=(1, 2, 3))
-        moments.update(np.where(np.isfinite(data), data, 0.0), valid)
+        moments.update(data, valid)  # valid: finite
     if check:
         _raise(_s1_unit_message(p, orbit, path, values, huge, negative))
     scan.files[orbit], scan.dates_read[orbit], scan.moments[orbit] = path, t_all, moments
 
 
-def _scan_high_grid(p: PatchFiles, reader: HighGridReader) -> None:
-    """Two one-pixel reads at opposite corners: the image must cover the whole patch."""
+def check_high_grid(p: PatchFiles, reader: HighGridReader) -> None:
+    """Two one-pixel reads at opposite corners of ``p``'s high-grid image (if any): it must cover the whole patch.
+
+    Raises:
+        CropScaleError: the image cannot be read over the patch (:class:`~cropscale.data.hr.HighGridReader`).
+    """
+    if p.hr is None or p.geo is None:
+        return
     h, w = p.hw
     for corner in ((0, 0), (h - 1, w - 1)):
         bounds = crop_bounds(p.geo.bounds, p.hw, corner, (1, 1))
@@ -388,8 +393,8 @@ def scan_patch(p: PatchFiles, *, num_classes: int, ignore_index: int | None,
     _scan_s2(p, scan, check)
     for orbit, path in p.s1.items():
         _scan_s1(p, orbit, path, scan, check)
-    if check and hr_reader is not None and p.hr is not None and p.geo is not None:
-        _scan_high_grid(p, hr_reader)
+    if check and hr_reader is not None:
+        check_high_grid(p, hr_reader)
     return scan
 
 

@@ -307,10 +307,14 @@ class PastisHDDataModule(LightningDataModule):
             self._note(padding_warning("t1", self.t1, lengths, ORBIT_NAMES[orbit]))
 
     def _scan(self, datasets: list[PastisHDDataset]) -> None:
-        """Scan every patch of ``datasets`` not scanned before (:meth:`PastisHDDataset.check_content`)."""
+        """Scan every patch of ``datasets`` not scanned before (:meth:`PastisHDDataset.check_content`).
+
+        ``data.num_workers`` threads (at least 1) scan at once: the cores meant for loading, idle at setup.
+        """
         for dataset in datasets:
             if any(p.patch_id not in self._scans for p in dataset.patches):
-                self._scans.update((s.patch_id, s) for s in dataset.check_content(self.scan_cache))
+                scans = dataset.check_content(self.scan_cache, threads=max(1, self.num_workers))
+                self._scans.update((s.patch_id, s) for s in scans)
 
     def _note_values(self, datasets: list[PastisHDDataset], stats: NormStats) -> None:
         """Record the scale and mask findings of the checked scans of ``datasets`` against the training statistics."""

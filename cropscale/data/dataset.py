@@ -323,10 +323,11 @@ class PastisHDDataset(Dataset):
         if message:
             raise CropScaleError(message)
 
-    def check_content(self, cache: ScanCache | None = None) -> list[PatchScan]:
+    def check_content(self, cache: ScanCache | None = None, threads: int = 1) -> list[PatchScan]:
         """Check every value of every patch once (:func:`~cropscale.data.scans.scan_patches`, through ``cache``).
 
-        With ``check_values`` False only the band moments are accumulated (for the statistics).
+        With ``check_values`` False only the band moments are accumulated (for the statistics). ``threads``:
+        patches scanned at once.
 
         Returns:
             One :class:`~cropscale.data.content.PatchScan` per patch, in order.
@@ -337,7 +338,7 @@ class PastisHDDataset(Dataset):
         try:
             return scan_patches(self.patches, num_classes=self.num_classes, ignore_index=self.ignore_index,
                                 hr_reader=self.hr_reader if self.check_values else None, cache=cache,
-                                check=self.check_values)
+                                check=self.check_values, threads=threads)
         finally:
             self.hr_reader.close()
 

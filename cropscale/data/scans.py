@@ -21,9 +21,10 @@ import json
 import os
 import warnings
 from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from cropscale.data.content import SCAN_FORMAT, PatchScan, scan_patch
+from cropscale.data.content import SCAN_FORMAT, PatchScan, check_high_grid, scan_patch
 from cropscale.data.hr import HighGridReader
 from cropscale.data.index import PatchFiles, index_patches
 from cropscale.data.layout import resolve_layout
@@ -46,18 +47,19 @@ class ScanCache:
 
     Attributes:
         hits, misses: patches found in the cache, and scanned.
+        scanned_bytes: size of the ``.npy`` files of the patches scanned (the misses), in bytes.
         problem: why entries cannot be written (None while they can).
     """
 
     def __init__(self, folder: str | Path | None = None) -> None:
         self.folder = Path(folder) if folder else default_cache_dir()
-        self.hits = self.misses = 0
+        self.hits = self.misses = self.scanned_bytes = 0
         self.problem: str | None = None
 
     def key(self, p: PatchFiles, settings: dict) -> str:
         """Hex digest of the patch's files (resolved path, size, mtime in ns) and the scan ``settings``."""
         stamps = []
-        for path in (p.s2, p.mask, *p.s1.values(), p.target, p.hr):
+        for path in [*_arrays(p), p.hr]:
             if path is not None:
                 st = path.stat()
                 stamps.append([str(path.resolve()), st.st_size, st.st_mtime_ns])
@@ -86,31 +88,50 @@ class ScanCache:
 
 def scan_patches(patches: Iterable[PatchFiles], *, num_classes: int, ignore_index: int | None,
                  hr_reader: HighGridReader | None = None, cache: ScanCache | None = None,
-                 check: bool = True) -> list[PatchScan]:
+                 check: bool = True, threads: int = 1) -> list[PatchScan]:
     """:func:`~cropscale.data.content.scan_patch` of each patch not in ``cache``; the new scans are cached.
+
+    Args:
+        patches: the patches, indexed.
+        num_classes: class count (the label check).
+        ignore_index: class id allowed beyond the classes.
+        check: check the values (False: the moments only), as :func:`~cropscale.data.content.scan_patch`.
+        hr_reader: the high-grid reader: each scanned patch's image is checked through it, in this thread.
+        cache: the scan cache (None: none).
+        threads: patches scanned at once (NumPy releases the GIL while it reads and reduces).
 
     Returns:
         One scan per patch, in order.
 
     Raises:
-        CropScaleError: the first patch with a bad value (as :func:`~cropscale.data.content.scan_patch`).
+        CropScaleError: the first patch, in order, with a bad value (as :func:`~cropscale.data.content.scan_patch`).
     """
+    patches = list(patches)
     settings = {"num_classes": int(num_classes), "ignore_index": ignore_index, "check": bool(check),
                 "high_grid": hr_reader is not None}
-    out = []
-    for p in patches:
-        key = cache.key(p, settings) if cache is not None else None
-        scan = cache.get(key) if cache is not None else None
-        if scan is None:
+    keys = [cache.key(p, settings) for p in patches] if cache is not None else [None] * len(patches)
+    found = [cache.get(k) for k in keys] if cache is not None else [None] * len(patches)
+    todo = [i for i, scan in enumerate(found) if scan is None]
+    if cache is not None:
+        cache.hits, cache.misses = cache.hits + len(patches) - len(todo), cache.misses + len(todo)
+        cache.scanned_bytes += sum(f.stat().st_size for i in todo for f in _arrays(patches[i]))
+
+    def one(i: int) -> PatchScan:
+        return scan_patch(patches[i], num_classes=num_classes, ignore_index=ignore_index, check=check)
+
+    with ThreadPoolExecutor(max(1, int(threads))) as pool:
+        for i, scan in zip(todo, pool.map(one, todo), strict=True):  # raises the first error in patch order
+            if check and hr_reader is not None:
+                check_high_grid(patches[i], hr_reader)
+            found[i] = scan
             if cache is not None:
-                cache.misses += 1
-            scan = scan_patch(p, num_classes=num_classes, ignore_index=ignore_index, hr_reader=hr_reader, check=check)
-            if cache is not None:
-                cache.put(key, scan)
-        elif cache is not None:
-            cache.hits += 1
-        out.append(scan)
-    return out
+                cache.put(keys[i], scan)
+    return found
+
+
+def _arrays(p: PatchFiles) -> list[Path]:
+    """The ``.npy`` files a scan of ``p`` reads."""
+    return [f for f in (p.s2, p.mask, *p.s1.values(), p.target) if f is not None]
 
 
 def compute_norm_stats(root: str | Path, folds: list[int], *, s1_orbits: list[str] | None = None,

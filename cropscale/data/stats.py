@@ -161,14 +161,18 @@ class Moments:
         return cls(0, np.zeros(bands), np.zeros(bands))
 
     def update(self, x: np.ndarray, valid: np.ndarray) -> None:
-        """Add ``x`` ``[T, C, H, W]`` (finite where ``valid``) over the pixels ``valid`` ``[T, H, W]`` bool."""
+        """Add the values of ``x`` ``[T, C, H, W]`` at the pixels ``valid`` ``[T, H, W]`` bool.
+
+        ``x`` may have any numeric dtype and must be finite where ``valid``; only those values are read
+        (gathered, then summed in float64).
+        """
         n_b = int(valid.sum())
         if n_b == 0:
             return
-        v = valid[:, None]
-        mean_b = np.where(v, x, 0.0).sum(axis=(0, 2, 3)) / n_b
-        m2_b = np.where(v, (x - mean_b[None, :, None, None]) ** 2, 0.0).sum(axis=(0, 2, 3))
-        self.merge(Moments(n_b, mean_b, m2_b))
+        values = np.moveaxis(np.asarray(x), 1, 0)[:, valid].astype(np.float64)  # [C, n_b]
+        mean_b = values.sum(axis=1) / n_b
+        values -= mean_b[:, None]
+        self.merge(Moments(n_b, mean_b, np.einsum("cn,cn->c", values, values)))
 
     def merge(self, other: Moments) -> None:
         """Add the values ``other`` summarises (Chan, Golub & LeVeque, 1979)."""

@@ -54,3 +54,13 @@ def test_loader_bench_interleaves_the_checks_on_and_off(flanders_root, tmp_path,
 def test_loader_bench_refuses_an_unknown_checks_arm(flanders_root):
     with pytest.raises(CropScaleError, match="--checks"):
         main(["--root", str(flanders_root), "--checks", "maybe", "--no-model"])
+
+
+def test_loader_bench_cpu_clock_is_for_the_main_process_only(flanders_root, tmp_path):
+    with pytest.raises(CropScaleError, match=r"--clock cpu: measures this process only; use it with --workers 0"):
+        main(["--root", str(flanders_root), "--clock", "cpu", "--workers", "0", "2", "--no-model"])
+    out = tmp_path / "loader.json"
+    assert main(["--root", str(flanders_root), "--workers", "0", "--batches", "2", "--warmup", "0", "--batch-size", "2",
+                 "--no-model", "--clock", "cpu", "--json", str(out)]) == 0
+    (row,) = json.loads(out.read_text())["loader"]
+    assert row["samples_per_s"] == pytest.approx(row["samples"] / row["elapsed_s"])

@@ -49,8 +49,8 @@ def test_a_second_run_hits_and_a_rewritten_file_is_scanned_again(flanders4, tmp_
     dm = _dm(flanders4, cache)
     with pytest.raises(Exception, match="date index 57"):
         dm.setup("fit")
-    # the training patches 1001, 2001 from the cache; 1002 scanned again (an error is not cached); 2002 not reached
-    assert (dm.scan_cache.hits, dm.scan_cache.misses) == (2, 1)
+    # 1001, 2001, 2002 from the cache; 1002 scanned again (an error is not cached)
+    assert (dm.scan_cache.hits, dm.scan_cache.misses) == (3, 1)
 
 
 def test_a_cached_scan_gives_the_same_statistics_and_warnings(flanders4, tmp_path):
@@ -126,3 +126,21 @@ def test_the_key_follows_size_and_modification_time(flanders4, tmp_path):
     assert cache.key(p, settings) != key
     os.utime(p.s2, ns=(st.st_atime_ns, st.st_mtime_ns))
     assert cache.key(p, settings) == key  # the documented limit: content changed with size and time restored
+
+
+def test_threads_give_the_same_scans_and_the_first_error_in_patch_order(flanders4):
+    from cropscale.data.dataset import PastisHDDataset
+    from cropscale.data.scans import scan_patches
+
+    ds = PastisHDDataset(flanders4, None, train=False, s1_orbits=["S1A"])
+    assert [p.patch_id for p in ds.patches] == [1001, 1002, 2001, 2002]
+    one = scan_patches(ds.patches, num_classes=ds.num_classes, ignore_index=None, threads=1)
+    two = scan_patches(ds.patches, num_classes=ds.num_classes, ignore_index=None, threads=3)
+    assert [s.to_dict() for s in one] == [s.to_dict() for s in two]
+    for pid, date in ((2002, 5), (1002, 70)):  # both bad; 1002 comes first in the metadata
+        path = flanders4 / "DATA_S1A" / f"S1A_{pid}.npy"
+        a = np.load(path)
+        a[date] = 10.0 ** (a[date] / 10.0)
+        np.save(path, a)
+    with raises_naming("patch 1002", "date index 70"):
+        scan_patches(ds.patches, num_classes=ds.num_classes, ignore_index=None, threads=3)
