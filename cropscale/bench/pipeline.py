@@ -38,6 +38,7 @@ from cropscale.bench.loader import default_root, measure_loader
 from cropscale.bench.step.config import PRECISIONS, BenchmarkConfig, resolve_device
 from cropscale.bench.step.run import run_configuration
 from cropscale.data.datamodule import PastisHDDataModule
+from cropscale.data.layout import resolve_layout
 from cropscale.env.host import environment_record
 from cropscale.errors import CropScaleError
 from cropscale.evidence import MEASURED_MICROBENCHMARK
@@ -66,13 +67,12 @@ class _BatchEnds(Callback):
 
 def _datamodule(args: PipelineOptions, steps: int) -> PastisHDDataModule:
     """The training data of the end-to-end run, with enough crops per patch for ``steps`` batches."""
-    dm = PastisHDDataModule(args.root, train_folds=args.train_folds, batch_size=args.batch_size,
-                            crop_size=args.crop_size, t2=args.t2, t1=args.t1, samples_per_patch=1,
-                            num_workers=args.workers, pin_memory=args.pin_memory,
-                            persistent_workers=args.workers > 0, seed=args.seed, allow_fold_overlap=True)
-    stats = dm.compute_stats()
-    dm.samples_per_patch = -(-steps * args.batch_size // max(len(stats.patch_ids), 1))
-    return dm
+    patches = [r for r in resolve_layout(args.root).records if r.fold in args.train_folds]
+    return PastisHDDataModule(args.root, train_folds=args.train_folds, batch_size=args.batch_size,
+                              crop_size=args.crop_size, t2=args.t2, t1=args.t1,
+                              samples_per_patch=-(-steps * args.batch_size // max(len(patches), 1)),
+                              num_workers=args.workers, pin_memory=args.pin_memory,
+                              persistent_workers=args.workers > 0, seed=args.seed, allow_fold_overlap=True)
 
 
 def measure_end_to_end(args: PipelineOptions, progress: Progress | None = None) -> dict[str, Any]:
@@ -85,7 +85,7 @@ def measure_end_to_end(args: PipelineOptions, progress: Progress | None = None) 
     dm = _datamodule(args, total)
     torch.manual_seed(args.seed)
     task = CropMappingTask(num_classes=dm.num_classes, ignore_index=None, val_window=args.crop_size,
-                           compile=args.compile)
+                           compile=args.compile, t2=args.t2, t1=args.t1, crop_size=args.crop_size)
     probe = _BatchEnds(progress)
     trainer = Trainer(accelerator="gpu" if args.device.startswith("cuda") else "cpu", devices=1,
                       precision=args.precision, max_steps=total, max_epochs=1, limit_val_batches=0,

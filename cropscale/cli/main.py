@@ -163,7 +163,9 @@ def end_of_fit(trainer: Trainer, folder: str | None) -> tuple[str, str | None]:
 
 
 class CropScaleCLI(LightningCLI):
-    """LightningCLI that links the data module's class count and names into the task and checks ``--ckpt_path``.
+    """LightningCLI that links the data's settings into the task and checks ``--ckpt_path``.
+
+    Linked: the class count and names, ``ignore_index``, ``t2``, ``t1`` and ``crop_size``.
 
     The checkpoint path is checked before Lightning opens it (:func:`~cropscale.cli.folders.check_checkpoint`);
     ``last`` is resolved to the newest ``last.ckpt`` of the runs of the logger's name
@@ -191,7 +193,8 @@ class CropScaleCLI(LightningCLI):
         integers_stay_integers(parser)
         parser.link_arguments("data.num_classes", "model.num_classes", apply_on="instantiate")
         parser.link_arguments("data.class_names", "model.class_names", apply_on="instantiate")
-        parser.link_arguments("data.ignore_index", "model.ignore_index")
+        for name in ("ignore_index", "t2", "t1", "crop_size"):  # the model's settings that depend on the data
+            parser.link_arguments(f"data.{name}", f"model.{name}")
 
     @override
     def _prepare_subcommand_parser(self, klass: type, subcommand: str, **kwargs: Any) -> LightningArgumentParser:

@@ -2,9 +2,13 @@
 
 Every split is normalised with statistics of the training folds.
 
-Built by LightningCLI from ``data:`` in ``configs/*.yaml`` (every constructor argument is type
-annotated for jsonargparse). ``num_classes`` and ``class_names`` come from ``classes.json`` and are
-available right after construction (the CLI links them into the model).
+Built by LightningCLI from ``data:`` in ``configs/*.yaml``. As TorchGeo's data modules, it forwards the
+dataset's options (``**kwargs``) to :class:`~cropscale.data.dataset.PastisHDDataset`, where each is declared
+once; jsonargparse follows the forwarding, so they are ``data.<name>`` options with the dataset's types,
+defaults and help. The root is resolved once, at construction (:func:`~cropscale.data.layout.resolve_layout`:
+what the model is trained without is known before the trainer starts). ``num_classes`` and ``class_names``
+come from ``classes.json`` (the CLI links them into the model), as ``t2``, ``t1``, ``crop_size`` and
+``ignore_index`` are linked from ``data.*``.
 
 Determinism and exact resume: the training order is a function of ``(seed, epoch)`` and the rank's
 shard (:class:`~cropscale.data.sharding.TrainShardSampler`, also with one process), each training
@@ -26,10 +30,12 @@ subclass in place). Any world size works, also more ranks than patches.
 
 from __future__ import annotations
 
+import inspect
 import random
 import warnings
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -40,11 +46,13 @@ from typing_extensions import override
 
 from cropscale.data.collate import collate
 from cropscale.data.content import PatchScan, scale_warnings, zero_but_clear_warning
-from cropscale.data.dataset import PastisHDDataset
-from cropscale.data.index import S1_ORBITS, orphan_warning
-from cropscale.data.metadata import read_classes, read_metadata
+from cropscale.data.dataset import PastisHDDataset, check_options
+from cropscale.data.index import orphan_warning
+from cropscale.data.layout import ORBIT_NAMES, padding_warning, resolve_layout
+from cropscale.data.metadata import read_classes
+from cropscale.data.scans import ScanCache
 from cropscale.data.sharding import EvalShardSampler, PaddedEvalDataset, TrainShardSampler
-from cropscale.data.stats import NormStats, compute_norm_stats
+from cropscale.data.stats import NormStats, stats_from_moments
 from cropscale.errors import CropScaleError
 from cropscale.files import check_writable_folder
 
@@ -54,6 +62,24 @@ warnings.filterwarnings("ignore", message=r".*resuming from a checkpoint that en
 
 #: ``format`` of :meth:`PastisHDDataModule.state_dict`.
 STATE_FORMAT = "cropscale-data-position/1"
+
+_DATASET_PARAMETERS = inspect.signature(PastisHDDataset).parameters
+_SET_BY_THE_MODULE = ("root", "folds", "train", "stats", "num_classes", "seed", "layout")
+"""Dataset arguments the data module sets itself (not forwarded options)."""
+_SAMPLE_OPTIONS = ("crop_size", "t2", "t1", "samples_per_patch", "min_clear_fraction", "hr_bands")
+_LAYOUT_OPTIONS = ("s1_orbits", "s2_mask", "high_grid", "hr_dir", "hr_pattern")
+
+
+def _check_forwarded(kwargs: dict) -> None:
+    """Refuse a forwarded option the dataset does not have, or one the data module sets itself.
+
+    Raises:
+        CropScaleError: naming the option(s) and the dataset's options.
+    """
+    options = [n for n in _DATASET_PARAMETERS if n not in _SET_BY_THE_MODULE]
+    bad = sorted(set(kwargs) - set(options))
+    if bad:
+        raise CropScaleError(f"data: unknown option(s) {bad}; the data module's own and the dataset's: {options}")
 
 
 def seed_worker(worker_id: int) -> None:
@@ -88,48 +114,49 @@ def _check_stats_path(path: str | None) -> str | None:
 class PastisHDDataModule(LightningDataModule):
     """LightningDataModule for PASTIS-HD (PASTIS + PASTIS-R + SPOT-6/7) and datasets in its layout.
 
-    An example of the layout is the bundled ``worldcereal-flanders`` sample.
+    An example of the layout is the bundled ``worldcereal-flanders`` sample. As TorchGeo's data modules, it
+    holds the splits, the loaders and the statistics, and forwards every other option to each split's
+    :class:`~cropscale.data.dataset.PastisHDDataset` (the command line lists them as ``data.<name>``).
 
     Args:
         root: dataset root (``metadata.geojson``, ``classes.json``, ``DATA_S2`` ...).
-        train_folds, val_folds: folds (``Fold`` in the metadata) for training and validation.
+        train_folds: folds (``Fold`` in the metadata) for training.
+        val_folds: folds for validation.
         test_folds: folds for ``test`` and ``predict``; None = no test set.
         batch_size: training batch (local, per rank).
         val_batch_size: validation/test batch of whole patches (local, per rank).
-        crop_size: training crop side (10 m pixels); the high-grid crop is 10x that.
-        t2: Sentinel-2 dates per sample.
-        t1: dates per Sentinel-1 orbit per sample.
-        samples_per_patch: random training crops per patch per epoch (epoch length = training
-            patches x this).
-        num_workers, pin_memory, persistent_workers, prefetch_factor: DataLoader settings
-            (``persistent_workers`` and ``prefetch_factor`` only apply with workers).
+        num_workers: DataLoader worker processes.
+        pin_memory: DataLoader ``pin_memory``.
+        persistent_workers: keep the workers between epochs (only with workers).
+        prefetch_factor: batches each worker prepares ahead (only with workers; None = PyTorch's default).
         seed: seed of the training sampling (crops, dates, augmentation, order).
         stats_path: normalisation statistics JSON: loaded if it exists (and refused if computed on
             other folds), else computed over ``train_folds`` at setup and saved there (atomically);
             None = computed at setup and kept in memory. A folder, or a new file whose folder cannot be
             written, is refused at construction.
-        hr_dir, hr_pattern: high-grid GeoTIFF directory (relative to root) and file name pattern
-            (``{patch_id}``); a missing directory means no high-grid target.
-        ignore_index: class id to ignore in loss and metrics (PASTIS void 19); None = none.
-        hr_bands: 1-based band indices of R, G, B in the high-grid files.
-        hr_max: digital number mapped to 1.0 in ``hr`` (255 for 8-bit images).
-        s1_orbits: Sentinel-1 orbits to read where present.
-        min_clear_fraction: fraction of clear pixels for a date to count as valid.
-        augment: random flips and 90-degree rotations of training crops.
+        cache_dir: folder of the data checks' cache (:mod:`cropscale.data.scans`: a second run reads no value
+            it has checked); None = ``$XDG_CACHE_HOME/cropscale/data-scans``. Given, it must be writable.
         allow_fold_overlap: accept training folds that are also validation or test folds (scores on
             patches the model trained on); refused by default.
+        **kwargs: the dataset's options (:class:`~cropscale.data.dataset.PastisHDDataset`: ``crop_size``,
+            ``t2``, ``t1``, ``samples_per_patch``, ``augment``, ``ignore_index``, ``high_grid``, ``hr_dir``,
+            ``hr_pattern``, ``hr_bands``, ``hr_max``, ``s1_orbits``, ``s2_mask``, ``min_clear_fraction``,
+            ``check_values``).
 
     Attributes:
+        kwargs: the forwarded dataset options, as given.
+        layout: the root resolved once (:func:`~cropscale.data.layout.resolve_layout`).
         data_warnings: what the checks found that is not an error, one line each (also issued as
-            ``UserWarning``, or logged for an allowed fold overlap): overlapping folds allowed, files
-            without a metadata entry, the documented fallbacks, patches on another scale than the
-            training statistics, masks that mark no-data pixels clear. ``ProvenanceCallback`` writes
-            them to ``run.json``.
+            ``UserWarning``, or logged for an allowed fold overlap): what the model is trained without
+            (modalities absent from the whole data set), ``t2`` / ``t1`` padding every sample, overlapping folds
+            allowed, files without a metadata entry, the documented fallbacks, patches on another scale than the
+            training statistics, masks that mark no-data pixels clear. ``ProvenanceCallback`` writes them to
+            ``run.json``.
 
     Raises:
-        CropScaleError: missing root, ``metadata.geojson`` or ``classes.json``, or overlapping folds (at
-            construction); empty folds, bad patch files and bad values (at :meth:`setup`, for every fold
-            the stage reads, before the first step).
+        CropScaleError: missing root, ``metadata.geojson`` or ``classes.json``, an option out of range, a modality
+            the options ask for and the root lacks, or overlapping folds (at construction); empty folds, bad
+            patch files and bad values (at :meth:`setup`, for every fold the stage reads, before the first step).
     """
 
     def __init__(
@@ -140,71 +167,82 @@ class PastisHDDataModule(LightningDataModule):
         test_folds: list[int] | None = None,
         batch_size: int = 4,
         val_batch_size: int = 1,
-        crop_size: int = 32,
-        t2: int = 16,
-        t1: int = 4,
-        samples_per_patch: int = 1,
         num_workers: int = 0,
         pin_memory: bool = False,
         persistent_workers: bool = False,
         prefetch_factor: int | None = None,
         seed: int = 0,
         stats_path: str | None = None,
-        hr_dir: str = "DATA_SPOT",
-        hr_pattern: str = "SPOT_{patch_id}.tif",
-        ignore_index: int | None = None,
-        hr_bands: list[int] = [1, 2, 3],  # noqa: B006
-        hr_max: float = 255.0,
-        s1_orbits: list[str] = ["S1A", "S1D"],  # noqa: B006
-        min_clear_fraction: float = 0.5,
-        augment: bool = True,
+        cache_dir: str | None = None,
         allow_fold_overlap: bool = False,
+        **kwargs: Any,
     ) -> None:
         super().__init__()
-        self.root = Path(root)
-        if not self.root.is_dir():
-            raise CropScaleError(f"data.root: dataset root not found: {self.root}")
-        self.metadata_path = self.root / "metadata.geojson"
-        if not self.metadata_path.is_file():
-            raise CropScaleError(f"data.root: metadata file not found: {self.metadata_path}")
+        self.kwargs = kwargs
+        _check_forwarded(kwargs)
+        check_options(**{name: self.option(name) for name in _SAMPLE_OPTIONS})
+        self.layout = resolve_layout(root, **{name: self.option(name) for name in _LAYOUT_OPTIONS})
+        self.root = self.layout.root
+        self.metadata_path = self.layout.meta_path
         self._class_names = read_classes(self.root / "classes.json")
-        for name, value in (("batch_size", batch_size), ("val_batch_size", val_batch_size), ("crop_size", crop_size),
-                            ("t2", t2), ("t1", t1), ("samples_per_patch", samples_per_patch)):
+        for name, value in (("batch_size", batch_size), ("val_batch_size", val_batch_size)):
             if int(value) < 1:
                 raise CropScaleError(f"data.{name} must be >= 1, got {value}")
         if num_workers < 0:
             raise CropScaleError(f"data.num_workers must be >= 0, got {num_workers}")
-        bad = [o for o in s1_orbits if o not in S1_ORBITS]
-        if bad:
-            raise CropScaleError(f"data.s1_orbits: unknown orbit(s) {bad}; expected a subset of {list(S1_ORBITS)}")
         self.train_folds = list(train_folds)
         self.val_folds = list(val_folds)
         self.test_folds = list(test_folds) if test_folds is not None else None
         self.data_warnings: list[str] = []
-        self._scans: dict[int, PatchScan] = {}
+        for message in self.layout.warnings:
+            self._note(message)
         self._check_folds(bool(allow_fold_overlap))
         self.batch_size = int(batch_size)
         self.val_batch_size = int(val_batch_size)
-        self.crop_size, self.t2, self.t1 = int(crop_size), int(t2), int(t1)
-        self.samples_per_patch = int(samples_per_patch)
         self.num_workers = int(num_workers)
         self.pin_memory = bool(pin_memory)
         self.persistent_workers = bool(persistent_workers)
         self.prefetch_factor = prefetch_factor
         self.seed = int(seed)
         self.stats_path = _check_stats_path(stats_path)
-        self.hr_dir, self.hr_pattern = hr_dir, hr_pattern
-        self.ignore_index = ignore_index
-        self.hr_bands, self.hr_max = list(hr_bands), float(hr_max)
-        self.s1_orbits = list(s1_orbits)
-        self.min_clear_fraction = float(min_clear_fraction)
-        self.augment = bool(augment)
+        if cache_dir is not None:
+            check_writable_folder(cache_dir, what="data.cache_dir: folder")
+        self.scan_cache = ScanCache(cache_dir)
         self.stats: NormStats | None = None
         self.train_dataset: PastisHDDataset | None = None
         self.val_dataset: PastisHDDataset | None = None
         self.test_dataset: PastisHDDataset | None = None
-        self._records = None
+        self._datasets: dict[tuple[tuple[int, ...], bool], PastisHDDataset] = {}
+        self._scans: dict[int, PatchScan] = {}
+        self._orphans_noted = False
         self._resume: dict | None = None
+
+    # ---------------------------------------------------------------- options
+    def option(self, name: str) -> Any:
+        """The dataset option ``name`` as forwarded: given in :attr:`kwargs`, else the dataset's default."""
+        if name in self.kwargs:
+            return self.kwargs[name]
+        return _DATASET_PARAMETERS[name].default
+
+    @property
+    def t2(self) -> int:
+        """Sentinel-2 dates per sample (``data.t2``)."""
+        return int(self.option("t2"))
+
+    @property
+    def t1(self) -> int:
+        """Dates per Sentinel-1 orbit per sample (``data.t1``)."""
+        return int(self.option("t1"))
+
+    @property
+    def crop_size(self) -> int:
+        """Training crop side in 10 m pixels (``data.crop_size``)."""
+        return int(self.option("crop_size"))
+
+    @property
+    def ignore_index(self) -> int | None:
+        """Class id ignored in loss and metrics (``data.ignore_index``)."""
+        return self.option("ignore_index")
 
     # ---------------------------------------------------------------- classes
     @property
@@ -260,30 +298,43 @@ class PastisHDDataModule(LightningDataModule):
             self._note(f"{what} (allowed by data.allow_fold_overlap)", warn=False)
             rank_zero_info(f"cropscale: {self.data_warnings[-1]}")
 
-    def _check_values(self, datasets: list[PastisHDDataset]) -> list[PatchScan]:
-        """Scan every patch of ``datasets`` not scanned before (:meth:`PastisHDDataset.check_content`)."""
-        for dataset in datasets:
-            for message in dataset.data_warnings:
-                self._note(message, warn=False)  # already issued by the index
-            todo = [p for p in dataset.patches if p.patch_id not in self._scans]
-            if todo:
-                self._scans.update((s.patch_id, s) for s in dataset.check_content())
-        return [self._scans[p.patch_id] for d in datasets for p in d.patches]
+    def _note_padding(self, datasets: list[PastisHDDataset]) -> None:
+        """Note ``t2`` / ``t1`` above every series' length of the patches ``datasets`` read."""
+        patches = list({p.patch_id: p for d in datasets for p in d.patches}.values())
+        self._note(padding_warning("t2", self.t2, [len(p.doy["S2"]) for p in patches], "Sentinel-2"))
+        for orbit in self.layout.orbits:
+            lengths = [len(p.doy[orbit]) for p in patches if orbit in p.doy]
+            self._note(padding_warning("t1", self.t1, lengths, ORBIT_NAMES[orbit]))
 
-    def _note_values(self, scans: list[PatchScan], stats: NormStats) -> None:
-        """Record the scale and mask findings of ``scans`` against the training statistics."""
+    def _scan(self, datasets: list[PastisHDDataset]) -> None:
+        """Scan every patch of ``datasets`` not scanned before (:meth:`PastisHDDataset.check_content`).
+
+        ``data.num_workers`` threads (at least 1) scan at once: the cores meant for loading, idle at setup.
+        """
+        for dataset in datasets:
+            if any(p.patch_id not in self._scans for p in dataset.patches):
+                scans = dataset.check_content(self.scan_cache, threads=max(1, self.num_workers))
+                self._scans.update((s.patch_id, s) for s in scans)
+
+    def _note_values(self, datasets: list[PastisHDDataset], stats: NormStats) -> None:
+        """Record the scale and mask findings of the checked scans of ``datasets`` against the training statistics."""
+        scans = [self._scans[p.patch_id] for d in datasets for p in d.patches if p.patch_id in self._scans]
+        scans = list({s.patch_id: s for s in scans if s.checked}.values())
         for message in scale_warnings(scans, stats):
             self._note(message)
-        self._note(zero_but_clear_warning(list({s.patch_id: s for s in scans}.values())))
+        self._note(zero_but_clear_warning(scans))
 
     # ------------------------------------------------------------------ stats
     def compute_stats(self, path: str | None = None) -> NormStats:
-        """Compute per-band statistics over ``train_folds``, keep them for the datasets and save them as JSON.
+        """Per-band statistics over ``train_folds``, kept for the datasets and saved as JSON.
 
-        The statistics come from :func:`~cropscale.data.stats.compute_norm_stats`; they are saved to ``path``
-        (default ``stats_path``; None = not saved).
+        The moments come from the training patches' scans (:meth:`_scan`: the pass that checks their values, or a
+        cached one); they are saved to ``path`` (default ``stats_path``; None = not saved).
         """
-        stats = compute_norm_stats(self.root, self.train_folds, s1_orbits=self.s1_orbits)
+        dataset = self._dataset(self.train_folds, train=True)
+        self._scan([dataset])
+        stats = stats_from_moments([self._scans[p.patch_id].moments for p in dataset.patches], folds=self.train_folds,
+                                   patch_ids=[p.patch_id for p in dataset.patches], root=str(self.root))
         target = path if path is not None else self.stats_path
         if target is not None:
             stats.save(target)
@@ -318,29 +369,29 @@ class PastisHDDataModule(LightningDataModule):
 
     # ------------------------------------------------------------------ setup
     def _dataset(self, folds: list[int], train: bool) -> PastisHDDataset:
-        return PastisHDDataset(
-            self.root, folds, train=train, crop_size=self.crop_size, t2=self.t2, t1=self.t1,
-            samples_per_patch=self.samples_per_patch, stats=None, augment=self.augment and train,
-            num_classes=self.num_classes, ignore_index=self.ignore_index, hr_dir=self.hr_dir,
-            hr_pattern=self.hr_pattern, hr_bands=self.hr_bands, hr_max=self.hr_max, s1_orbits=self.s1_orbits,
-            min_clear_fraction=self.min_clear_fraction, seed=self.seed, records=self._records,
-        )
+        """The dataset of ``folds`` (built once: the layout and the options do not change)."""
+        key = (tuple(folds), train)
+        if key not in self._datasets:
+            self._datasets[key] = PastisHDDataset(self.root, folds, train=train, stats=None,
+                                                  num_classes=self.num_classes, seed=self.seed, layout=self.layout,
+                                                  **self.kwargs)
+        return self._datasets[key]
 
     @override
     def setup(self, stage: str | None = None) -> None:
-        """Check the files of the folds the stage needs, get the statistics, build the datasets.
+        """Check the files and values of the folds the stage needs, get the statistics, build the datasets.
 
         ``stage``: ``fit`` (train + val), ``validate`` (val), ``test``/``predict`` (test), None (all).
         """
-        if self._records is None:
-            self._records = read_metadata(self.metadata_path)
-            self._note(orphan_warning(self.root, self._records))
+        if not self._orphans_noted:
+            self._orphans_noted = True
+            self._note(orphan_warning(self.root, self.layout.records))
         if stage in ("test", "predict") and self.test_folds is None:
             raise CropScaleError(
                 f"data.test_folds: no test folds given; the '{getattr(stage, 'value', stage)}' stage reads the"
                 " test folds (e.g. --data.test_folds=[5])"
             )
-        # datasets first: their file checks fail fast, before statistics are computed
+        # datasets first: their file checks fail fast, before any value is read
         built = []
         if stage in ("fit", None):
             self.train_dataset = self._dataset(self.train_folds, train=True)
@@ -351,11 +402,16 @@ class PastisHDDataModule(LightningDataModule):
         if stage in ("test", "predict") or (stage is None and self.test_folds):
             self.test_dataset = self._dataset(self.test_folds, train=False)
             built.append(self.test_dataset)
-        scans = self._check_values(built)
+        for dataset in built:
+            for message in dataset.data_warnings:
+                self._note(message, warn=False)  # already issued by the index
+        self._note_padding(built)
+        if self.option("check_values"):
+            self._scan(built)
         stats = self._ensure_stats()
         for dataset in built:
             dataset.stats = stats
-        self._note_values(scans, stats)
+        self._note_values(built, stats)
 
     # ------------------------------------------------------------ dataloaders
     def _loader_kwargs(self) -> dict:

@@ -21,15 +21,17 @@ Layout read under ``root`` (PASTIS, Sainte Fare Garnot & Landrieu, ICCV 2021; PA
 Arrays are opened with ``numpy.load(mmap_mode="r")`` and sliced, never loaded whole per sample
 (labels and instances, ``[H, W]``, are read whole for the label check and the parcel targets).
 
-Checks at construction (before training; each error names the patch and the file): missing or
-unreadable ``.npy`` (truncated, bad header), wrong number of dimensions or bands, spatial shapes that
-disagree, metadata date counts that differ from the array's ``T``, a high-grid directory for patches
-the metadata cannot georeference, a dtype that cannot hold the unit. :meth:`PastisHDDataset.check_content`
-(called by the data module at setup) checks a bounded sample of the values (:mod:`.content`). Checks
-while reading a sample: NaN, Inf or a no-data value below -1000 (-9999) in Sentinel-2 reflectance at a pixel
-the mask calls clear (NaN or Inf under the mask is accepted: masked values are set to 0 after normalisation
-and never reach the network), class ids ``>= num_classes`` (other than ``ignore_index``), a patch whose
-Sentinel-2 series has no clear observation at all.
+Checks at construction (before training; each error names the patch and the file): the root, the orbit
+names and which modality folders are read (:mod:`.layout`, once per run), missing or unreadable ``.npy``
+(truncated, bad header), wrong number of dimensions or bands, spatial shapes that disagree, metadata date
+counts that differ from the array's ``T``, a high-grid directory for patches the metadata cannot
+georeference, a dtype that cannot hold the unit. :meth:`PastisHDDataset.check_content` (called by the data
+module at setup) checks every value of every patch once (:mod:`.content`, cached by :mod:`.scans`). Checks
+while reading a sample (``check_values``): a mask value other than 0 / 1 in the window read, NaN, Inf or a
+no-data value below -1000 (-9999) in Sentinel-2 reflectance at a pixel the mask calls clear (NaN or Inf under
+the mask is accepted: masked values are set to 0 after normalisation and never reach the network), class ids
+``>= num_classes`` (other than ``ignore_index``), a patch whose Sentinel-2 series has no clear observation at
+all.
 
 Documented fallbacks (a warning at construction lists the patches): when ``DATA_S1A``/``DATA_S1D``,
 ``INSTANCE_ANNOTATIONS`` or the high-grid directory exists but one patch's file is absent, that
@@ -44,6 +46,7 @@ mask's clear fraction.
 
 from __future__ import annotations
 
+import warnings
 from collections import OrderedDict
 from pathlib import Path
 
@@ -54,20 +57,39 @@ from torch.utils.data import Dataset
 from cropscale.batch import HR_SCALE, S2_BANDS
 from cropscale.data.content import (
     PatchScan,
+    clear_mask,
     label_problem,
+    mask_value_message,
     no_clear_observation,
     nodata_s2_message,
     nonfinite_s2_message,
-    scan_patch,
 )
 from cropscale.data.hr import HighGridReader, crop_bounds, high_grid_shape
-from cropscale.data.index import S1_ORBITS, PatchFiles, index_patches, open_npy
-from cropscale.data.metadata import PatchRecord, read_classes
+from cropscale.data.index import PatchFiles, index_patches, open_npy
+from cropscale.data.layout import DEFAULT_HR_DIR, S1_ORBITS, DataLayout, resolve_layout
+from cropscale.data.metadata import read_classes
+from cropscale.data.scans import ScanCache, scan_patches
 from cropscale.data.stats import NormStats
 from cropscale.data.targets import parcel_targets
 from cropscale.data.temporal import clear_fraction, s1_pixel_validity, s2_pixel_validity, select_dates
 from cropscale.data.transforms import RandomDihedral
 from cropscale.errors import CropScaleError
+
+
+def check_options(*, crop_size: int, t2: int, t1: int, samples_per_patch: int, min_clear_fraction: float,
+                  hr_bands: list[int] | tuple[int, ...]) -> None:
+    """Refuse sample options out of range (the dataset's, also checked by the data module at construction).
+
+    Raises:
+        CropScaleError: naming the option as ``data.<name>``.
+    """
+    for name, value in (("crop_size", crop_size), ("t2", t2), ("t1", t1), ("samples_per_patch", samples_per_patch)):
+        if int(value) < 1:
+            raise CropScaleError(f"data.{name} must be >= 1, got {value}")
+    if not 0.0 <= min_clear_fraction <= 1.0:
+        raise CropScaleError(f"data.min_clear_fraction must be in [0, 1], got {min_clear_fraction}")
+    if len(hr_bands) != 3:
+        raise CropScaleError(f"data.hr_bands must name 3 bands (R, G, B), got {list(hr_bands)}")
 
 
 class PastisHDDataset(Dataset):
@@ -91,27 +113,40 @@ class PastisHDDataset(Dataset):
     masks/flags; padding dates (series shorter than ``T``, :mod:`.temporal`) have day of year 0.
 
     Args:
-        root: PASTIS-HD root directory.
+        root: dataset root (``metadata.geojson``, ``classes.json``, ``DATA_S2`` ...).
         folds: folds to use (None = all).
         train: training (random crops) or evaluation (whole patches) sampling.
-        crop_size: training crop side, 10 m pixels.
-        t2, t1: Sentinel-2 dates and dates per Sentinel-1 orbit.
-        samples_per_patch: training crops per patch per epoch.
+        crop_size: training crop side (10 m pixels); the high-grid crop is 10x that.
+        t2: Sentinel-2 dates per sample.
+        t1: dates per Sentinel-1 orbit per sample.
+        samples_per_patch: random training crops per patch per epoch (epoch length = training patches x
+            this).
         stats: normalisation statistics (training folds); None = raw values.
-        augment: apply D4 augmentation (default: ``train``).
+        augment: random flips and 90-degree rotations of training crops (evaluation samples never).
         num_classes: class count (default: from ``classes.json``).
-        ignore_index: class id allowed beyond ``num_classes`` and left as is (PASTIS void: 19).
-        hr_dir, hr_pattern: high-grid directory (relative to root) and file name pattern with
-            ``{patch_id}``; ``hr_dir=None`` disables the high grid.
-        hr_bands, hr_max: see :class:`~cropscale.data.hr.HighGridReader`.
-        s1_orbits: orbits to read when their directory exists.
-        min_clear_fraction: date validity threshold (:mod:`.temporal`).
-        seed: seed of the training generator.
-        records: pre-parsed metadata (default: read ``root/metadata.geojson``).
+        ignore_index: class id to ignore in loss and metrics (PASTIS void 19), allowed beyond the classes;
+            None = none.
+        high_grid: read the high-grid images: True = their folder must exist, False = never (no x10 detail
+            target), None = where present.
+        hr_dir: high-grid GeoTIFF folder (relative to the root).
+        hr_pattern: high-grid file name pattern (``{patch_id}``).
+        hr_bands: 1-based band indices of R, G, B in the high-grid files.
+        hr_max: digital number mapped to 1.0 in ``hr`` (255 for 8-bit images).
+        s1_orbits: Sentinel-1 orbits to read (``S1A``, ``S1D``), each of which must have its folder; None =
+            those the root has.
+        s2_mask: read ``DATA_S2_MASK``: True = it must exist, False = never (no-data detection only), None =
+            where present.
+        min_clear_fraction: fraction of clear pixels for a date to count as valid.
+        check_values: check the values each sample reads, and (data module) every value of every patch once at
+            setup; False only to measure what the checks cost (``loader-bench --checks off``).
+        seed: seed of the training sampling (crops, dates, augmentation, order).
+        layout: the root already resolved (:func:`~cropscale.data.layout.resolve_layout`, by the data module);
+            None = resolved here from ``root``, ``s1_orbits``, ``s2_mask``, ``high_grid``, ``hr_dir``, ``hr_pattern``.
 
     Attributes:
         patches: the indexed patches (:class:`~cropscale.data.index.PatchFiles`), metadata order.
-        data_warnings: the documented fallbacks met while indexing (also issued as ``UserWarning``).
+        data_warnings: what the layout and the index found (what the model is trained without, the documented
+            fallbacks), also issued as ``UserWarning``.
 
     Raises:
         CropScaleError: see the module docstring.
@@ -128,24 +163,32 @@ class PastisHDDataset(Dataset):
         t1: int = 4,
         samples_per_patch: int = 1,
         stats: NormStats | None = None,
-        augment: bool | None = None,
+        augment: bool = True,
         num_classes: int | None = None,
         ignore_index: int | None = None,
-        hr_dir: str | None = "DATA_SPOT",
+        high_grid: bool | None = None,
+        hr_dir: str = DEFAULT_HR_DIR,
         hr_pattern: str = "SPOT_{patch_id}.tif",
-        hr_bands: tuple[int, ...] | list[int] = (1, 2, 3),
+        hr_bands: list[int] = [1, 2, 3],  # noqa: B006 - jsonargparse needs the literal default
         hr_max: float = 255.0,
-        s1_orbits: tuple[str, ...] | list[str] = S1_ORBITS,
+        s1_orbits: list[str] | None = None,
+        s2_mask: bool | None = None,
         min_clear_fraction: float = 0.5,
+        check_values: bool = True,
         seed: int = 0,
-        records: list[PatchRecord] | None = None,
+        layout: DataLayout | None = None,
     ) -> None:
-        for name, value in (("crop_size", crop_size), ("t2", t2), ("t1", t1), ("samples_per_patch", samples_per_patch)):
-            if int(value) < 1:
-                raise CropScaleError(f"{name} must be >= 1, got {value}")
-        if not 0.0 <= min_clear_fraction <= 1.0:
-            raise CropScaleError(f"min_clear_fraction must be in [0, 1], got {min_clear_fraction}")
-        self.root = Path(root)
+        check_options(crop_size=crop_size, t2=t2, t1=t1, samples_per_patch=samples_per_patch,
+                      min_clear_fraction=min_clear_fraction, hr_bands=hr_bands)
+        self.data_warnings: list[str] = []
+        if layout is None:
+            layout = resolve_layout(root, s1_orbits=s1_orbits, s2_mask=s2_mask, high_grid=high_grid, hr_dir=hr_dir,
+                                    hr_pattern=hr_pattern)
+            for message in layout.warnings:
+                warnings.warn(message, stacklevel=2)
+                self.data_warnings.append(message)
+        self.layout = layout
+        self.root = layout.root
         self.train = bool(train)
         self.crop_size, self.t2, self.t1 = int(crop_size), int(t2), int(t1)
         self.samples_per_patch = int(samples_per_patch)
@@ -153,9 +196,8 @@ class PastisHDDataset(Dataset):
         self.num_classes = len(read_classes(self.root / "classes.json")) if num_classes is None else int(num_classes)
         self.ignore_index = ignore_index
         self.min_clear_fraction = float(min_clear_fraction)
-        self.data_warnings: list[str] = []
-        self.patches = index_patches(root, folds, records=records, s1_orbits=s1_orbits, hr_dir=hr_dir,
-                                     hr_pattern=hr_pattern, notes=self.data_warnings)
+        self.check_values = bool(check_values)
+        self.patches = index_patches(layout, folds, notes=self.data_warnings)
         if not self.patches:
             raise CropScaleError(f"no patches in folds {folds} under {self.root}")
         if self.train:
@@ -164,9 +206,7 @@ class PastisHDDataset(Dataset):
                     raise CropScaleError(
                         f"patch {p.patch_id}: {p.hw[0]}x{p.hw[1]} pixels, smaller than crop_size {self.crop_size}"
                     )
-        if len(hr_bands) != 3:
-            raise CropScaleError(f"hr_bands must name 3 bands (R, G, B), got {list(hr_bands)}")
-        self.augment = RandomDihedral() if (self.train if augment is None else augment) else None
+        self.augment = RandomDihedral() if self.train and augment else None
         self.hr_reader = HighGridReader(hr_bands, hr_max)
         self.seed = int(seed)
         self.epoch = 0
@@ -240,7 +280,12 @@ class PastisHDDataset(Dataset):
         window = (slice(y, y + h), slice(x, x + w))
         data_all = None
         if p.mask is not None:
-            valid_all = np.asarray(self._array(p.mask, p.patch_id, "S2 mask")[(slice(None), *window)]) > 0
+            marked = np.asarray(self._array(p.mask, p.patch_id, "S2 mask")[(slice(None), *window)])
+            if self.check_values:  # a value other than 0 / 1 is an error, never "clear"
+                message = mask_value_message(p, marked, np.arange(marked.shape[0]), y, x)
+                if message:
+                    raise CropScaleError(message)
+            valid_all = clear_mask(marked)
         else:
             data_all = np.asarray(arr[(slice(None), slice(None), *window)])
             valid_all = s2_pixel_validity(data_all)
@@ -252,7 +297,9 @@ class PastisHDDataset(Dataset):
         clear = valid_all[idx]                                              # [n, h, w]
         if p.mask is not None:  # zero in every band is no data, whatever the mask says (NaN is not zero)
             clear = clear & s2_pixel_validity(data)
-        message = nonfinite_s2_message(p, data, idx, y, x, clear=clear) or nodata_s2_message(p, data, idx, y, x, clear)
+        message = nonfinite_s2_message(p, data, idx, y, x, clear=clear)  # NaN must never reach the network
+        if not message and self.check_values:
+            message = nodata_s2_message(p, data, idx, y, x, clear)
         if message:  # NaN, Inf or a no-data value (-9999) where the mask (or no-data detection) says clear
             raise CropScaleError(message)
         data = data.astype(np.float32)
@@ -276,18 +323,22 @@ class PastisHDDataset(Dataset):
         if message:
             raise CropScaleError(message)
 
-    def check_content(self) -> list[PatchScan]:
-        """Check a bounded sample of every patch's values (:func:`~cropscale.data.content.scan_patch`).
+    def check_content(self, cache: ScanCache | None = None, threads: int = 1) -> list[PatchScan]:
+        """Check every value of every patch once (:func:`~cropscale.data.scans.scan_patches`, through ``cache``).
+
+        With ``check_values`` False only the band moments are accumulated (for the statistics). ``threads``:
+        patches scanned at once.
 
         Returns:
             One :class:`~cropscale.data.content.PatchScan` per patch, in order.
 
         Raises:
-            CropScaleError: the first patch with a bad value (named with its file).
+            CropScaleError: the first patch with a bad value (named with its file and date index).
         """
         try:
-            return [scan_patch(p, num_classes=self.num_classes, ignore_index=self.ignore_index,
-                               hr_reader=self.hr_reader) for p in self.patches]
+            return scan_patches(self.patches, num_classes=self.num_classes, ignore_index=self.ignore_index,
+                                hr_reader=self.hr_reader if self.check_values else None, cache=cache,
+                                check=self.check_values, threads=threads)
         finally:
             self.hr_reader.close()
 
@@ -325,7 +376,7 @@ class PastisHDDataset(Dataset):
     def _read_semantic(self, p: PatchFiles, y: int, x: int, hw: tuple[int, int]) -> np.ndarray:
         arr = self._array(p.target, p.patch_id, "TARGET")
         labels = np.asarray(arr[0] if arr.ndim == 3 else arr).astype(np.int64)
-        problem = label_problem(labels, self.num_classes, self.ignore_index)
+        problem = label_problem(labels, self.num_classes, self.ignore_index) if self.check_values else None
         if problem:
             raise CropScaleError(f"patch {p.patch_id}: TARGET file {p.target}: {problem}")
         h, w = hw

@@ -1,7 +1,8 @@
 """The file index of a PASTIS-HD root: every patch's files resolved and checked before training.
 
 Layout read under ``root`` (PASTIS, Sainte Fare Garnot & Landrieu, ICCV 2021; PASTIS-R, ISPRS J.
-2022; PASTIS-HD adds ``DATA_SPOT``); the table is in :mod:`cropscale.data.dataset`.
+2022; PASTIS-HD adds ``DATA_SPOT``); the table is in :mod:`cropscale.data.dataset`, which folders are read in
+:mod:`cropscale.data.layout` (resolved once per run, before the index).
 
 Checks (each error names the patch and the file): missing or unreadable ``.npy`` (truncated, bad
 header), wrong number of dimensions or bands, a dtype that cannot hold the modality's unit (8-bit
@@ -15,14 +16,12 @@ them for one warning (the reverse, a listed patch without its files, is an error
 
 Documented fallbacks (one warning lists the patches): when ``DATA_S1A``/``DATA_S1D``,
 ``INSTANCE_ANNOTATIONS`` or the high-grid directory exists but one patch's file is absent, that
-sample has the orbit absent, no parcel target or no high-grid target. A ``DATA_S1A``, ``DATA_S1D`` or
-high-grid folder absent while a folder of a similar name is there (``DATA_S1a``, ``DATA_SPOT6``) is one
-warning naming both (:func:`misspelt_folders`).
+sample has the orbit absent, no parcel target or no high-grid target. A modality folder absent from the
+whole data set is :mod:`cropscale.data.layout`'s.
 """
 
 from __future__ import annotations
 
-import difflib
 import pickle
 import warnings
 from dataclasses import dataclass, field
@@ -31,11 +30,9 @@ from pathlib import Path
 import numpy as np
 
 from cropscale.batch import S2_BANDS
-from cropscale.data.metadata import PatchGeo, PatchRecord, day_of_year, read_metadata
+from cropscale.data.layout import DataLayout
+from cropscale.data.metadata import PatchGeo, PatchRecord, day_of_year
 from cropscale.errors import CropScaleError
-
-S1_ORBITS: tuple[str, ...] = ("S1A", "S1D")
-"""Sentinel-1 orbits of the batch contract: ascending (``s1a``), descending (``s1d``)."""
 
 
 @dataclass
@@ -67,21 +64,8 @@ class PatchFiles:
     geo: PatchGeo | None = None
 
 
-@dataclass
-class _Layout:
-    """What ``root`` holds, resolved once for all patches, and the fallbacks met so far."""
-
-    root: Path
-    meta_path: Path
-    orbits: list[str]
-    mask_dir: Path
-    inst_dir: Path
-    hr_root: Path | None
-    hr_pattern: str
-    fallbacks: dict[str, list[int]] = field(default_factory=dict)
-
-    def fallback(self, what: str, patch_id: int) -> None:
-        self.fallbacks.setdefault(what, []).append(patch_id)
+Fallbacks = dict[str, list[int]]
+"""What a patch lacks (``"S1D file"``, ``"INSTANCES file"``) -> the patches that lack it, met while indexing."""
 
 
 def open_npy(path: Path, *, patch_id: int, what: str) -> np.ndarray:
@@ -144,7 +128,7 @@ def _select_records(records: list[PatchRecord], folds, meta_path: Path) -> list[
     return [r for r in records if r.fold in set(folds)]
 
 
-def _s2(layout: _Layout, rec: PatchRecord) -> tuple[Path, tuple[int, int, int]]:
+def _s2(layout: DataLayout, rec: PatchRecord) -> tuple[Path, tuple[int, int, int]]:
     """The checked ``DATA_S2`` file of ``rec`` and its ``(T, H, W)``."""
     pid = rec.patch_id
     path = layout.root / "DATA_S2" / f"S2_{pid}.npy"
@@ -163,9 +147,9 @@ def _s2(layout: _Layout, rec: PatchRecord) -> tuple[Path, tuple[int, int, int]]:
     return path, (t, h, w)
 
 
-def _s2_mask(layout: _Layout, pid: int, s2_path: Path, thw: tuple[int, int, int]) -> Path | None:
-    """The checked ``DATA_S2_MASK`` file (``[T, H, W]``), or None when the root has no masks."""
-    if not layout.mask_dir.is_dir():
+def _s2_mask(layout: DataLayout, pid: int, s2_path: Path, thw: tuple[int, int, int]) -> Path | None:
+    """The checked ``DATA_S2_MASK`` file (``[T, H, W]``), or None when masks are not read."""
+    if layout.mask_dir is None:
         return None
     path = layout.mask_dir / f"MASK_{pid}.npy"
     mask = open_npy(path, patch_id=pid, what="S2 mask")
@@ -174,14 +158,15 @@ def _s2_mask(layout: _Layout, pid: int, s2_path: Path, thw: tuple[int, int, int]
     return path
 
 
-def _s1(layout: _Layout, rec: PatchRecord, hw: tuple[int, int]) -> tuple[dict[str, Path], dict[str, np.ndarray]]:
+def _s1(layout: DataLayout, rec: PatchRecord, hw: tuple[int, int],
+        fallbacks: Fallbacks) -> tuple[dict[str, Path], dict[str, np.ndarray]]:
     """The checked Sentinel-1 files of ``rec`` per orbit present, and their days of year."""
     pid = rec.patch_id
     files, doy = {}, {}
     for orbit in layout.orbits:
         path = layout.root / f"DATA_{orbit}" / f"{orbit}_{pid}.npy"
         if not path.exists():
-            layout.fallback(f"{orbit} file", pid)
+            fallbacks.setdefault(f"{orbit} file", []).append(pid)
             continue
         arr = open_npy(path, patch_id=pid, what=orbit)
         _check(arr.ndim == 4 and arr.shape[1] >= 2 and arr.shape[2:] == hw, pid, orbit, path,
@@ -197,7 +182,7 @@ def _s1(layout: _Layout, rec: PatchRecord, hw: tuple[int, int]) -> tuple[dict[st
     return files, doy
 
 
-def _target(layout: _Layout, pid: int, hw: tuple[int, int]) -> Path:
+def _target(layout: DataLayout, pid: int, hw: tuple[int, int]) -> Path:
     """The checked ``ANNOTATIONS`` file (integer ``[H, W]`` or ``[K, H, W]``)."""
     path = layout.root / "ANNOTATIONS" / f"TARGET_{pid}.npy"
     target = open_npy(path, patch_id=pid, what="TARGET")
@@ -207,13 +192,13 @@ def _target(layout: _Layout, pid: int, hw: tuple[int, int]) -> Path:
     return path
 
 
-def _instances(layout: _Layout, pid: int, hw: tuple[int, int]) -> Path | None:
+def _instances(layout: DataLayout, pid: int, hw: tuple[int, int], fallbacks: Fallbacks) -> Path | None:
     """The checked ``INSTANCE_ANNOTATIONS`` file, or None (no folder, or a fallback for this patch)."""
-    if not layout.inst_dir.is_dir():
+    if layout.inst_dir is None:
         return None
     path = layout.inst_dir / f"INSTANCES_{pid}.npy"
     if not path.exists():
-        layout.fallback("INSTANCES file", pid)
+        fallbacks.setdefault("INSTANCES file", []).append(pid)
         return None
     inst = open_npy(path, patch_id=pid, what="INSTANCES")
     _check(inst.shape == hw and inst.dtype.kind in "biu", pid, "INSTANCES", path,
@@ -221,13 +206,13 @@ def _instances(layout: _Layout, pid: int, hw: tuple[int, int]) -> Path | None:
     return path
 
 
-def _high_grid(layout: _Layout, rec: PatchRecord) -> Path | None:
+def _high_grid(layout: DataLayout, rec: PatchRecord, fallbacks: Fallbacks) -> Path | None:
     """The high-grid image of ``rec``, or None (no folder, or a fallback for this patch)."""
-    if layout.hr_root is None or not layout.hr_root.is_dir():
+    if layout.hr_root is None:
         return None
     candidate = layout.hr_root / layout.hr_pattern.format(patch_id=rec.patch_id)
     if not candidate.exists():
-        layout.fallback(f"high-grid image ({layout.hr_root.name})", rec.patch_id)
+        fallbacks.setdefault(f"high-grid image ({layout.hr_root.name})", []).append(rec.patch_id)
         return None
     if rec.geo is None:
         raise CropScaleError(
@@ -237,15 +222,15 @@ def _high_grid(layout: _Layout, rec: PatchRecord) -> Path | None:
     return candidate
 
 
-def _patch_files(layout: _Layout, rec: PatchRecord) -> PatchFiles:
+def _patch_files(layout: DataLayout, rec: PatchRecord, fallbacks: Fallbacks) -> PatchFiles:
     """Every file of one patch, resolved and checked against each other and the metadata."""
     s2_path, (t, h, w) = _s2(layout, rec)
     mask_path = _s2_mask(layout, rec.patch_id, s2_path, (t, h, w))
-    s1, s1_doy = _s1(layout, rec, (h, w))
+    s1, s1_doy = _s1(layout, rec, (h, w), fallbacks)
     return PatchFiles(
         patch_id=rec.patch_id, fold=rec.fold, hw=(h, w), s2=s2_path, s2_t=t, mask=mask_path, s1=s1,
-        target=_target(layout, rec.patch_id, (h, w)), instances=_instances(layout, rec.patch_id, (h, w)),
-        hr=_high_grid(layout, rec), doy={"S2": day_of_year(rec.dates["S2"]), **s1_doy}, geo=rec.geo,
+        target=_target(layout, rec.patch_id, (h, w)), instances=_instances(layout, rec.patch_id, (h, w), fallbacks),
+        hr=_high_grid(layout, rec, fallbacks), doy={"S2": day_of_year(rec.dates["S2"]), **s1_doy}, geo=rec.geo,
     )
 
 
@@ -290,72 +275,24 @@ def orphan_warning(root: str | Path, records: list[PatchRecord], shown: int = 5)
             f" {first}); their files are not read")
 
 
-def misspelt_folders(root: Path, wanted: list[str]) -> list[str]:
-    """One line per modality folder of ``wanted`` absent from ``root`` while a folder of a similar name is there.
-
-    A data set without ``DATA_S1D`` or ``DATA_SPOT`` is documented (that modality is absent from every
-    sample); a ``DATA_S1a`` or ``DATA_SPOT6`` beside it is a misspelling that would silently drop the
-    modality from the whole data set.
-    """
-    known = {"DATA_S2", "DATA_S2_MASK", "ANNOTATIONS", "INSTANCE_ANNOTATIONS", *(f"DATA_{o}" for o in S1_ORBITS)}
-    known.add("DATA_SPOT")
-    others = sorted(d.name for d in root.iterdir() if d.is_dir() and d.name not in known)
-    out = []
-    for other in others:  # each unknown folder is the misspelling of at most one wanted name: the closest
-        ratios = [difflib.SequenceMatcher(None, name.upper(), other.upper()).ratio() for name in wanted]
-        if ratios and max(ratios) >= 0.75:
-            name = wanted[ratios.index(max(ratios))]
-            out.append(f"{root}: no {name} folder, but there is {other}: a misspelling? {name} is absent from "
-                       f"every sample of this data set (rename the folder to {name})")
-    return out
-
-
-def index_patches(
-    root: str | Path,
-    folds: list[int] | tuple[int, ...] | None,
-    *,
-    records: list[PatchRecord] | None = None,
-    s1_orbits: tuple[str, ...] | list[str] = S1_ORBITS,
-    hr_dir: str | None = "DATA_SPOT",
-    hr_pattern: str = "SPOT_{patch_id}.tif",
-    notes: list[str] | None = None,
-) -> list[PatchFiles]:
-    """Resolve and check the files of every patch in ``folds`` (None = all folds), metadata order.
+def index_patches(layout: DataLayout, folds: list[int] | tuple[int, ...] | None, *,
+                  notes: list[str] | None = None) -> list[PatchFiles]:
+    """Resolve and check the files of every patch in ``folds`` (None = all folds) of ``layout``, metadata order.
 
     Opens each array's header (memory map, no data read) to check shapes against each other and
     against the metadata's date counts. The documented fallbacks are one ``UserWarning`` each, also
     appended to ``notes`` when given.
 
     Raises:
-        CropScaleError: missing root or metadata, no patch in a requested fold, or any check of the
-            module docstring (the message names patch and file).
+        CropScaleError: no patch in a requested fold, or any check of the module docstring (the message names
+            patch and file).
     """
-    root = Path(root)
-    if not root.is_dir():
-        raise CropScaleError(f"dataset root not found: {root}")
-    bad = [o for o in s1_orbits if o not in S1_ORBITS]
-    if bad:
-        raise CropScaleError(f"s1_orbits: unknown orbit(s) {bad}; expected a subset of {list(S1_ORBITS)}")
-    meta_path = root / "metadata.geojson"
-    records = _select_records(read_metadata(meta_path) if records is None else records, folds, meta_path)
-    layout = _Layout(
-        root=root, meta_path=meta_path, orbits=[o for o in s1_orbits if (root / f"DATA_{o}").is_dir()],
-        mask_dir=root / "DATA_S2_MASK", inst_dir=root / "INSTANCE_ANNOTATIONS",
-        hr_root=(root / hr_dir) if hr_dir else None, hr_pattern=hr_pattern,
-    )
-    missing = [f"DATA_{o}" for o in s1_orbits if o not in layout.orbits]
-    if not layout.mask_dir.is_dir():
-        missing.append(layout.mask_dir.name)
-    if hr_dir and not layout.hr_root.is_dir():
-        missing.append(hr_dir)
-    for message in misspelt_folders(root, missing):
-        warnings.warn(message, stacklevel=2)
-        if notes is not None:
-            notes.append(message)
-    out = [_patch_files(layout, rec) for rec in records]
-    for what, ids in layout.fallbacks.items():
+    records = _select_records(layout.records, folds, layout.meta_path)
+    fallbacks: Fallbacks = {}
+    out = [_patch_files(layout, rec, fallbacks) for rec in records]
+    for what, ids in fallbacks.items():
         shown = ", ".join(map(str, ids[:10])) + (" ..." if len(ids) > 10 else "")
-        message = f"{root}: no {what} for {len(ids)} patch(es) ({shown}); those samples mark it absent"
+        message = f"{layout.root}: no {what} for {len(ids)} patch(es) ({shown}); those samples mark it absent"
         warnings.warn(message, stacklevel=2)
         if notes is not None:
             notes.append(message)

@@ -7,9 +7,10 @@ Sentinel-2: mean and standard deviation of each band B02 ... B12 (reflectance x 
 clear pixel of every date of every training patch (clear = not all bands 0, and ``DATA_S2_MASK`` marks
 it clear when the root has masks; values under the mask, NaN included, are left out). Sentinel-1: per orbit,
 VV and VH (dB) over the pixels that are finite and not both 0.
-Moments are accumulated per date chunk in float64 and merged with the parallel variance formula
-(Chan, Golub & LeVeque, 1979); the standard deviation is the population one. Normalised value:
-``(x - mean) / std``.
+Moments (:class:`Moments`) are accumulated per date chunk in float64 by the same pass that checks each
+patch's values (:mod:`cropscale.data.scans`), kept per patch, and merged over the training patches with the
+parallel variance formula (Chan, Golub & LeVeque, 1979); the standard deviation is the population one.
+Normalised value: ``(x - mean) / std``.
 
 Saved as JSON (``format: cropscale-norm-stats/1``) with the root, the folds and the patch ids it
 was computed on, so that loading it for other training folds is refused.
@@ -24,8 +25,6 @@ from pathlib import Path
 import numpy as np
 
 from cropscale.batch import S1_BANDS, S2_BANDS
-from cropscale.data.index import index_patches, open_npy
-from cropscale.data.temporal import s1_pixel_validity, s2_pixel_validity
 from cropscale.errors import CropScaleError
 from cropscale.files import atomic_write_json
 
@@ -142,96 +141,100 @@ class NormStats:
         return cls.from_dict(d, source=str(path))
 
 
-class _Moments:
-    """Per-band count, mean and M2 merged chunk by chunk (parallel variance)."""
+@dataclass
+class Moments:
+    """Per-band count, mean and sum of squared deviations, merged batch by batch (parallel variance).
 
-    def __init__(self, bands: int) -> None:
-        self.n = 0
-        self.mean = np.zeros(bands)
-        self.m2 = np.zeros(bands)
+    Attributes:
+        n: values per band accumulated.
+        mean: ``[C]`` float64 mean, in the modality's unit.
+        m2: ``[C]`` float64 sum of squared deviations from the mean.
+    """
+
+    n: int = 0
+    mean: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    m2: np.ndarray = field(default_factory=lambda: np.zeros(0))
+
+    @classmethod
+    def empty(cls, bands: int) -> Moments:
+        """No value yet, ``bands`` bands."""
+        return cls(0, np.zeros(bands), np.zeros(bands))
 
     def update(self, x: np.ndarray, valid: np.ndarray) -> None:
-        """``x`` ``[T, C, H, W]`` float64, ``valid`` ``[T, H, W]`` bool."""
+        """Add the values of ``x`` ``[T, C, H, W]`` at the pixels ``valid`` ``[T, H, W]`` bool.
+
+        ``x`` may have any numeric dtype and must be finite where ``valid``; only those values are read
+        (gathered, then summed in float64).
+        """
         n_b = int(valid.sum())
         if n_b == 0:
             return
-        v = valid[:, None]
-        mean_b = np.where(v, x, 0.0).sum(axis=(0, 2, 3)) / n_b
-        m2_b = np.where(v, (x - mean_b[None, :, None, None]) ** 2, 0.0).sum(axis=(0, 2, 3))
-        n = self.n + n_b
-        delta = mean_b - self.mean
-        self.mean = self.mean + delta * n_b / n
-        self.m2 = self.m2 + m2_b + delta**2 * self.n * n_b / n
+        values = np.moveaxis(np.asarray(x), 1, 0)[:, valid].astype(np.float64)  # [C, n_b]
+        mean_b = values.sum(axis=1) / n_b
+        values -= mean_b[:, None]
+        self.merge(Moments(n_b, mean_b, np.einsum("cn,cn->c", values, values)))
+
+    def merge(self, other: Moments) -> None:
+        """Add the values ``other`` summarises (Chan, Golub & LeVeque, 1979)."""
+        if other.n == 0:
+            return
+        if self.n == 0:
+            self.n, self.mean, self.m2 = other.n, np.array(other.mean, np.float64), np.array(other.m2, np.float64)
+            return
+        n = self.n + other.n
+        delta = other.mean - self.mean
+        self.mean = self.mean + delta * other.n / n
+        self.m2 = self.m2 + other.m2 + delta**2 * self.n * other.n / n
         self.n = n
 
     def result(self) -> tuple[np.ndarray, np.ndarray]:
+        """``(mean, population std)`` per band."""
         return self.mean.copy(), np.sqrt(self.m2 / self.n)
 
+    def rms(self) -> np.ndarray:
+        """Root mean square per band, ``sqrt(mean^2 + variance)`` (NaN without values)."""
+        if self.n == 0:
+            return np.full(self.mean.shape, np.nan)
+        return np.sqrt(self.mean**2 + self.m2 / self.n)
 
-def compute_norm_stats(
-    root: str | Path,
-    folds: list[int],
-    *,
-    s1_orbits: tuple[str, ...] | list[str] = ("S1A", "S1D"),
-    max_patches: int | None = None,
-    chunk_dates: int = 16,
-) -> NormStats:
-    """Per-band statistics over the patches of ``folds`` (the training folds) under ``root``.
+    def to_dict(self) -> dict:
+        """JSON-ready ``{n, mean, m2}``."""
+        return {"n": int(self.n), "mean": self.mean.tolist(), "m2": self.m2.tolist()}
 
-    Args:
-        root: PASTIS-HD root.
-        folds: training folds.
-        s1_orbits: orbits to include when present.
-        max_patches: use only the first ``max_patches`` patches in metadata order (None = all).
-        chunk_dates: dates read at once per patch (bounds memory).
+    @classmethod
+    def from_dict(cls, d: dict) -> Moments:
+        """Inverse of :meth:`to_dict`."""
+        return cls(int(d["n"]), np.asarray(d["mean"], dtype=np.float64), np.asarray(d["m2"], dtype=np.float64))
+
+
+def stats_from_moments(moments: list[dict[str, Moments]], *, folds: list[int], patch_ids: list[int],
+                       root: str) -> NormStats:
+    """Merge the per-patch moments of the training patches (modality -> :class:`Moments`) into :class:`NormStats`.
 
     Raises:
-        CropScaleError: unreadable patch files (see :func:`cropscale.data.dataset.index_patches`),
-            NaN or Inf in Sentinel-2 reflectance at a clear pixel (under the mask it is left out like
-            any cloudy value), no clear observation at all, or a band with zero variance.
+        CropScaleError: no clear Sentinel-2 observation, or a band with zero variance (naming the folds).
     """
-    patches = index_patches(root, list(folds), s1_orbits=s1_orbits, hr_dir=None)
-    if max_patches is not None:
-        patches = patches[: int(max_patches)]
-    s2m = _Moments(len(S2_BANDS))
-    s1m: dict[str, _Moments] = {}
-    for p in patches:
-        s2 = open_npy(p.s2, patch_id=p.patch_id, what="S2")
-        mask = open_npy(p.mask, patch_id=p.patch_id, what="S2 mask") if p.mask is not None else None
-        for t0 in range(0, s2.shape[0], chunk_dates):
-            x = np.asarray(s2[t0:t0 + chunk_dates], dtype=np.float64)
-            valid = s2_pixel_validity(x)  # zero in every band is no data, whatever the mask says
-            if mask is not None:
-                valid &= np.asarray(mask[t0:t0 + chunk_dates]) > 0
-            if not np.isfinite(x[np.broadcast_to(valid[:, None], x.shape)]).all():
-                raise CropScaleError(f"patch {p.patch_id}: S2 file {p.s2}: non-finite reflectance (NaN or Inf)"
-                                     " at a clear pixel")
-            s2m.update(np.where(np.isfinite(x), x, 0.0), valid)
-        for orbit, path in p.s1.items():
-            arr = open_npy(path, patch_id=p.patch_id, what=orbit)
-            acc = s1m.setdefault(orbit, _Moments(2))
-            for t0 in range(0, arr.shape[0], chunk_dates):
-                x = np.asarray(arr[t0:t0 + chunk_dates, :2], dtype=np.float64)
-                valid = s1_pixel_validity(x)
-                acc.update(np.where(np.isfinite(x), x, 0.0), valid)
+    total: dict[str, Moments] = {}
+    for per_patch in moments:
+        for modality, m in per_patch.items():
+            total.setdefault(modality, Moments.empty(m.mean.shape[0])).merge(m)
+    s2m = total.get("S2", Moments.empty(len(S2_BANDS)))
     if s2m.n == 0:
-        raise CropScaleError(
-            f"{root}: no clear Sentinel-2 observation in folds {list(folds)}; cannot compute statistics"
-        )
+        raise CropScaleError(f"{root}: no clear Sentinel-2 observation in folds {list(folds)}; cannot compute"
+                             " statistics")
     s2_mean, s2_std = s2m.result()
     if not (s2_std > 0).all():
         raise CropScaleError(
             f"{root}: a Sentinel-2 band has zero variance over folds {list(folds)}: std {s2_std.tolist()}"
         )
-    s1 = {}
-    counts = {"S2": s2m.n}
-    for orbit, acc in s1m.items():
+    s1, counts = {}, {"S2": s2m.n}
+    for orbit in sorted(o for o in total if o != "S2"):
+        acc = total[orbit]
         if acc.n == 0:
             continue
         mean, std = acc.result()
         if not (std > 0).all():
             raise CropScaleError(f"{root}: {orbit} VV or VH has zero variance over folds {list(folds)}")
-        s1[orbit] = (mean, std)
-        counts[orbit] = acc.n
+        s1[orbit], counts[orbit] = (mean, std), acc.n
     return NormStats(s2_mean=s2_mean, s2_std=s2_std, s1=s1, folds=sorted(int(f) for f in folds),
-                     patch_ids=[p.patch_id for p in patches], counts=counts, root=str(root))
+                     patch_ids=list(patch_ids), counts=counts, root=str(root))

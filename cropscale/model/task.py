@@ -55,6 +55,8 @@ class CropMappingTask(LightningModule):
         num_classes: semantic classes ``C`` (linked from ``data.num_classes`` by the CLI).
         class_names: names of the ``C`` classes, for per-class IoU keys and the confusion matrix.
         ignore_index: class id excluded from loss and metrics (PASTIS: 19 "void"); None = none.
+        t2, t1, crop_size: Sentinel-2 dates, dates per Sentinel-1 orbit and crop side of a training sample (linked
+            from ``data.*`` by the CLI): the example input and the FLOPs per sample.
         net_kwargs: further keyword arguments of :class:`CropMappingNet` (widths, depths, heads).
         semantic_weight, parcel_weight, hr_weight: weights of the loss terms.
         lr: learning rate at ``reference_batch_size``.
@@ -96,6 +98,9 @@ class CropMappingTask(LightningModule):
         num_classes: int = 10,
         class_names: list[str] | None = None,
         ignore_index: int | None = None,
+        t2: int = 16,
+        t1: int = 4,
+        crop_size: int = 32,
         net_kwargs: dict[str, Any] | None = None,
         semantic_weight: float = 1.0,
         parcel_weight: float = 1.0,
@@ -159,8 +164,7 @@ class CropMappingTask(LightningModule):
         if self.hparams.channels_last:
             self.net = self.net.to(memory_format=torch.channels_last)
         self._setup_compile()
-        dm = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
-        t2, t1, crop = (getattr(dm, "t2", 16), getattr(dm, "t1", 4), getattr(dm, "crop_size", 32))
+        t2, t1, crop = self.hparams.get("t2", 16), self.hparams.get("t1", 4), self.hparams.get("crop_size", 32)
         if crop % self.net.stride:
             raise CropScaleError(
                 f"data.crop_size={crop} must be a multiple of the network's FPN stride {self.net.stride}"

@@ -17,7 +17,7 @@ def test_loader_bench_progress_on_stderr(capsys, flanders_root):
     assert loader.main(["--root", str(flanders_root), "--workers", "0", "--batches", "2", "--warmup", "0",
                         "--batch-size", "1", "--crop-size", "16", "--t2", "2", "--t1", "1", "--no-model"]) == 0
     captured = capsys.readouterr()
-    assert "loader-bench: [1/1] 0 worker(s) (3 steps)" in captured.err
+    assert "loader-bench: [1/1] 0 worker(s), checks on (3 steps)" in captured.err
     assert "loader-bench: [" not in captured.out and "samples/s" in captured.out
 
 

@@ -15,7 +15,7 @@ import torch
 from cropscale.data.datamodule import PastisHDDataModule
 from cropscale.data.dataset import PastisHDDataset
 from cropscale.data.metadata import read_metadata
-from cropscale.data.stats import compute_norm_stats
+from cropscale.data.scans import compute_norm_stats
 from tests.data.test_errors import raises_naming, rewrite_tif
 
 
@@ -155,7 +155,7 @@ def test_overlapping_folds_are_refused_unless_allowed(flanders_root):
     with raises_naming("data.train_folds [1]", "data.test_folds [1]", "fold(s) [1]"):
         PastisHDDataModule(str(flanders_root), train_folds=[1], val_folds=[2], test_folds=[1])
     PastisHDDataModule(str(flanders_root), train_folds=[1], val_folds=[2], test_folds=[2])  # val = test: no leak
-    dm = _dm(flanders_root, train_folds=[1, 2], val_folds=[2], allow_fold_overlap=True)
+    dm = _dm(flanders_root, train_folds=[1, 2], val_folds=[2], allow_fold_overlap=True, s1_orbits=["S1A"])
     assert dm.data_warnings == ["data.train_folds [1, 2] and data.val_folds [2] share fold(s) [2] "
                                 "(allowed by data.allow_fold_overlap)"]
 
@@ -200,29 +200,37 @@ def test_validation_patch_errors_surface_at_setup(flanders4, breaker):
         _dm(flanders4).setup("validate")
 
 
-def test_setup_reads_a_bounded_sample_of_dates(flanders4):
-    """The content check reads three whole dates of each series (evenly spaced: first, middle, last), not the
-    series: NaN on every other date of a validation patch passes setup and is caught when the date is read."""
-    path = flanders4 / "DATA_S2" / "S2_1002.npy"
-    a = np.load(path).astype(np.float32)
-    t = a.shape[0]
-    sampled = np.round(np.linspace(0, t - 1, 3)).astype(int)
-    others = np.setdiff1d(np.arange(t), sampled)
-    a[others, 0, 0, 0] = np.nan
-    np.save(path, a)
-    dm = _dm(flanders4)
-    dm.setup("fit")  # no error: the NaN dates are not in the sample
-    with raises_naming("patch 1002", path, "non-finite", "band B02", "pixel (0, 0)"):
-        dm.val_dataset[0]
+# ------------------------------------------------------------------ clean data: only what the data set lacks
+def test_clean_samples_have_only_the_warnings_of_what_they_lack(flanders_root, pastis_mini_root):
+    """The real samples pass every check; what is recorded is what each lacks (issue 37): Flanders has no
+    descending orbit; pastis-r-mini has no cloud mask, no high-grid image, and 3 dates per series (t2 = 8 pads)."""
+    dm = _dm(flanders_root)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        dm.setup(None)
+    assert dm.data_warnings == [f"{flanders_root}: the model is trained without Sentinel-1 descending (no DATA_S1D"
+                                " folder: its inputs are zeros with masks False)"]
+    assert torch.is_tensor(dm.val_dataset[0]["s2"])
+    dm = _dm(pastis_mini_root, test_folds=[3])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        dm.setup(None)
+    assert dm.data_warnings == [
+        f"{pastis_mini_root}: the model is trained without the Sentinel-2 cloud mask (no DATA_S2_MASK folder: only"
+        " pixels whose ten bands are all 0 count as no data, so every cloudy observation is fed as clear), the"
+        " high-grid image (no DATA_SPOT folder: hr_present False, no x10 detail target)",
+        "data.t2 8 is above every Sentinel-2 series' length (at most 3 dates): each sample is padded with 5..5 dates"
+        " of zeros (62 % of the Sentinel-2 dates fed are padding, computed on but masked); lower data.t2 to 3 or less"]
 
 
-# ------------------------------------------------------------------ clean data: no new warning
-@pytest.mark.parametrize("which", ["flanders", "pastis"])
-def test_clean_samples_have_no_warning(flanders_root, pastis_mini_root, which):
-    root = flanders_root if which == "flanders" else pastis_mini_root
-    dm = _dm(root, test_folds=[3] if which == "pastis" else None)
+def test_clean_sample_with_its_modalities_stated_has_no_warning(flanders_root, pastis_mini_root):
+    dm = _dm(flanders_root, s1_orbits=["S1A"])
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         dm.setup(None)
     assert dm.data_warnings == []
-    assert torch.is_tensor(dm.val_dataset[0]["s2"])
+    dm = _dm(pastis_mini_root, test_folds=[3], t2=3, s2_mask=False, high_grid=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        dm.setup(None)
+    assert dm.data_warnings == []

@@ -79,7 +79,7 @@ def test_existing_statistics_are_loaded_not_recomputed(flanders_root, tmp_path, 
     PastisHDDataModule(str(flanders_root), stats_path=str(path)).compute_stats()
     import cropscale.data.datamodule as dmod
 
-    monkeypatch.setattr(dmod, "compute_norm_stats", lambda *a, **k: pytest.fail("recomputed"))
+    monkeypatch.setattr(dmod, "stats_from_moments", lambda *a, **k: pytest.fail("recomputed"))
     dm = PastisHDDataModule(str(flanders_root), stats_path=str(path))
     dm.setup("fit")
     assert dm.train_dataset.stats is dm.stats and dm.val_dataset.stats is dm.stats
@@ -170,7 +170,7 @@ def test_built_by_jsonargparse(flanders_root):
     cfg = parser.parse_args(["--data.root", str(flanders_root), "--data.samples_per_patch", "3",
                              "--data.train_folds", "[1]", "--data.prefetch_factor", "2"])
     dm = parser.instantiate(cfg).data
-    assert isinstance(dm, PastisHDDataModule) and dm.samples_per_patch == 3 and dm.prefetch_factor == 2
+    assert isinstance(dm, PastisHDDataModule) and dm.kwargs["samples_per_patch"] == 3 and dm.prefetch_factor == 2
     assert dm.num_classes == 10
 
 

@@ -7,7 +7,7 @@ import torch
 
 from cropscale.data.dataset import PastisHDDataset
 from cropscale.data.metadata import day_of_year, read_metadata
-from cropscale.data.stats import compute_norm_stats
+from cropscale.data.scans import compute_norm_stats
 
 
 def expected_shapes(t2, t1, h, w):

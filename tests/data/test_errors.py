@@ -14,7 +14,7 @@ from affine import Affine
 from cropscale import CropScaleError
 from cropscale.data.datamodule import PastisHDDataModule
 from cropscale.data.dataset import PastisHDDataset
-from cropscale.data.stats import compute_norm_stats
+from cropscale.data.scans import compute_norm_stats
 
 DATA_DIRS = ("DATA_S2", "DATA_S2_MASK", "DATA_S1A", "DATA_S1D", "ANNOTATIONS", "INSTANCE_ANNOTATIONS", "DATA_SPOT")
 
@@ -246,10 +246,17 @@ def test_geotiff_without_projected_polygon_is_refused(pastis_copy):
         PastisHDDataset(pastis_copy, [1], train=True)
 
 
-def test_pastis_mini_has_no_warning(pastis_mini_root):
+def test_pastis_mini_warns_only_of_what_it_lacks(pastis_mini_root):
+    with warnings.catch_warnings(record=True) as issued:
+        warnings.simplefilter("always")
+        PastisHDDataset(pastis_mini_root, None, train=False)
+    assert [str(w.message).split(": the model is trained without ")[1] for w in issued] == [
+        "the Sentinel-2 cloud mask (no DATA_S2_MASK folder: only pixels whose ten bands are all 0 count as no data,"
+        " so every cloudy observation is fed as clear), the high-grid image (no DATA_SPOT folder: hr_present False,"
+        " no x10 detail target)"]
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        PastisHDDataset(pastis_mini_root, None, train=False)
+        PastisHDDataset(pastis_mini_root, None, train=False, s2_mask=False, high_grid=False)
 
 
 def test_non_finite_backscatter_masks_its_date(pastis_copy):

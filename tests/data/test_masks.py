@@ -9,7 +9,7 @@ import torch
 
 from cropscale import CropScaleError
 from cropscale.data.dataset import PastisHDDataset
-from cropscale.data.stats import compute_norm_stats
+from cropscale.data.scans import compute_norm_stats
 from tests.data.test_errors import make_copy
 
 

@@ -23,7 +23,7 @@ def test_s1_in_linear_power_in_every_file_is_refused(flanders4):
         db = np.load(path)
         np.save(path, (10.0 ** (db / 10.0)).astype(np.float32))
     with raises_naming("S1A file", "DATA_S1A", "linear power or amplitude, not backscatter in dB",
-                       "% of VV, VH over 3 sampled dates are below 0", "10 * log10(power)"):
+                       "at date index 0, 0 % of 4096 VV, VH values are below 0", "10 * log10(power)"):
         _dm(flanders4).setup("fit")
 
 
@@ -32,9 +32,9 @@ def test_s1_in_db_with_a_few_positive_values_is_accepted(flanders4):
     path = flanders4 / "DATA_S1A" / "S1A_1001.npy"
     a = np.load(path)
     assert 0.5 < (a[:, :2] < 0).mean() < 1.0  # the premise: a real dB series has positive values too
-    dm = _dm(flanders4)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
+        dm = _dm(flanders4, s1_orbits=["S1A"])
         dm.setup("fit")
     assert dm.data_warnings == []
 
@@ -44,7 +44,8 @@ def test_mask_coded_4_and_9_is_refused(flanders4):
     path = flanders4 / "DATA_S2_MASK" / "MASK_1002.npy"
     m = np.load(path)
     np.save(path, np.where(m > 0, 4, 9).astype(m.dtype))  # Sen2Cor-like: 4 vegetation, 9 cloud
-    with raises_naming("patch 1002", path, "values 4, 9", "0 (cloud or no data) and 1 (clear) only"):
+    with raises_naming("patch 1002", path, "value 9 at date index 0", "values 4, 9",
+                       "0 (cloud or no data) and 1 (clear) only"):
         _dm(flanders4).setup("fit")
 
 
@@ -62,18 +63,18 @@ def test_nodata_value_at_a_clear_pixel_is_refused_at_setup(flanders4):
         _dm(flanders4).setup("fit")
 
 
-def test_nodata_value_at_a_clear_pixel_of_an_unsampled_date_is_refused_when_read(flanders4):
+def test_nodata_value_on_every_date_but_the_old_sample_is_refused_at_setup(flanders4):
     path = flanders4 / "DATA_S2" / "S2_1002.npy"
     mask = np.load(flanders4 / "DATA_S2_MASK" / "MASK_1002.npy")
     a = np.load(path)
     a[:, 3][mask[:, :, :] > 0] = -9999  # band B05 at every clear pixel of every date
     sampled = np.linspace(0, a.shape[0] - 1, 3).round().astype(int)
-    a[sampled] = np.load(path)[sampled]  # not in the setup scan's dates
+    a[sampled] = np.load(path)[sampled]  # not on the three dates the old setup check read
     np.save(path, a)
-    dm = _dm(flanders4)
-    dm.setup("fit")
-    with raises_naming("patch 1002", path, "reflectance -9999 at a pixel the mask calls clear", "band B05"):
-        dm.val_dataset[0]
+    first = int(next(t for t in range(a.shape[0]) if t not in sampled and (mask[t] > 0).any()))
+    with raises_naming("patch 1002", path, "reflectance -9999 at a pixel the mask calls clear", "band B05",
+                       f"date index {first}"):
+        _dm(flanders4).setup("fit")
 
 
 def test_nodata_value_under_the_mask_is_accepted(flanders4):
@@ -93,20 +94,20 @@ def test_nodata_value_under_the_mask_is_accepted(flanders4):
 # ------------------------------------------------------------------ a modality folder misspelt
 @pytest.mark.parametrize(("folder", "typo"), [("DATA_S1A", "DATA_S1a"), ("DATA_SPOT", "DATA_SPOT6"),
                                               ("DATA_S2_MASK", "DATA_S2_MASKS")])
-def test_misspelt_modality_folder_is_one_data_warning(flanders4, folder, typo):
+def test_misspelt_modality_folder_is_named_in_the_data_warning(flanders4, folder, typo):
     (flanders4 / folder).rename(flanders4 / typo)
-    dm = _dm(flanders4)
     with pytest.warns(UserWarning, match="a misspelling"):
-        dm.setup("fit")
-    hits = [w for w in dm.data_warnings if "misspelling" in w]
-    assert hits == [f"{flanders4}: no {folder} folder, but there is {typo}: a misspelling? {folder} is absent from "
-                    f"every sample of this data set (rename the folder to {folder})"]
+        dm = _dm(flanders4)
+    (line,) = [w for w in dm.data_warnings if "misspelling" in w]
+    assert line.startswith(f"{flanders4}: the model is trained without ")
+    assert f"(no {folder} folder: " in line and f"; there is {typo}: a misspelling? rename it to {folder})" in line
 
 
-def test_absent_modality_folder_without_a_near_name_is_no_warning(pastis_mini_root):
-    # PASTIS-R has no DATA_SPOT and no DATA_S2_MASK: the documented fallback, no warning
-    dm = _dm(pastis_mini_root, test_folds=[3])
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        dm.setup(None)
-    assert dm.data_warnings == []
+def test_absent_modality_folders_of_pastis_are_one_data_warning(pastis_mini_root):
+    # PASTIS-R has no DATA_SPOT and no DATA_S2_MASK: one line says what the model is trained without
+    with pytest.warns(UserWarning, match="the model is trained without") as issued:
+        dm = _dm(pastis_mini_root, test_folds=[3], t2=3)
+    dm.setup(None)
+    assert [str(w.message) for w in issued if "trained without" in str(w.message)] == dm.data_warnings
+    assert "the Sentinel-2 cloud mask (no DATA_S2_MASK" in dm.data_warnings[0]
+    assert "the high-grid image (no DATA_SPOT" in dm.data_warnings[0]

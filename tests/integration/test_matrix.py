@@ -104,7 +104,7 @@ def _worker(out_dir: str, data_root: str, precision: str, world: int, acc: int) 
             self.changed = sum(not torch.equal(p.detach(), self.start[n]) for n, p in pl_module.named_parameters())
 
     dm = PastisHDDataModule(data_root, batch_size=1, t2=4, t1=2, samples_per_patch=SAMPLES_PER_PATCH)
-    task = CropMappingTask(num_classes=dm.num_classes, net_kwargs=SMALL, val_window=32, val_stride=32)
+    task = CropMappingTask(num_classes=dm.num_classes, net_kwargs=SMALL, val_window=32, val_stride=32, t2=4, t1=2)
     kwargs = {"precision": precision}
     if precision == "16-mixed":
         kwargs = {"precision": None, "plugins": [MixedPrecision("16-mixed", "cpu", torch.amp.GradScaler("cpu"))]}

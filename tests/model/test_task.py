@@ -39,7 +39,7 @@ def _datamodule(root, **kw):
 def test_one_real_step_gives_every_parameter_a_finite_gradient(flanders_root, tmp_path, precision):
     torch.manual_seed(0)
     dm = _datamodule(flanders_root)
-    task = CropMappingTask(num_classes=dm.num_classes, class_names=dm.class_names)
+    task = CropMappingTask(num_classes=dm.num_classes, class_names=dm.class_names, t2=dm.t2, t1=dm.t1)
     probe = GradProbe()
     trainer = Trainer(
         accelerator="cpu", precision=precision, max_steps=1, limit_val_batches=0, logger=False,
@@ -50,7 +50,8 @@ def test_one_real_step_gives_every_parameter_a_finite_gradient(flanders_root, tm
     assert probe.loss is not None and math.isfinite(probe.loss)
     assert probe.missing == [], probe.missing  # no dead branch: S1A, S1D, detail decoder all trained
     assert probe.nonfinite == []
-    # FLOPs per sample for the throughput callback's MFU: the data module's T2 = 8, T1 = 2, 32 x 32 crop.
+    # FLOPs per sample for the throughput callback's MFU: the task's T2 = 8, T1 = 2 (the CLI links them from the
+    # data module), 32 x 32 crop.
     assert task.flops_per_sample == flops_per_sample(task.net, t2=8, t1=2)["total"]
 
 
