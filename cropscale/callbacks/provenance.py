@@ -12,6 +12,8 @@ not imported). At ``on_fit_end`` it adds the ``summary`` section: one entry per 
 ``status: "finished"`` (``"not-trained"`` where :func:`cropscale.runs.rules.trained` says the run did
 not train: too many skipped steps or no weight changed); on an exception ``status: "failed"`` with the
 error's one-line message (a DataLoader worker's error unwrapped, :func:`cropscale.errors.user_error_text`).
+With the summary complete it adds the run's diagnosis (``run.json["diagnosis"]``, :func:`cropscale.diagnosis.diagnose`:
+what limits the run, the culprit rank, the bound, what to try) and writes it as the TensorBoard text ``diagnosis``.
 A fit that fails before ``on_fit_start`` (a data check at setup) still gets a ``failed`` record in the logger's
 run folder, with the configuration, precision, world size and error but no provenance probes, unless that
 folder already holds a ``run.json`` (a resumed run whose attempt failed before restoring): that record is kept
@@ -38,6 +40,7 @@ from typing_extensions import override
 
 from cropscale.callbacks._dist import gather_objects
 from cropscale.callbacks.base import ScalingCallback, iter_callbacks, scaling_callbacks
+from cropscale.diagnosis import diagnose, markdown
 from cropscale.env import nvml
 from cropscale.env.host import (
     dataset_revision,
@@ -51,7 +54,7 @@ from cropscale.errors import CropScaleError, user_error_text
 from cropscale.evidence import MEASURED_RUN
 from cropscale.files import atomic_write_json
 from cropscale.runs.rules import NOT_TRAINED, trained
-from cropscale.runs.schema import RUN_SCHEMA, SUMMARY_TYPES, Record, RunJson, RunSummary
+from cropscale.runs.schema import RUN_SCHEMA, SUMMARY_TYPES, Diagnosis, Record, RunJson, RunSummary
 
 SCHEMA = RUN_SCHEMA
 _DATA_ATTRS = ("data_root", "root", "data_dir", "root_dir", "dataset_root")
@@ -137,6 +140,22 @@ def _data_warnings(trainer: Trainer) -> list[str]:
     """What the data module's checks found: its ``data_warnings`` attribute (a list of lines), else ``[]``."""
     found = getattr(trainer.datamodule, "data_warnings", None)
     return [str(w) for w in found] if isinstance(found, (list, tuple)) else []
+
+
+def _diagnosis(record: RunJson) -> Diagnosis:
+    """The run's diagnosis; a rule that fails leaves the record intact and says so (``Diagnosis.error``)."""
+    try:
+        return diagnose(record)
+    except Exception as err:  # a broken rule must not lose run.json
+        return Diagnosis(error=f"{type(err).__name__}: {err}")
+
+
+def _write_text(trainer: Trainer, tag: str, text: str) -> None:
+    """``text`` (Markdown) as TensorBoard text ``tag`` at the current step, in every logger that takes text."""
+    for logger in trainer.loggers:
+        add_text = getattr(getattr(logger, "experiment", None), "add_text", None)
+        if callable(add_text):
+            add_text(tag, text, global_step=trainer.global_step)
 
 
 class ProvenanceCallback(ScalingCallback):
@@ -306,7 +325,9 @@ class ProvenanceCallback(ScalingCallback):
         record.epochs_completed = trainer.current_epoch
         if exception is not None:
             record.error = {"type": type(exception).__name__, "message": user_error_text(exception)}
+        record.diagnosis = _diagnosis(record)
         self._write()
+        _write_text(trainer, "diagnosis", markdown(record.diagnosis))
 
     def _write(self) -> None:
         assert self.path is not None and self.record is not None
