@@ -4,11 +4,11 @@ The study's decomposition ``T_step = T_input + T_transfer + T_forward + T_backwa
 T_overlap`` gives every term ``t`` of a step ``T`` its bound: without it the step could at best be
 ``T / (T - t)`` times faster (Amdahl's law with the term as the removable part).
 
-A term every rank pays is the run's: for the data wait, the transfer, the exposed communication and the loop
-remainder the rules take the **smallest** share over the ranks (a rank with a larger share carries an excess
-that the straggler rule, :mod:`cropscale.diagnosis.ranks`, attributes); for compute the **largest** (the
-busiest rank). A term is a finding from :data:`~cropscale.diagnosis.thresholds.WARN_SHARE` of the step; a step
-whose compute reaches :data:`~cropscale.diagnosis.thresholds.COMPUTE_BOUND_SHARE` is compute-bound.
+A term every rank pays is the run's: for the data wait, the transfer, the exposed communication, the loop
+remainder and compute the rules take the **smallest** share over the ranks (a rank with a larger share carries
+an excess that the straggler rule, :mod:`cropscale.diagnosis.ranks`, attributes). A term is a finding from
+:data:`~cropscale.diagnosis.thresholds.WARN_SHARE` of the step; a step whose compute reaches
+:data:`~cropscale.diagnosis.thresholds.COMPUTE_BOUND_SHARE` is compute-bound.
 
 The input-pipeline finding also says how fast the loader is on this run's data, from the run itself: with
 ``data.num_workers: 0`` the main process loads while the model waits, so one "worker" gives ``samples per step /
@@ -54,17 +54,18 @@ def smallest_share(rw: RankWindows, figure: str) -> tuple[float, int] | None:
 
 
 def compute_share(rw: RankWindows) -> tuple[float, int] | None:
-    """``(share, rank)``: the largest share of own compute (forward + backward_own + optimizer) over the ranks."""
+    """``(share, rank)``: the smallest share of own compute (forward + backward_own + optimizer) over the ranks.
+
+    The smallest, as for the removable terms: a step is compute-bound when every rank computes through it; a rank
+    that computes more than the others is the straggler rule's business.
+    """
     found = []
     for r in range(rw.ranks):
         parts = [rw.at(w, r) for w in ("forward", "backward_own", "optimizer")]
         step = rw.at("step", r)
         if step and any(p is not None for p in parts):
-            found.append((sum(p for p in parts if p is not None) / step, -r))
-    if not found:
-        return None
-    share, neg = max(found)
-    return share, -neg
+            found.append((sum(p for p in parts if p is not None) / step, r))
+    return min(found) if found else None
 
 
 def _samples_per_step(config: dict[str, Any] | None) -> int | None:
@@ -170,9 +171,9 @@ def step_findings(rw: RankWindows | None, train_s: float | None, config: dict[st
         if busy[0] >= COMPUTE_BOUND_SHARE:
             findings.append(Finding(
                 kind="compute", severity="info", share=busy[0], base="step", rank=None,
-                line=(f"compute: forward + backward + optimizer are {100 * busy[0]:.0f} % of the step (rank"
-                      f" {busy[1]}): the step is compute-bound; what is left to remove gives at most"
-                      f" {1 / busy[0]:.2f}x"),
+                line=(f"compute: forward + backward + optimizer are {100 * busy[0]:.0f} % of the step"
+                      + (f" on every rank (the smallest share: rank {busy[1]})" if rw.ranks > 1 else "")
+                      + f": the step is compute-bound; what is left to remove gives at most {1 / busy[0]:.2f}x"),
                 evidence=[DiagnosisFigure(f"compute share, rank {busy[1]}", busy[0], "fraction", MEASURED_RUN,
                                           _SOURCE)],
                 try_settings=advice.compute(config)))

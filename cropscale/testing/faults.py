@@ -176,10 +176,12 @@ class _SleepingCollate:
 class SlowDataLoader(Callback):
     """Global rank ``rank``'s training batches each take ``seconds`` longer to load.
 
-    At ``on_train_start`` the training DataLoader's ``collate_fn`` is wrapped in one that sleeps first: with
-    ``data.num_workers: 0`` the delay falls inside the main process's fetch (``data_wait``), with workers it
-    slows each worker, as a slow disk or decoder does. The other ranks wait for this one in the gradient
-    all-reduce: the diagnosis must name this rank and its data wait, not the waiting ranks.
+    At ``setup`` the training DataLoader's source (the datamodule's ``train_dataloader``, else the
+    LightningModule's) is wrapped, so that the DataLoader it returns collates with a function that sleeps first
+    (before Lightning builds the first epoch's iterator, which copies the collate function). With
+    ``data.num_workers: 0`` the delay falls inside the main process's fetch (``data_wait``); with workers it
+    slows each worker, as a slow disk or decoder does. Under DDP the other ranks wait for this one in the
+    gradient all-reduce: the diagnosis must name this rank and its data wait, not the waiting ranks.
 
     Args:
         rank: the global rank whose loader is slow.
@@ -189,14 +191,27 @@ class SlowDataLoader(Callback):
     def __init__(self, rank: int = 0, seconds: float = 0.2) -> None:
         super().__init__()
         self.rank, self.seconds = int(rank), _seconds("SlowDataLoader", seconds)
+        self._source: Any = None
+
+    def _slow(self, loader: Any) -> Any:
+        if loader is not None and not isinstance(loader.collate_fn, _SleepingCollate):
+            loader.collate_fn = _SleepingCollate(loader.collate_fn, self.seconds)
+        return loader
 
     @override
-    def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        loader = trainer.train_dataloader
-        if trainer.global_rank != self.rank or loader is None:
+    def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        if stage != "fit" or trainer.global_rank != self.rank or self._source is not None:
             return
-        if not isinstance(loader.collate_fn, _SleepingCollate):
-            loader.collate_fn = _SleepingCollate(loader.collate_fn, self.seconds)
+        source = trainer.datamodule if trainer.datamodule is not None else pl_module
+        original = source.train_dataloader
+        source.train_dataloader = lambda: self._slow(original())
+        self._source = source
+
+    @override
+    def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        if self._source is not None:
+            del self._source.train_dataloader  # the instance attribute: the class's method again
+            self._source = None
 
 
 class SlowBackward(Callback):
