@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from cropscale.diagnosis import advice, epochs, ranks, steps
 from cropscale.diagnosis.thresholds import COMPUTE_BOUND_SHARE, KINDS, SHARE_LABELS, WARN_SHARE
-from cropscale.diagnosis.windows import rank_windows
+from cropscale.diagnosis.windows import measured_own, rank_windows
 from cropscale.evidence import MEASURED_RUN
 from cropscale.numbers import median
 from cropscale.runs.record import RunRecord
@@ -78,7 +78,7 @@ def diagnose(run: RunJson, warmup_epochs: int | None = None) -> Diagnosis:
     rw = rank_windows(summary, warmup)
     train_s = median(epoch_seconds(summary, warmup)["train_s"])
     found, shares, not_judged = steps.step_findings(rw, train_s, config, _on_gpu(run))
-    straggler, excess, notes = ranks.culprit(rw, train_s)
+    straggler, excess, notes = ranks.culprit(rw, measured_own(summary, warmup), train_s)
     not_judged += notes
     if straggler is not None:
         found.append(straggler)

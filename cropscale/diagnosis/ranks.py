@@ -8,11 +8,13 @@ and the least wait (:mod:`cropscale.diagnosis.windows`), not the one with the la
 1. ``c`` = the rank with the most own work (the lowest on a tie);
 2. its excess ``e`` = its own work - the median of the other ranks'; the others' extra wait ``w`` = the median of
    their waits - rank ``c``'s wait;
-3. ``c`` is named when ``e`` explains at least :data:`~cropscale.diagnosis.thresholds.STRAGGLER_EXPLAINS` of ``w``
-   and either reaches :data:`~cropscale.diagnosis.thresholds.WARN_SHARE` of the step; the part of its step is the
-   own window where it exceeds the others' median most. When the others wait that much but no rank's excess
-   explains it, the finding says the evidence cannot separate the ranks. Removing the excess gives at best
-   ``T / (T - e)``.
+3. ``c`` is named when ``e`` reaches :data:`~cropscale.diagnosis.thresholds.WARN_SHARE` of the step, explains at
+   least :data:`~cropscale.diagnosis.thresholds.STRAGGLER_EXPLAINS` of ``w``, and ``c`` has the most own work in
+   every measured epoch (a rank that stays behind, not one epoch's noise); the part of its step is the own window
+   where it exceeds the others' median most. Removing the excess gives at best ``T / (T - e)``.
+4. When the others wait at least the warning share more but no rank's excess explains 80 % of it, or the rank
+   with the most own work changes between epochs, the finding is an ``imbalance``: it names no rank and says why
+   the evidence cannot separate them.
 
 **Slowing over the run.** Each rank is scored against its own best epoch (NVIDIA's individual performance score):
 ``score = own work of the best epoch / own work of the last epoch``. A rank is named when its score is below
@@ -51,8 +53,57 @@ def _part(rw: RankWindows, rank: int) -> tuple[str | None, float]:
     return best[1], best[0]
 
 
-def culprit(rw: RankWindows | None, train_s: float | None) -> tuple[Finding | None, float | None, list[str]]:
-    """The straggler finding (or the one that says the ranks cannot be separated), the excess share, notes.
+def _imbalance(c: int, step: float, waited: float, why: str, figures: list[DiagnosisFigure],
+               train_s: float | None) -> Finding:
+    """The finding when the other ranks wait more than rank ``c`` but the evidence names no culprit (``why``)."""
+    b = bound(step, waited)
+    share = waited / step
+    line = (f"{KINDS['imbalance']} ({severity(share)}): the other ranks wait {waited:.1f} ms a step"
+            f" ({100 * share:.0f} %) more than rank {c}, but the evidence cannot separate the ranks: {why}")
+    figures = [*figures, DiagnosisFigure("bound T / (T - wait)", b, "x", ANALYTICAL_SCENARIO, "the step decomposition")]
+    return Finding(kind="imbalance", severity=severity(share), line=line, share=share, base="step", bound=b,
+                   saving_s_per_epoch=None if train_s is None else share * train_s, rank=None, part=None,
+                   evidence=figures, try_settings=advice.straggler(None, None))
+
+
+def _straggler(rw: RankWindows, c: int, step: float, excess: float, waited: float,
+               figures: list[DiagnosisFigure], train_s: float | None) -> Finding:
+    """The finding that names rank ``c`` and the part of its step."""
+    part, _ = _part(rw, c)
+    share = excess / step
+    b = bound(step, excess)
+    explained = excess / waited if waited > 0 else None
+    if explained is None or waited < WARN_SHARE * step:
+        how = f"the other ranks' wait for it is not in the timed windows ({waited:.1f} ms more than rank {c}'s)"
+    else:
+        how = (f"the other rank(s) wait {waited:.1f} ms a step more than rank {c}, which its excess explains"
+               + (" in full" if explained >= 1 else f" to {100 * explained:.0f} %"))
+    line = (f"{KINDS['straggler']} ({severity(share)}): rank {c}, in its {PART_NAMES.get(part or '', part)}: its own"
+            f" work is {excess:.1f} ms a step ({100 * share:.0f} % of the {step:.1f} ms step) above the other ranks'"
+            f" median in every measured epoch; {how}; without the excess the step could be at best {b:.2f}x faster")
+    figures = [*figures, DiagnosisFigure("bound T / (T - excess)", b, "x", ANALYTICAL_SCENARIO,
+                                         "the step decomposition")]
+    return Finding(kind="straggler", severity=severity(share), line=line, share=share, base="step", bound=b,
+                   saving_s_per_epoch=None if train_s is None else share * train_s, rank=c, part=part,
+                   evidence=figures, try_settings=advice.straggler(c, part))
+
+
+def _behind_in(own_epochs: list[list[float | None]], c: int) -> tuple[int, int]:
+    """``(epochs in which rank c has the most own work, epochs with every rank's own work)``."""
+    columns = [[row[i] for row in own_epochs] for i in range(len(own_epochs[0]) if own_epochs else 0)]
+    complete = [col for col in columns if all(v is not None for v in col)]
+    return sum(1 for col in complete if max(range(len(col)), key=lambda r: (col[r], -r)) == c), len(complete)
+
+
+def culprit(rw: RankWindows | None, own_epochs: list[list[float | None]], train_s: float | None
+            ) -> tuple[Finding | None, float | None, list[str]]:
+    """The straggler finding (or the imbalance finding that names no rank), the excess share, notes.
+
+    Args:
+        rw: per-rank figures over the measured epochs.
+        own_epochs: ``[rank][measured epoch]`` own work (ms; None where not recorded): a culprit must have the most
+            own work in every measured epoch.
+        train_s: the median measured epoch's training seconds.
 
     Returns:
         ``(finding or None, excess own work / step or None, not_judged sentences)``.
@@ -75,35 +126,20 @@ def culprit(rw: RankWindows | None, train_s: float | None) -> tuple[Finding | No
     share = max(excess, 0.0) / step
     if waited < WARN_SHARE * step and excess < WARN_SHARE * step:
         return None, share, []
-    part, _ = _part(rw, c)
     figures = [DiagnosisFigure(f"own work, rank {r}", v, "ms", MEASURED_RUN, _SOURCE) for r, v in enumerate(own)]
     figures += [DiagnosisFigure(f"wait, rank {r}", v, "ms", MEASURED_RUN, _SOURCE) for r, v in enumerate(wait)]
-    explained = excess / waited if waited > 0 else None
-    if waited >= WARN_SHARE * step and (explained is None or explained < STRAGGLER_EXPLAINS):
-        b = bound(step, waited)
-        line = (f"{KINDS['straggler']} ({severity(waited / step)}): the evidence cannot separate the ranks: the other"
-                f" ranks wait {waited:.1f} ms a step ({100 * waited / step:.0f} %) more than rank {c}, and rank {c}'s"
-                f" extra own work ({excess:.1f} ms) explains {100 * max(excess, 0.0) / waited:.0f} % of it, less than"
-                f" the {100 * STRAGGLER_EXPLAINS:.0f} % that names a culprit")
-        figures.append(DiagnosisFigure("bound T / (T - wait)", b, "x", ANALYTICAL_SCENARIO, "the step decomposition"))
-        return Finding(kind="straggler", severity=severity(waited / step), line=line, share=waited / step,
-                       base="step", bound=b, saving_s_per_epoch=None if train_s is None else waited / step * train_s,
-                       rank=None, part=None, evidence=figures, try_settings=advice.straggler(None, None)), share, []
+    behind, epochs = _behind_in(own_epochs, c)
+    if excess >= WARN_SHARE * step and behind < epochs:
+        why = (f"rank {c} has the most own work in {behind} of {epochs} measured epochs only, not a rank that stays"
+               " behind")
+        return _imbalance(c, step, max(waited, excess), why, figures, train_s), share, []
+    if waited >= WARN_SHARE * step and excess < STRAGGLER_EXPLAINS * waited:
+        why = (f"rank {c}'s extra own work ({excess:.1f} ms) explains {100 * max(excess, 0.0) / waited:.0f} % of it,"
+               f" less than the {100 * STRAGGLER_EXPLAINS:.0f} % that names a culprit")
+        return _imbalance(c, step, waited, why, figures, train_s), share, []
     if excess < WARN_SHARE * step:
         return None, share, []
-    b = bound(step, excess)
-    if explained is None or waited < WARN_SHARE * step:
-        how = f"the other ranks' wait for it is not in the timed windows ({waited:.1f} ms more than rank {c}'s)"
-    else:
-        how = (f"the other rank(s) wait {waited:.1f} ms a step more than rank {c}, which its excess explains"
-               + (" in full" if explained >= 1 else f" to {100 * explained:.0f} %"))
-    line = (f"{KINDS['straggler']} ({severity(share)}): rank {c}, in its {PART_NAMES.get(part or '', part)}: its own"
-            f" work is {excess:.1f} ms a step ({100 * share:.0f} % of the {step:.1f} ms step) above the other ranks'"
-            f" median; {how}; without the excess the step could be at best {b:.2f}x faster")
-    figures.append(DiagnosisFigure("bound T / (T - excess)", b, "x", ANALYTICAL_SCENARIO, "the step decomposition"))
-    return Finding(kind="straggler", severity=severity(share), line=line, share=share, base="step", bound=b,
-                   saving_s_per_epoch=None if train_s is None else share * train_s, rank=c, part=part,
-                   evidence=figures, try_settings=advice.straggler(c, part)), share, []
+    return _straggler(rw, c, step, excess, waited, figures, train_s), share, []
 
 
 def scores(summary: RunSummary, rw: RankWindows | None) -> list[RankScore]:

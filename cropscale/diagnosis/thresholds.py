@@ -37,17 +37,18 @@ KINDS: dict[str, str] = {
     "overhead": "loop overhead",
     "compute": "compute",
     "straggler": "a straggler rank",
+    "imbalance": "unequal waits (no rank to name)",
     "throttling": "a rank slowing over the run (throttling)",
     "validation": "validation",
     "checkpoint": "checkpoint writes",
     "none": "nothing dominant",
 }
-"""Finding kind -> what the lines call it. ``none``: no term reaches :data:`WARN_SHARE` and the step is not
-compute-bound."""
+"""Finding kind -> what the lines call it. ``imbalance``: the ranks wait unequally but no rank's own work explains it
+(:mod:`cropscale.diagnosis.ranks`); ``none``: no term reaches :data:`WARN_SHARE` and the step is not compute-bound."""
 SHARE_NAMES: dict[str, str] = {
     "input": "data_wait", "transfer": "transfer", "communication": "comm_exposed", "overhead": "remainder",
-    "compute": "compute", "straggler": "straggler", "throttling": "slowdown", "validation": "validation",
-    "checkpoint": "checkpoint",
+    "compute": "compute", "straggler": "straggler", "imbalance": "straggler", "throttling": "slowdown",
+    "validation": "validation", "checkpoint": "checkpoint",
 }
 """Finding kind -> its key in :attr:`cropscale.runs.schema.Diagnosis.shares` (the report compares runs on it)."""
 SHARE_LABELS: dict[str, str] = {

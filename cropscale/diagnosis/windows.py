@@ -120,6 +120,13 @@ def own_by_epoch(summary: RunSummary) -> tuple[list[int], list[list[float | None
     return [int(e.epoch) for e in timing.epochs], own, step
 
 
+def measured_own(summary: RunSummary, warmup_epochs: int) -> list[list[float | None]]:
+    """``[rank][measured epoch]``: the own work (ms) of every rank in each measured epoch (see :func:`own_by_epoch`)."""
+    epochs, own, _ = own_by_epoch(summary)
+    keep = [i for i, e in enumerate(epochs) if e >= warmup_epochs]
+    return [[series[i] for i in keep] for series in own]
+
+
 def window_growth(summary: RunSummary, rank: int, first: int, last: int) -> str | None:
     """The own window of ``rank`` that grew most between epoch positions ``first`` and ``last`` (None: unknown)."""
     timing = summary.step_timing
