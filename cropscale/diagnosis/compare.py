@@ -11,6 +11,10 @@ from __future__ import annotations
 from cropscale.diagnosis.thresholds import KINDS, SHARE_LABELS, SHARE_NAMES
 from cropscale.runs.schema import Diagnosis
 
+PARTS = {"data_wait": "data wait", "transfer": "transfer", "forward": "forward", "backward_own": "backward",
+         "optimizer": "optimizer"}
+"""The part of a culprit's step, as the comparison names it."""
+
 
 def _pct(value: float | None) -> str:
     return "n/a" if value is None else f"{100 * value:.0f} %"
@@ -21,7 +25,7 @@ def _named(diag: Diagnosis) -> str:
     kind = diag.limit or "none"
     lead = diag.findings[0] if diag.findings else None
     if lead is not None and lead.rank is not None:
-        part = f", {lead.part.replace('_', ' ')}" if lead.part else ""
+        part = f", {PARTS.get(lead.part, lead.part)}" if lead.part else ""
         return f"{KINDS.get(kind, kind)} (rank {lead.rank}{part})"
     return KINDS.get(kind, kind)
 

@@ -19,14 +19,14 @@ DDP = ["--data.samples_per_patch=12"]  # 24 crops at batch 2: 6 steps a rank and
 
 
 def test_a_clean_two_process_run_names_no_straggler(tmp_path, flanders_root):
-    diag, lines = fit(tmp_path, flanders_root, "clean2", None, *DDP, devices=2)
+    diag, lines, _ = fit(tmp_path, flanders_root, "clean2", None, *DDP, devices=2)
     assert diag.world_size == 2 and len(diag.ranks) == 2
     assert not [k for k, _ in kinds(diag) if k in ("straggler", "throttling")], lines
 
 
 def test_a_slow_data_loader_on_rank_1_names_rank_1_and_its_data_wait(tmp_path, flanders_root):
     fault = callbacks("{class_path: cropscale.testing.faults.SlowDataLoader, init_args: {rank: 1, seconds: 0.3}}")
-    diag, lines = fit(tmp_path, flanders_root, "slow_data2", fault, *DDP, devices=2)
+    diag, lines, _ = fit(tmp_path, flanders_root, "slow_data2", fault, *DDP, devices=2)
     lead = diag.findings[0]
     assert (lead.kind, lead.rank, lead.part) == ("straggler", 1, "data_wait"), lines
     assert "rank 1, in its data wait" in lines[0]
@@ -37,7 +37,7 @@ def test_a_slow_data_loader_on_rank_1_names_rank_1_and_its_data_wait(tmp_path, f
 
 def test_a_slow_backward_on_rank_1_names_rank_1_and_its_backward(tmp_path, flanders_root):
     fault = callbacks("{class_path: cropscale.testing.faults.SlowBackward, init_args: {rank: 1, seconds: 0.3}}")
-    diag, lines = fit(tmp_path, flanders_root, "slow_back2", fault, *DDP, devices=2)
+    diag, lines, _ = fit(tmp_path, flanders_root, "slow_back2", fault, *DDP, devices=2)
     lead = diag.findings[0]
     assert (lead.kind, lead.rank, lead.part) == ("straggler", 1, "backward_own"), lines
     assert "communication" not in [k for k, _ in kinds(diag)]  # rank 0's wait is rank 1's backward, not the network
@@ -46,7 +46,7 @@ def test_a_slow_backward_on_rank_1_names_rank_1_and_its_backward(tmp_path, fland
 def test_a_rank_that_slows_from_epoch_2_is_named_against_its_own_best_epoch(tmp_path, flanders_root):
     fault = callbacks("{class_path: cropscale.testing.faults.RankSlowsDown,"
                       " init_args: {rank: 1, from_epoch: 2, seconds: 1.0}}")
-    diag, lines = fit(tmp_path, flanders_root, "slows2", fault, *DDP, devices=2, epochs=4)
+    diag, lines, _ = fit(tmp_path, flanders_root, "slows2", fault, *DDP, devices=2, epochs=4)
     slowing = [(f.rank, f.part) for f in diag.findings if f.kind == "throttling"]
     assert slowing == [(1, "forward")], lines
     # rank 0 waits for rank 1 from epoch 2 on, but its own work stays: only rank 1's score falls
