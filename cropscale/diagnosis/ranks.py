@@ -18,8 +18,9 @@ and the least wait (:mod:`cropscale.diagnosis.windows`), not the one with the la
 
 **Slowing over the run.** Each rank is scored against its own best epoch (NVIDIA's individual performance score):
 ``score = own work of the best epoch / own work of the last epoch``. A rank is named when its score is below
-:data:`~cropscale.diagnosis.thresholds.SLOWDOWN_SCORE` and, with several ranks, also below that fraction of the
-other ranks' median score (so that a machine on which every rank slowed names none). NVML's throttle reasons are
+:data:`~cropscale.diagnosis.thresholds.SLOWDOWN_SCORE` and, with several ranks, its relative score in that last
+epoch (the best rank's own work over its own, NVIDIA's relative score) is below it too, so that a machine on which
+every rank slowed names none. NVML's throttle reasons are
 added where the energy callback read them (rank 0's, at each epoch end); a CPU run has none and says so.
 """
 
@@ -116,10 +117,10 @@ def culprit(rw: RankWindows | None, own_epochs: list[list[float | None]], train_
     own, wait = rw.ms["own"], rw.ms["wait"]
     known = [(v, -r) for r, v in enumerate(own) if v is not None]
     steps = [s for s in rw.ms["step"] if s is not None]
-    if len(known) < 2 or not steps:
-        return None, None, ["the culprit rank: fewer than two ranks with own-work figures"]
-    c = -max(known)[1]
     step = median(steps)
+    if len(known) < 2 or not step:
+        return None, None, ["the culprit rank: fewer than two ranks with own-work and step figures"]
+    c = -max(known)[1]
     excess = own[c] - median(_others(own, c))
     waits_others = _others(wait, c)
     waited = (median(waits_others) - (wait[c] or 0.0)) if waits_others else 0.0
@@ -193,6 +194,16 @@ def _slow_finding(summary: RunSummary, s: RankScore, epochs: list[int], series: 
                    evidence=figures, try_settings=advice.throttling(s.rank, reasons if s.rank == 0 else None))
 
 
+def _relative(own: list[list[float | None]], rank: int, i: int) -> float | None:
+    """NVIDIA's relative score of ``rank`` in epoch position ``i``: the best rank's own work there over this rank's.
+
+    None on one rank (or without the others' figures in that epoch).
+    """
+    mine = own[rank][i]
+    there = [series[i] for series in own if i < len(series) and series[i] is not None]
+    return min(there) / mine if len(there) > 1 and mine else None
+
+
 def slowing(summary: RunSummary, ranks: list[RankScore], train_s: float | None
             ) -> tuple[list[Finding], float | None, list[str]]:
     """Findings for ranks that slowed over the run, the largest slow-down share, and notes.
@@ -216,8 +227,7 @@ def slowing(summary: RunSummary, ranks: list[RankScore], train_s: float | None
         if not last_step:
             continue
         largest = max(largest or 0.0, (series[last_i] - series[epochs.index(s.best_epoch)]) / last_step)
-        others = [o.score for o in scored if o.rank != s.rank]
-        relative = s.score / median(others) if others and median(others) else None
+        relative = _relative(own, s.rank, last_i)
         if s.score < SLOWDOWN_SCORE and (relative is None or relative < SLOWDOWN_SCORE):
             findings.append(_slow_finding(summary, s, epochs, series, last_step, reasons, train_s))
     return findings, largest, notes

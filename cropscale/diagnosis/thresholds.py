@@ -23,9 +23,9 @@ separate the ranks, and the diagnosis says so."""
 SLOWDOWN_SCORE = 0.70
 """A rank slowed over the run when its best epoch's own work over its last epoch's falls below this score
 (NVIDIA's individual performance score; 0.7, the threshold NeMo's and Megatron-Bridge's straggler-detection
-configurations use: the rank is 1.43x slower than at its best). Under DDP its score must also be below this
-fraction of the other ranks' median score (NVIDIA's relative score), so a machine on which every rank slowed
-names no rank."""
+configurations use: the rank is 1.43x slower than at its best). Under DDP its relative score in that last epoch
+(the best rank's own work over its own, NVIDIA's relative score, with the same threshold) must be below it too, so a
+machine on which every rank slowed names no rank."""
 MIN_MEASURED_STEPS = 3
 """Step findings need at least this many measured steps (summed over the measured epochs): a median of one or two
 steps is one step's noise."""

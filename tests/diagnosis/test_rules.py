@@ -273,3 +273,15 @@ def test_limit_change_names_the_new_limit_and_the_share_that_moved():
                                             " (data wait 3 % -> 31 %)")
     same = Diagnosis(limit="none", shares={"data_wait": 0.05})
     assert limit_change(base, same, 4).startswith("at 4 devices the limit stays nothing dominant")
+
+
+def test_a_slowing_rank_is_named_even_when_the_other_ranks_own_work_wanders():
+    # a real 2-process CPU run (RankSlowsDown on rank 1 from epoch 2): rank 0 own 768, 394, 515 (its CPU share
+    # changed), rank 1 920, 1419, 1517. Rank 1: score 920 / 1517 = 0.61; relative score in the last epoch (the best
+    # rank's own work over its own) 515 / 1517 = 0.34: named. Rank 0: score 394 / 515 = 0.77: not named.
+    # (Against the other ranks' *scores* instead, 0.61 / 0.77 = 0.79 would have named nobody.)
+    run = _run([[_own(900), _own(900)], [_own(768), _own(920)], [_own(394), _own(1419)], [_own(515), _own(1517)]])
+    run.summary.step_timing.epochs[0].steps_measured = 1
+    diag = diagnose(run)
+    assert [(f.kind, f.rank) for f in diag.findings if f.kind == "throttling"] == [("throttling", 1)]
+    assert [r.score for r in diag.ranks] == pytest.approx([394 / 515, 920 / 1517])
