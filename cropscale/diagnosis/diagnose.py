@@ -103,7 +103,8 @@ def diagnose(run: RunJson, warmup_epochs: int | None = None) -> Diagnosis:
     ordered = _order(found)
     if not any(f.severity in ("warning", "critical") or f.kind == "compute" for f in ordered):
         ordered.append(_nothing_dominant(shares))
-    return Diagnosis(warmup_epochs=warmup, world_size=world, limit=ordered[0].kind, findings=ordered,
+    step_ms = median(rw.ms["step"]) if rw is not None else None
+    return Diagnosis(warmup_epochs=warmup, world_size=world, limit=ordered[0].kind, step_ms=step_ms, findings=ordered,
                      shares=shares, ranks=scores, not_judged=not_judged)
 
 

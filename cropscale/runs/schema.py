@@ -582,7 +582,8 @@ class RankScore(Record):
 class Diagnosis(Record):
     """``run.json["diagnosis"]``: what limits the run (:func:`cropscale.diagnosis.diagnose`).
 
-    ``limit`` is the kind of the first finding (the one that costs the most time per epoch); ``shares`` the
+    ``limit`` is the kind of the first finding (the one that costs the most time per epoch); ``step_ms`` the median
+    over the ranks of their median step (ms, measured epochs); ``shares`` the
     fraction of the step (or epoch) of every term the rules weigh, whether or not it makes a finding (the
     report's comparison of runs reads them); ``not_judged`` what this run's records cannot answer (host gaps
     on a CPU clock, NVML throttle reasons without a GPU); ``error`` a rule that failed (the rest stands).
@@ -593,6 +594,7 @@ class Diagnosis(Record):
     warmup_epochs: int = 0
     world_size: int = 1
     limit: str | None = None
+    step_ms: float | None = None
     findings: list[Finding] = field(default_factory=list)
     shares: dict[str, float] = field(default_factory=dict)
     ranks: list[RankScore] = field(default_factory=list)

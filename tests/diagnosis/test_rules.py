@@ -17,6 +17,7 @@ from cropscale.runs.schema import (
     CheckpointEpoch,
     CheckpointSummary,
     Diagnosis,
+    Finding,
     RankStats,
     RunJson,
     RunSummary,
@@ -267,12 +268,12 @@ def test_epochs_with_too_few_measured_steps_are_not_scored():
 
 # ------------------------------------------------------------------------------------------- across runs
 def test_limit_change_names_the_new_limit_and_the_share_that_moved():
-    base = Diagnosis(limit="none", shares={"data_wait": 0.03})
-    other = Diagnosis(limit="input", shares={"data_wait": 0.31})
-    assert limit_change(base, other, 2) == ("at 2 devices input pipeline becomes the limit (was nothing dominant)"
-                                            " (data wait 3 % -> 31 %)")
-    same = Diagnosis(limit="none", shares={"data_wait": 0.05})
-    assert limit_change(base, same, 4).startswith("at 4 devices the limit stays nothing dominant")
+    base = Diagnosis(limit="none", shares={"data_wait": 0.03}, findings=[Finding(kind="none")])
+    other = Diagnosis(limit="input", shares={"data_wait": 0.31}, findings=[Finding(kind="input", base="step")])
+    assert limit_change(base, other, 2) == ("at 2 devices input pipeline becomes the step's limit (was nothing"
+                                            " dominant) (data wait 3 % -> 31 %)")
+    same = Diagnosis(limit="none", shares={"data_wait": 0.05}, findings=[Finding(kind="none")])
+    assert limit_change(base, same, 4).startswith("at 4 devices the step's limit stays nothing dominant")
 
 
 def test_a_slowing_rank_is_named_even_when_the_other_ranks_own_work_wanders():

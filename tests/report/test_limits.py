@@ -7,7 +7,7 @@ from cropscale.report.limits import diagnosis_section, limit_changes
 from cropscale.report.scaling import DevicePoint, DeviceSeries
 from cropscale.report.summary import fit_summary
 from cropscale.runs.record import RunRecord
-from cropscale.runs.schema import Diagnosis, Finding, RunJson
+from cropscale.runs.schema import Diagnosis, Finding, RankScore, RunJson
 from tests.report.test_summary import _run
 
 
@@ -40,21 +40,31 @@ def _record(name: str, devices: int, diag: Diagnosis | None) -> RunRecord:
 
 
 def test_what_changed_the_limit_across_device_counts():
-    one = Diagnosis(limit="compute", shares={"data_wait": 0.03, "compute": 0.92},
-                    findings=[Finding(kind="compute", line="compute ...")])
-    two = Diagnosis(limit="input", shares={"data_wait": 0.31, "compute": 0.6},
-                    findings=[Finding(kind="input", line="input ...")])
-    four = Diagnosis(limit="straggler", shares={"straggler": 0.4, "data_wait": 0.05},
-                     findings=[Finding(kind="straggler", rank=3, part="backward_own", line="straggler ...")])
+    # the step's limit is the first finding about the step: the validation finding (the epoch) is passed over
+    one = Diagnosis(limit="validation", shares={"data_wait": 0.03, "compute": 0.92, "comm_exposed": 0.0},
+                    findings=[Finding(kind="validation", base="epoch"), Finding(kind="compute", line="compute ...")])
+    two = Diagnosis(limit="input", shares={"data_wait": 0.31, "compute": 0.6, "comm_exposed": 0.04},
+                    findings=[Finding(kind="input", base="step")])
+    four = Diagnosis(limit="straggler", shares={"straggler": 0.4, "data_wait": 0.05, "comm_exposed": 0.12},
+                     findings=[Finding(kind="straggler", base="step", rank=3, part="backward_own")])
+    same = Diagnosis(limit="compute", shares={"compute": 0.85, "comm_exposed": 0.05, "remainder": 0.07},
+                     findings=[Finding(kind="compute")], step_ms=720.0,
+                     ranks=[RankScore(rank=r, own_ms=v) for r, v in enumerate([600.0, 640.0, 610.0, 620.0])])
+    one.step_ms, one.ranks = 400.0, [RankScore(rank=0, own_ms=360.0)]
     series = [DeviceSeries("equal-global", 8, "FP32", [
         DevicePoint(1, ["a"], 10.0, 1.0, 1.0), DevicePoint(2, ["b"], 12.0, 1.2, 0.6),
-        DevicePoint(4, ["c"], 14.0, 1.4, 0.35)])]
-    records = [_record("a", 1, one), _record("b", 2, two), _record("c", 4, four)]
+        DevicePoint(4, ["c"], 14.0, 1.4, 0.35), DevicePoint(8, ["d"], 16.0, 1.6, 0.2)])]
+    records = [_record("a", 1, one), _record("b", 2, two), _record("c", 4, four), _record("d", 8, same)]
     assert limit_changes(series, records).splitlines()[2:] == [
-        "- FP32, equal-global (global batch 8): at 2 devices input pipeline becomes the limit (was compute)"
+        # comm_exposed grew by 4 points only (< 5): not said
+        "- FP32, equal-global (global batch 8): at 2 devices input pipeline becomes the step's limit (was compute)"
         " (data wait 3 % -> 31 %); efficiency 0.60",
-        "- FP32, equal-global (global batch 8): at 4 devices a straggler rank (rank 3, backward) becomes the"
-        " limit (was compute) (straggler excess n/a -> 40 %); efficiency 0.35",
+        "- FP32, equal-global (global batch 8): at 4 devices a straggler rank (rank 3, backward) becomes the step's"
+        " limit (was compute) (straggler excess n/a -> 40 %); grew most: exposed communication 0 % -> 12 %;"
+        " efficiency 0.35",
+        # own work: the median of 600, 610, 620, 640 = 615
+        "- FP32, equal-global (global batch 8): at 8 devices the step's limit stays compute (compute 92 % -> 85 %);"
+        " grew most: loop remainder n/a -> 7 %; step 400 -> 720 ms, own work 360 -> 615 ms a rank; efficiency 0.20",
     ]
     assert limit_changes(series, [_record("a", 1, None), *records[1:]]) == ""   # no base diagnosis: no line
 
