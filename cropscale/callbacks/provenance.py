@@ -151,11 +151,17 @@ def _diagnosis(record: RunJson) -> Diagnosis:
 
 
 def _write_text(trainer: Trainer, tag: str, text: str) -> None:
-    """``text`` (Markdown) as TensorBoard text ``tag`` at the current step, in every logger that takes text."""
+    """``text`` (Markdown) as TensorBoard text ``tag`` at the current step, in every logger that takes text.
+
+    run.json is written first: a logger that cannot take the text (closed by a failing fit) only loses the text.
+    """
     for logger in trainer.loggers:
         add_text = getattr(getattr(logger, "experiment", None), "add_text", None)
         if callable(add_text):
-            add_text(tag, text, global_step=trainer.global_step)
+            try:
+                add_text(tag, text, global_step=trainer.global_step)
+            except Exception as err:  # the record is on disk already
+                rank_zero_info(f"ProvenanceCallback: the {tag} text was not written to {type(logger).__name__}: {err}")
 
 
 class ProvenanceCallback(ScalingCallback):
