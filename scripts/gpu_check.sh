@@ -15,7 +15,13 @@
 #    2. compute-only benchmark, eager: FP32, BF16-mixed, FP16-mixed (TF32 off), then TF32, batch 1-64:
 #       samples/s, MFU against the attainable peak, peak memory, NVML energy per sample
 #    3. torch.compile (default) and CUDA graphs (compile mode reduce-overhead), BF16, at the best eager batch
-#    4. 2-epoch BF16 and FP16 fits of the bundled sample with every callback (checkpoints stay in WORK)
+#    4. 2-epoch BF16 and FP16 fits of the bundled sample with every callback (checkpoints stay in WORK); each
+#       fit's diagnosis (run.json "diagnosis": what limits it, the bound, what to try) is printed in the summary.
+#       Host gaps and launch overhead need the device timeline: the fits' step windows are CUDA events, so a gap
+#       the host leaves between steps shows as device-idle data wait, transfer or remainder (judged by the
+#       diagnosis's input / transfer / loop-overhead rules); gaps between kernels inside forward and backward and
+#       launch overhead stay inside those windows (judged only by a profiler trace, not run here), as the
+#       summary's "host gaps" line says
 #    5. callback overhead on the GPU (callback-bench --device cuda)
 #    6. the input-pipeline ratio (pipeline-bench)
 #    7. the tests marked gpu

@@ -3,7 +3,8 @@
 ``python scripts/gpu_summary.py --work WORK --output OUT --mode gpu|dry-run-cpu --elapsed S --budget S``
 reads WORK/steps.tsv (one line per step: name, status, seconds, limit, log, note), the JSON documents of
 WORK/json/ (benchmark, callback-bench, pipeline-bench, imports, pytest's JUnit XML), the run.json of every
-fit under WORK/runs/ and the report's samples/s figure, and writes at most four files directly under OUT
+fit under WORK/runs/ (its figures and its diagnosis: what limits it, the bound, what it could not judge)
+and the report's samples/s figure, and writes at most four files directly under OUT
 (no folders, no checkpoints). The summary (at most 6,000 characters, cut with a note if longer) is
 printed last. Every figure keeps the evidence label of the document it comes from.
 
@@ -80,6 +81,14 @@ def _medians(windows: dict[str, Any] | None) -> dict[str, Any]:
     return {k: (v or {}).get("median") for k, v in (windows or {}).items()}
 
 
+def _diagnosis(diag: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The run's diagnosis (run.json["diagnosis"]): its limit, every finding's line and what it could not judge."""
+    if not diag:
+        return None
+    return {"limit": diag.get("limit"), "lines": [f.get("line") for f in diag.get("findings") or []],
+            "not_judged": diag.get("not_judged") or [], "error": diag.get("error")}
+
+
 def fit_figures(work: Path) -> dict[str, Any]:
     """Per fit (run folder name): status, steps, last-epoch device/host windows, samples/s, MFU, energy, memory."""
     fits = {}
@@ -102,6 +111,7 @@ def fit_figures(work: Path) -> dict[str, Any]:
             "j_per_sample": en.get("j_per_sample"), "peak_allocated_gib": mem.get("peak_allocated_gib"),
             "host_peak_rss_gib": mem.get("host_peak_rss_gib"), "scaler_in_use": ls.get("scaler_in_use"),
             "skipped_steps": ls.get("skipped_steps"), "metrics": rec.get("metrics"),
+            "diagnosis": _diagnosis(rec.get("diagnosis")),
         }
     return fits
 
@@ -176,6 +186,17 @@ def _fit_lines(fits: dict[str, Any]) -> list[str]:
                      f"({f['energy_method'] or f['energy_reason']}), {_f(f['j_per_sample'], '.3f')} J/sample; "
                      f"peak {_f(f['peak_allocated_gib'], '.3f')} GiB allocated;"
                      f" loss scaler {f['scaler_in_use']}, skipped {f['skipped_steps']} [{f['evidence']}]")
+        diag = f.get("diagnosis")
+        if diag is None:
+            lines.append("  - limit: n/a (no diagnosis in run.json)")
+            continue
+        found = diag["lines"] or [f"n/a ({diag['error'] or 'nothing recorded'})"]
+        lines.append(f"  - limit: {found[0]} [measured-run; bounds analytical-scenario]")
+        lines += [f"  - also: {line}" for line in found[1:3]]
+    gaps = next((n for f in fits.values() for n in (f.get("diagnosis") or {}).get("not_judged", [])
+                 if n.startswith("host gaps")), None)
+    if gaps:
+        lines.append(f"- {gaps}")
     return lines
 
 

@@ -18,7 +18,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "cropscale"
 LAYERS: tuple[tuple[int, tuple[str, ...]], ...] = (
     (0, ("cropscale", "cropscale.errors", "cropscale.evidence", "cropscale.precision", "cropscale.numbers",
          "cropscale.batch", "cropscale.files", "cropscale.progress")),
-    (1, ("cropscale.env", "cropscale.scaling", "cropscale.runs", "cropscale.options")),
+    (1, ("cropscale.env", "cropscale.scaling", "cropscale.runs", "cropscale.diagnosis", "cropscale.options")),
     (2, ("cropscale.data", "cropscale.model", "cropscale.tiling", "cropscale.metrics", "cropscale.distributed",
          "cropscale.checkpointing", "cropscale.predictions", "cropscale.hangs")),
     (3, ("cropscale.callbacks",)),

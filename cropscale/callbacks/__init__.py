@@ -4,19 +4,20 @@ One concern per module. Each works on its own in any Lightning project; presets 
 in the top-level ``callbacks/`` folder (``callbacks/scaling.yaml``: all of them in one
 :class:`CallbackGroup`). ``docs/run_json.md`` documents what they write into ``run.json``.
 
-=============================  ================================  ===================
-class                          concern                           TensorBoard prefix
-=============================  ================================  ===================
-:class:`StepTimingCallback`    step-time decomposition, comm      ``perf/step``, ``perf/epoch``
-:class:`ThroughputCallback`    samples/s, latency, TFLOP/s, MFU   ``perf/``
-:class:`LossScaleCallback`     AMP GradScaler events             ``amp/``
-:class:`NonFiniteCallback`     non-finite losses / gradients     ``numerics/``
-:class:`GradNormCallback`      gradient norm, clipping           ``numerics/``
-:class:`EnergyCallback`        NVML energy and power             ``energy/``
-:class:`MemoryCallback`        GPU peaks, host RSS               ``memory/``
-:class:`TrainedCallback`       whether the weights changed       —
-:class:`ProvenanceCallback`    ``run.json``                      —
-=============================  ================================  ===================
+=================================  ================================  =============================
+class                              concern                           TensorBoard prefix
+=================================  ================================  =============================
+:class:`StepTimingCallback`        step-time decomposition, comm     ``perf/step``, ``perf/epoch``
+:class:`ThroughputCallback`        samples/s, latency, TFLOP/s, MFU  ``perf/``
+:class:`LossScaleCallback`         AMP GradScaler events             ``amp/``
+:class:`NonFiniteCallback`         non-finite losses / gradients     ``numerics/``
+:class:`GradNormCallback`          gradient norm, clipping           ``numerics/``
+:class:`EnergyCallback`            NVML energy and power             ``energy/``
+:class:`MemoryCallback`            GPU peaks, host RSS               ``memory/``
+:class:`TrainedCallback`           whether the weights changed       —
+:class:`CheckpointTimingCallback`  checkpoint write times            —
+:class:`ProvenanceCallback`        ``run.json`` (and its diagnosis)  ``diagnosis`` (text)
+=================================  ================================  =============================
 
 :class:`DivergenceCallback` (not a scaling callback: it records nothing) stops a run whose last logged
 training losses are all non-finite (:func:`cropscale.runs.rules.divergence`); ``configs/default.yaml``
@@ -28,6 +29,7 @@ has it.
 
 from cropscale.callbacks._windows import STEP_WINDOWS
 from cropscale.callbacks.base import ScalingCallback
+from cropscale.callbacks.checkpoint_timing import CheckpointTimingCallback
 from cropscale.callbacks.divergence import DivergenceCallback
 from cropscale.callbacks.energy import EnergyCallback
 from cropscale.callbacks.grad_norm import GradNormCallback
@@ -43,6 +45,7 @@ from cropscale.callbacks.trained import TrainedCallback
 __all__ = [
     "STEP_WINDOWS",
     "CallbackGroup",
+    "CheckpointTimingCallback",
     "DivergenceCallback",
     "EnergyCallback",
     "GradNormCallback",
@@ -63,5 +66,5 @@ def all_scaling_callbacks() -> list[ScalingCallback]:
     """One instance of every scaling callback with default arguments, provenance last."""
     return [
         StepTimingCallback(), ThroughputCallback(), LossScaleCallback(), NonFiniteCallback(), GradNormCallback(),
-        EnergyCallback(), MemoryCallback(), TrainedCallback(), ProvenanceCallback(),
+        EnergyCallback(), MemoryCallback(), TrainedCallback(), CheckpointTimingCallback(), ProvenanceCallback(),
     ]

@@ -14,6 +14,8 @@ not train: too many skipped steps or no weight changed); on an exception ``statu
 error's one-line message (a DataLoader worker's error unwrapped, :func:`cropscale.errors.user_error_text`).
 With a :class:`~cropscale.hangs.HangWatch` in the run, ``hang_watch`` records how it watched; when it names a
 hanging rank it finishes the record (``failed``, the hang in ``hang_watch.hang``) before it ends the run.
+With the summary complete it adds the run's diagnosis (``run.json["diagnosis"]``, :func:`cropscale.diagnosis.diagnose`:
+what limits the run, the culprit rank, the bound, what to try) and writes it as the TensorBoard text ``diagnosis``.
 A fit that fails before ``on_fit_start`` (a data check at setup) still gets a ``failed`` record in the logger's
 run folder, with the configuration, precision, world size and error but no provenance probes, unless that
 folder already holds a ``run.json`` (a resumed run whose attempt failed before restoring): that record is kept
@@ -40,6 +42,7 @@ from typing_extensions import override
 
 from cropscale.callbacks._dist import gather_objects
 from cropscale.callbacks.base import ScalingCallback, iter_callbacks, scaling_callbacks
+from cropscale.diagnosis import diagnose, markdown
 from cropscale.env import nvml
 from cropscale.env.host import (
     dataset_revision,
@@ -56,7 +59,7 @@ from cropscale.hangs import RankHang, watch_of
 from cropscale.precision import PrecisionDecision, decide, requested_in
 from cropscale.runs.describe import accelerator_name
 from cropscale.runs.rules import NOT_TRAINED, trained
-from cropscale.runs.schema import RUN_SCHEMA, SUMMARY_TYPES, HangWatchRecord, Record, RunJson, RunSummary
+from cropscale.runs.schema import RUN_SCHEMA, SUMMARY_TYPES, Diagnosis, HangWatchRecord, Record, RunJson, RunSummary
 
 SCHEMA = RUN_SCHEMA
 _DATA_ATTRS = ("data_root", "root", "data_dir", "root_dir", "dataset_root")
@@ -151,6 +154,28 @@ def _data_warnings(trainer: Trainer) -> list[str]:
     """What the data module's checks found: its ``data_warnings`` attribute (a list of lines), else ``[]``."""
     found = getattr(trainer.datamodule, "data_warnings", None)
     return [str(w) for w in found] if isinstance(found, (list, tuple)) else []
+
+
+def _diagnosis(record: RunJson) -> Diagnosis:
+    """The run's diagnosis; a rule that fails leaves the record intact and says so (``Diagnosis.error``)."""
+    try:
+        return diagnose(record)
+    except Exception as err:  # a broken rule must not lose run.json
+        return Diagnosis(error=f"{type(err).__name__}: {err}")
+
+
+def _write_text(trainer: Trainer, tag: str, text: str) -> None:
+    """``text`` (Markdown) as TensorBoard text ``tag`` at the current step, in every logger that takes text.
+
+    run.json is written first: a logger that cannot take the text (closed by a failing fit) only loses the text.
+    """
+    for logger in trainer.loggers:
+        add_text = getattr(getattr(logger, "experiment", None), "add_text", None)
+        if callable(add_text):
+            try:
+                add_text(tag, text, global_step=trainer.global_step)
+            except Exception as err:  # the record is on disk already
+                rank_zero_info(f"ProvenanceCallback: the {tag} text was not written to {type(logger).__name__}: {err}")
 
 
 class ProvenanceCallback(ScalingCallback):
@@ -354,7 +379,9 @@ class ProvenanceCallback(ScalingCallback):
         record.epochs_completed = trainer.current_epoch
         if exception is not None:
             record.error = {"type": type(exception).__name__, "message": user_error_text(exception)}
+        record.diagnosis = _diagnosis(record)
         self._write()
+        _write_text(trainer, "diagnosis", markdown(record.diagnosis))
 
     def _write(self) -> None:
         assert self.path is not None and self.record is not None

@@ -8,7 +8,8 @@ Inputs, any mix of run folders (or folders holding them, e.g. ``runs/``) and ben
 follows its rule in :mod:`cropscale.runs.rules` (the first epoch of a multi-epoch run is left out as
 warm-up).
 
-``<stem>.md`` leads with a comparison (:mod:`cropscale.report.comparison`): per run or benchmark
+``<stem>.md`` leads with the verdicts, then what limits each run (its diagnosis: :mod:`cropscale.report.limits`),
+then a comparison (:mod:`cropscale.report.comparison`): per run or benchmark
 configuration its status, quality, speed, memory and energy, the mIoU change and speed-up against the
 FP32 run of the same configuration (:mod:`cropscale.report.pairs`) and the efficiency against the same
 configuration on one device (:mod:`cropscale.report.scaling`). Detail tables follow (quality, speed,
@@ -49,6 +50,7 @@ from cropscale.report.comparison import (
     with_status,
 )
 from cropscale.report.equivalence import DEFAULT_MARGIN, TARGET_FRACTION, verdict_intro, verdict_row
+from cropscale.report.limits import diagnosis_section, limit_changes
 from cropscale.report.pairs import precision_pairs
 from cropscale.report.plots import (
     plot_by_precision_and_batch,
@@ -137,7 +139,8 @@ def _scaling_section(records: Sequence[RunRecord], out: Path, stem: str, paths: 
         " a parameter of Amdahl's law and Amdahl's speed-up at that fraction on other device counts a model: both"
         " analytical-scenario (the per-N Karp-Flatt e above is an identity of the measured S_N: measured-run)."))
     paths["scaling_csv"] = atomic_write_text(out / f"{stem}_scaling.csv", table.csv)
-    return f"{table.markdown}\n{amdahl.markdown}"
+    changes = limit_changes(series, records)
+    return f"{table.markdown}\n{changes}\n{amdahl.markdown}" if changes else f"{table.markdown}\n{amdahl.markdown}"
 
 
 def _verdicts_section(records: Sequence[RunRecord], out: Path, stem: str, paths: dict[str, Path], margin: float,
@@ -210,7 +213,8 @@ def write_report(records: Sequence[RunRecord], out_dir: str | Path, stem: str = 
     paths["device_scaling"] = plot_device_scaling(series, out / "device_scaling.png")
     figures_md = "\n\n".join(f"![{name}]({name})\n\n{FIGURE_CAPTIONS[name]}" for name in FIGURE_FILES[1:])
     legend = f"{LEGEND} n/a cells name the reason in the notes under each table."
-    text = (f"# cropscale report\n\n{legend}\n\n{verdicts_md}\n{lead.markdown}\n## Detail\n\n" + "\n".join(details)
+    text = (f"# cropscale report\n\n{legend}\n\n{verdicts_md}\n{diagnosis_section(records)}\n{lead.markdown}\n"
+            "## Detail\n\n" + "\n".join(details)
             + f"\n{pairs_md}\n{scaling_md}\n## Figures\n\n{figures_md}\n")
     paths["markdown"] = atomic_write_text(out / f"{stem}.md", text)
     return {"markdown": paths.pop("markdown"), **paths}

@@ -10,12 +10,14 @@ Lines: ``NOT TRAINED`` first (only when :func:`~cropscale.runs.rules.trained` sa
 the header; what ran; ``DIVERGED`` (only when :func:`~cropscale.runs.rules.divergence` says so); quality
 (best ``val/mIoU`` and its epoch); speed (training samples/s, median step); step (the decomposition in
 percent of the step); memory; energy (per training sample, or why there is none); numerics
-(non-finite batches, skipped steps); data (the data checks' warnings: count and first); the run folder;
-the report command.
+(non-finite batches, skipped steps); data (the data checks' warnings: count and first); limit (the run's
+diagnosis, ``run.json["diagnosis"]``: what limits it, the bound, what to try, then up to two more findings,
+:func:`cropscale.diagnosis.summary_lines`); the run folder; the report command.
 """
 
 from __future__ import annotations
 
+from cropscale.diagnosis import diagnosis_of, summary_lines
 from cropscale.evidence import MEASURED_RUN
 from cropscale.runs.figures import FIGURES
 from cropscale.runs.record import RunRecord
@@ -122,10 +124,20 @@ def fit_summary(record: RunRecord, report_command: str, stopped_at_step: int | N
         f"numerics    {_num(f, 'nonfinite')} non-finite batch(es){_first_nonfinite(record)},"
         f" {_num(f, 'skipped_steps')} skipped step(s); {_loss_end(record)}",
         f"data        {data_line(record)}",
+        *diagnosis_lines(record),
         f"run folder  {record.path}",
         f"report      {report_command}",
     ]
     return "\n".join(lines)
+
+
+def diagnosis_lines(record: RunRecord) -> list[str]:
+    """``limit ...``: the run's diagnosis (what limits it, the bound, what to try), continued on a few lines."""
+    diag = diagnosis_of(record)
+    if diag is None:
+        return ["limit       n/a (no run.json: the diagnosis reads the scaling callbacks' records)"]
+    first, *rest = summary_lines(diag, " " * 12)
+    return [f"limit       {first}", *rest]
 
 
 def data_line(record: RunRecord) -> str:

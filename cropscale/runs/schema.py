@@ -565,6 +565,32 @@ class HangWatchRecord(Record):
     channel: str | None = optional()
     flight_recorder: FlightRecorderRecord | None = None
     hang: HangRecord | None = optional()
+# ------------------------------------------------------------------------------ checkpoint writes
+@dataclass
+class CheckpointEpoch(Record):
+    """Checkpoint writes of one training epoch (:class:`~cropscale.callbacks.CheckpointTimingCallback`; s).
+
+    ``write_s`` is the time global rank 0's ``CheckpointIO.save_checkpoint`` took (the other ranks wait for it in
+    Lightning's barrier); ``outside_wall_s`` the part written after the epoch's end hook, i.e. outside the
+    epoch's ``wall_s`` (ModelCheckpoint's save at the training epoch end), the rest fell inside it (a save after
+    a validation in the middle of the epoch).
+    """
+
+    epoch: int = 0
+    saves: int = 0
+    write_s: float = 0.0
+    outside_wall_s: float = 0.0
+
+
+@dataclass
+class CheckpointSummary(Record):
+    """``summary.checkpoint``: the checkpoint writes of the run (global rank 0's ``CheckpointIO``; s)."""
+
+    evidence: str = MEASURED_RUN
+    checkpoint_io: str | None = None
+    saves: int = 0
+    write_s: float = 0.0
+    epochs: list[CheckpointEpoch] = field(default_factory=list)
 
 
 # -------------------------------------------------------------------------------------- the record
@@ -580,6 +606,7 @@ class RunSummary(Record):
     energy: EnergySummary | None = optional()
     memory: MemorySummary | None = optional()
     trained: TrainedSummary | None = optional()
+    checkpoint: CheckpointSummary | None = optional()
 
 
 SUMMARY_TYPES: dict[str, type[Record]] = {
@@ -587,6 +614,85 @@ SUMMARY_TYPES: dict[str, type[Record]] = {
     for f in dataclasses.fields(RunSummary) if f.name != "other"
 }
 """``summary`` key -> the record type of that section."""
+
+
+# -------------------------------------------------------------------------------------- diagnosis
+@dataclass
+class DiagnosisFigure(Record):
+    """One figure a finding rests on: its value, unit, evidence label and where it comes from."""
+
+    name: str = ""
+    value: float | None = None
+    unit: str = ""
+    evidence: str = MEASURED_RUN
+    source: str | None = None
+
+
+@dataclass
+class Finding(Record):
+    """One finding of the diagnosis (:mod:`cropscale.diagnosis`): what limits the run, the evidence, the bound.
+
+    ``kind`` is one of :data:`cropscale.diagnosis.thresholds.KINDS`; ``share`` the fraction of its ``base``
+    (``step``: the median optimizer step; ``epoch``: the end-to-end epoch) the term takes; ``bound`` how many
+    times faster the run could at best go without it (``analytical-scenario``: ``T / (T - t)``);
+    ``saving_s_per_epoch`` the seconds per epoch it costs (what orders the findings); ``rank`` and ``part``
+    name the culprit rank and the window of its step; ``line`` says it all in one sentence; ``try_settings``
+    the settings of this project to try.
+    """
+
+    kind: str = ""
+    severity: str = ""
+    line: str = ""
+    share: float | None = None
+    base: str | None = None
+    bound: float | None = None
+    saving_s_per_epoch: float | None = None
+    rank: int | None = None
+    part: str | None = None
+    evidence: list[DiagnosisFigure] = field(default_factory=list)
+    try_settings: list[str] = field(default_factory=list)
+
+
+@dataclass
+class RankScore(Record):
+    """One rank's own work and waits (ms, medians over the measured epochs) and its score against its best epoch.
+
+    ``own_ms`` = data wait + transfer + forward + (backward - exposed communication) + optimizer; ``wait_ms`` the
+    exposed communication (waiting in the gradient all-reduce); ``own_ms_by_epoch`` every recorded epoch's own
+    work (``None`` where not recorded); ``score`` = own work of its best epoch / of its last epoch (1: at its
+    best; NVIDIA's individual performance score).
+    """
+
+    rank: int = 0
+    own_ms: float | None = None
+    wait_ms: float | None = None
+    own_ms_by_epoch: list[float | None] = field(default_factory=list)
+    best_epoch: int | None = None
+    score: float | None = None
+
+
+@dataclass
+class Diagnosis(Record):
+    """``run.json["diagnosis"]``: what limits the run (:func:`cropscale.diagnosis.diagnose`).
+
+    ``limit`` is the kind of the first finding (the one that costs the most time per epoch); ``step_ms`` the median
+    over the ranks of their median step (ms, measured epochs); ``shares`` the
+    fraction of the step (or epoch) of every term the rules weigh, whether or not it makes a finding (the
+    report's comparison of runs reads them); ``not_judged`` what this run's records cannot answer (host gaps
+    on a CPU clock, NVML throttle reasons without a GPU); ``error`` a rule that failed (the rest stands).
+    """
+
+    evidence: str = MEASURED_RUN
+    rules: str = "cropscale.diagnosis/1"
+    warmup_epochs: int = 0
+    world_size: int = 1
+    limit: str | None = None
+    step_ms: float | None = None
+    findings: list[Finding] = field(default_factory=list)
+    shares: dict[str, float] = field(default_factory=dict)
+    ranks: list[RankScore] = field(default_factory=list)
+    not_judged: list[str] = field(default_factory=list)
+    error: str | None = optional()
 
 
 @dataclass
@@ -622,3 +728,4 @@ class RunJson(Record):
     epochs_completed: int | None = optional()
     error: dict[str, Any] | None = optional()
     hang_watch: HangWatchRecord | None = optional()
+    diagnosis: Diagnosis | None = optional()

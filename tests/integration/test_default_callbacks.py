@@ -12,6 +12,7 @@ from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
 
 from cropscale.callbacks import (
     CallbackGroup,
+    CheckpointTimingCallback,
     DivergenceCallback,
     EnergyCallback,
     GradNormCallback,
@@ -29,7 +30,7 @@ from cropscale.model.task import CropMappingTask
 
 REPO = Path(__file__).resolve().parents[2]
 GROUP = [StepTimingCallback, ThroughputCallback, LossScaleCallback, NonFiniteCallback, GradNormCallback,
-         EnergyCallback, MemoryCallback, TrainedCallback, ProvenanceCallback]
+         EnergyCallback, MemoryCallback, TrainedCallback, CheckpointTimingCallback, ProvenanceCallback]
 
 pytestmark = [pytest.mark.filterwarnings("ignore:(?s).*was deprecated in v4.49.0"),
               pytest.mark.filterwarnings("ignore:.*LeafSpec")]
