@@ -73,6 +73,11 @@ def error_ending(err: Exception, args: list[str], subcommand: str, config_file: 
     return f"{message} (set CROPSCALE_TRACEBACK=1 for the traceback)", 2
 
 
+def is_refusal(err: BaseException) -> bool:
+    """True for a user error, which refuses the command (:func:`error_ending` ends it with one line, status 2)."""
+    return isinstance(err, ArgumentError | MisconfigurationException | CropScaleError | FileNotFoundError)
+
+
 def fail(message: str, status: int = 2) -> None:
     """Print ``cropscale: error: <message>`` as the last line and exit; under DDP, end the other ranks first.
 
