@@ -65,8 +65,9 @@ __all__ = [
 
 
 def all_scaling_callbacks() -> list[ScalingCallback]:
-    """One instance of every scaling callback with default arguments, provenance last."""
+    """One instance of every scaling callback (defaults; the divergence one only judges), provenance last."""
     return [
         StepTimingCallback(), ThroughputCallback(), LossScaleCallback(), NonFiniteCallback(), GradNormCallback(),
-        EnergyCallback(), MemoryCallback(), TrainedCallback(), QualityCallback(), ProvenanceCallback(),
+        EnergyCallback(), MemoryCallback(), TrainedCallback(), QualityCallback(), DivergenceCallback(action="log"),
+        ProvenanceCallback(),
     ]

@@ -90,7 +90,13 @@ from cropscale.cli.folders import (
     resolve_last,
 )
 from cropscale.data.datamodule import PastisHDDataModule
-from cropscale.distributed import ChildRankWatch, elastic_restart_hazard, finish_distributed, prepare_rank_reports
+from cropscale.distributed import (
+    ChildRankWatch,
+    child_rank_processes,
+    elastic_restart_hazard,
+    finish_distributed,
+    prepare_rank_reports,
+)
 from cropscale.env.host import choose_torch_threads, usable_cores
 from cropscale.errors import ConfigError, CropScaleError, TrainerArgumentError
 from cropscale.files import check_writable_folder
@@ -498,14 +504,18 @@ def _run(args: list[str], argv: list[str] | None) -> None:
         fail(f"unknown subcommand {args[0]!r}: choose from {', '.join((*LIGHTNING_COMMANDS, *EXTRA_COMMANDS))}"
              " (see: python -m cropscale --help)")
     cli = _lightning_cli(None if argv is None else args)
-    failed = finish_distributed(getattr(cli, "trainer", None))
-    if failed and not getattr(cli, "fit_error", None):
+    trainer = getattr(cli, "trainer", None)
+    children = len(child_rank_processes(trainer))
+    failed = finish_distributed(trainer)
+    error = getattr(cli, "fit_error", None)
+    if failed and not error:
         ranks = ", ".join(f"local rank {r} exited with status {s}" for r, s in failed)
         print(f"cropscale: error: rank 0 finished but {ranks} (see that rank's output above)", file=sys.stderr)
         sys.exit(1)
-    error = getattr(cli, "fit_error", None)
-    trainer = getattr(cli, "trainer", None)
-    if error:  # every rank reached the same verdict: each ends with it (a child rank's status 1 is that verdict)
+    if error:  # every rank reached the same verdict and ends with it: each child rank with status 1
         rank = getattr(trainer, "global_rank", 0)
-        print(f"cropscale: error: {f'rank {rank}: ' if rank else ''}{error}", file=sys.stderr, flush=True)
+        others = [f"local rank {r} with status {s}" for r, s in failed if s != 1]
+        others += [f"{children - len(failed)} child rank(s) with status 0"] if len(failed) < children else []
+        disagree = f" (but {', '.join(others)})" if others else ""
+        print(f"cropscale: error: {f'rank {rank}: ' if rank else ''}{error}{disagree}", file=sys.stderr, flush=True)
         sys.exit(1)

@@ -38,9 +38,10 @@ RUN_JSON_FIELDS = {
     "schema", "evidence", "status", "started_utc", "finished_utc", "run_dir", "command", "git", "dataset",
     "config", "config_source", "host", "versions", "devices", "topology", "distributed", "precision",
     "float32_matmul_precision", "seeds", "trainer", "callbacks", "extra", "data_warnings", "summary", "global_step",
-    "epochs_completed",
+    "epochs_completed", "validity",
 }
-SUMMARY_KEYS = {"step_timing", "throughput", "loss_scale", "nonfinite", "grad_norm", "energy", "memory", "trained"}
+SUMMARY_KEYS = {"step_timing", "throughput", "loss_scale", "nonfinite", "grad_norm", "energy", "memory", "trained",
+                "quality", "divergence"}
 
 pytestmark = [
     pytest.mark.filterwarnings("ignore:.*LeafSpec"),  # Lightning 2.6 on torch 2.13

@@ -185,6 +185,37 @@ def test_the_report_reads_quality_from_run_json_and_names_a_damaged_events_file(
     assert f"- default/version_0: {problem}" in (tmp_path / "rep" / "report.md").read_text()
 
 
+def test_after_a_kill_and_a_resume_every_epoch_stays_in_run_json(tmp_path, flanders_root):
+    """SIGKILL in epoch 2, then ``--ckpt_path auto``: the earlier epochs' quality travels in the checkpoint.
+
+    A killed process loses the events it had not flushed (TensorBoard's writer flushes every 120 s); here the
+    killed attempt's whole events file is removed, the worst case. The report's quality figures and its
+    best-so-far curve still hold every epoch (before, read from the events alone, epochs 0 and 1 dropped out).
+    """
+    args = ["--trainer.max_epochs=3"]
+    kill = ["--trainer.callbacks+=cropscale.testing.faults.FailAt", "--trainer.callbacks.epoch=2",
+            "--trainer.callbacks.batch=1", "--trainer.callbacks.how=sigkill"]
+    killed = _fit(tmp_path, flanders_root, *args, *kill)
+    assert killed.returncode in (-9, 137), killed.stderr[-2000:]
+    folder = tmp_path / "runs" / "default" / "version_0"
+    first = sorted(folder.glob("events.out.tfevents.*"))
+    resumed = _fit(tmp_path, flanders_root, *args, "--ckpt_path=auto")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    _, rec = _record(tmp_path)
+    by_step = dict(_scalars(folder, "val/mIoU"))  # the last write of each step, over both attempts' files
+    epochs = rec["summary"]["quality"]["epochs"]
+    assert [e["epoch"] for e in epochs] == [0, 1, 2] and rec["summary"]["quality"]["validations"] == 3
+    assert [e["value"] for e in epochs] == pytest.approx([by_step[e["global_step"] - 1] for e in epochs], abs=1e-6)
+    for f in first:
+        f.unlink()  # what the killed attempt wrote is gone
+    record = load_run(folder)
+    assert [epoch for epoch, _ in record.iou_by_epoch] == [0, 1, 2]
+    values = [e["value"] for e in epochs]
+    assert record.figures["best_miou"].value == pytest.approx(max(values))
+    assert record.figures["best_epoch"].value == values.index(max(values))
+    assert record.figures["final_miou"].value == pytest.approx(values[-1])
+
+
 @pytest.mark.parametrize(("text", "needle"), [
     ("{not json", "is not valid JSON"),
     (json.dumps({"schema": "cropscale.run/1", "status": "finished", "summary": {"trained": "x"}}),
