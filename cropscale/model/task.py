@@ -28,6 +28,7 @@ from lightning.pytorch.loggers import TensorBoardLogger
 from typing_extensions import override
 
 from cropscale.batch import model_inputs
+from cropscale.checkpointing import nonfinite_parameters
 from cropscale.errors import CheckpointError, CropScaleError
 from cropscale.metrics import HighGridMetrics, ParcelMetrics, SegmentationMetrics, confusion_matrix_figure
 from cropscale.model.evaluation import class_iou_keys, loss_term_counts, weighted_term_mean, without_placeholders
@@ -267,7 +268,8 @@ class CropMappingTask(LightningModule):
         names = self.hparams.class_names or [str(i) for i in range(self.hparams.num_classes)]
         logs.update(class_iou_keys(names, seg["iou_per_class"].tolist(), seg["support"]))
         if not self.trainer.sanity_checking:
-            if not (self.best_miou >= miou):  # also true while best is NaN
+            finite = nonfinite_parameters(self.trainer, self)[0] == 0  # every rank: a non-finite model is no best
+            if finite and not (self.best_miou >= miou):  # also true while best is NaN
                 self.best_miou, self.best_epoch = miou, self.current_epoch
             self._miou_by_time.append((time.perf_counter() - self._fit_t0, miou))
             logs["val/mIoU_best"] = self.best_miou

@@ -19,6 +19,7 @@ from cropscale.callbacks import (
     MemoryCallback,
     NonFiniteCallback,
     ProvenanceCallback,
+    QualityCallback,
     StepTimingCallback,
     ThroughputCallback,
     TrainedCallback,
@@ -35,6 +36,7 @@ SINGLE = {
     "energy.yaml": EnergyCallback,
     "memory.yaml": MemoryCallback,
     "provenance.yaml": ProvenanceCallback,
+    "quality.yaml": QualityCallback,
 }
 DEFAULT = """
 trainer:
@@ -99,7 +101,7 @@ def test_scaling_preset_appends_one_group_of_all(tmp_path):
     assert len(groups) == 1
     assert [type(c) for c in groups[0].callbacks] == [
         StepTimingCallback, ThroughputCallback, LossScaleCallback, NonFiniteCallback, GradNormCallback,
-        EnergyCallback, MemoryCallback, TrainedCallback, ProvenanceCallback,
+        EnergyCallback, MemoryCallback, TrainedCallback, QualityCallback, ProvenanceCallback,
     ]
     assert groups[0].callbacks[0].trace_path == "step_trace.rank{rank}.jsonl"
 

@@ -107,6 +107,8 @@ def test_a_run_that_diverges_in_4_steps_is_diverged_keeps_no_nan_best_and_says_w
     quality = rec["summary"]["quality"]
     assert quality["validations"] == 1 and quality["epochs"][0]["weights_finite"] is False
     assert quality["best"] is None and quality["best_epoch"] is None  # never named as best
+    assert [v for _, v in _scalars(folder, "val/mIoU_best")] != [] and not any(
+        math.isfinite(v) for _, v in _scalars(folder, "val/mIoU_best"))  # nor as TensorBoard's best so far
     record = load_run(folder)
     assert record.figures["best_miou"].value is None and "non-finite weights" in record.figures["best_miou"].why
     # the numerics line says what TensorBoard shows: count the trailing non-finite logged losses by hand

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from tests.integration.test_cli import run_cli
+from tests.integration.test_validity import _scalars
 
 pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore:.*LeafSpec")]
 
@@ -52,3 +53,5 @@ def test_rank_1_non_finite_alone_makes_both_ranks_diverged_exit_1_and_keeps_no_n
     best = torch.load(folder / "checkpoints" / "best-epoch00.ckpt", map_location="cpu", weights_only=False)
     assert all(bool(torch.isfinite(v).all()) for v in best["state_dict"].values() if v.is_floating_point())
     assert best["global_step"] == 2
+    best_so_far = [v for _, v in sorted(_scalars(folder, "val/mIoU_best"))]
+    assert best_so_far == pytest.approx([epochs[0]["value"]] * 2)  # epoch 1's score is never the best so far
