@@ -63,6 +63,10 @@ def step_divergence(trailing: int, steps: int, window: int) -> Divergence:
                             f" {before})", **facts)
 
 
+def _last_epoch(trainer: Trainer) -> bool:
+    return trainer.max_epochs is not None and 0 <= trainer.max_epochs <= trainer.current_epoch + 1
+
+
 class DivergenceCallback(ScalingCallback):
     """Stops training once the training loss has been non-finite at the last ``window`` optimizer steps.
 
@@ -151,12 +155,13 @@ class DivergenceCallback(ScalingCallback):
             self._count = torch.where(self._step_bad, self._count + 1, torch.zeros_like(self._count))
         self._step_bad = None
         if self._count_step():
-            self._judge(trainer)
+            ends = (_last_epoch(trainer) and bool(trainer.fit_loop.epoch_loop.batch_progress.is_last_batch)) or (
+                trainer.max_steps is not None and 0 < trainer.max_steps <= step)
+            self._judge(trainer, stop=not ends)  # the fit's last step: it ends anyway, nothing to stop
 
     @override
     def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        last = trainer.max_epochs is not None and 0 <= trainer.max_epochs <= trainer.current_epoch + 1
-        self._judge(trainer, stop=not last)  # the last epoch ends anyway: nothing to stop
+        self._judge(trainer, stop=not _last_epoch(trainer))  # the last epoch ends anyway: nothing to stop
 
     @override
     def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:

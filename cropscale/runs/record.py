@@ -127,7 +127,9 @@ class RunRecord:
 
     @property
     def precision_label(self) -> str:
-        """``AMP FP16`` ..., with `` (requested)`` when no ``run.json`` confirms the precision."""
+        """``AMP FP16`` ..., with `` (requested)`` when no ``run.json`` confirms the precision; ``n/a`` when unknown."""
+        if self.precision is None:
+            return "n/a"
         return describe.precision_label(self.precision, self.precision_verified)
 
 

@@ -42,8 +42,8 @@ def events_damage(path: str | Path) -> str | None:
     except errors.OutOfRangeError:
         return None
     except Exception as err:  # DataLossError (CRC, truncation), an unreadable file
-        detail = getattr(err, "message", None) or str(err) or type(err).__name__
-        return f"{' '.join(str(detail).split())} after {records} whole record(s); the events after it are not read"
+        detail = str(getattr(err, "message", None) or err or type(err).__name__).replace(f"{path} ", "")
+        return f"{' '.join(detail.split())} after {records} whole record(s); the events after it are not read"
 
 
 def read_scalars(folder: str | Path) -> tuple[Scalars, list[str]]:

@@ -96,6 +96,15 @@ def test_short_runs_are_judged_from_every_step_without_a_log_step(tmp_path, nan_
     assert cb.verdict.diverged is diverged and cb.stopped_at_step is None
 
 
+def test_a_divergence_at_the_fits_last_step_is_judged_but_not_called_a_stop(tmp_path):
+    """4 steps, NaN from step 1, a log step at every step: the window fills at the last step, where the fit ends
+    anyway; the verdict is diverged, and no stop is claimed (before: "stopped the run at step 4")."""
+    cb = DivergenceCallback(window=3)
+    trainer = _fit(tmp_path, NaNFrom(range(1, 4), n_train=16), cb, log_every=1)
+    assert trainer.global_step == 4 and cb.diverged and cb.trailing == 3
+    assert cb.stopped_at_step is None and cb.summary().stopped_at_step is None
+
+
 class NaNMicroBatch(NaNFrom):
     """NaN on the second micro-batch (odd batch_idx) of each optimizer step whose index is in ``nan_steps``."""
 
