@@ -45,7 +45,7 @@ from lightning.fabric.plugins import TorchCheckpointIO
 from lightning.fabric.plugins.environments import SLURMEnvironment
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
-from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from typing_extensions import override
 
@@ -55,8 +55,27 @@ from cropscale.files import atomic_write
 
 __all__ = ["RESUME_AUTO", "STOP_SIGNALS", "AtomicCheckpointIO", "ResumableCheckpoint", "StopOnSignal", "StopOnSigterm",
            "TrainingState", "check_fit_start", "completed_run", "find_last_checkpoint", "find_resume_state",
-           "hpc_checkpoints_in", "launch_resume_command", "requeue_slurm_job", "resume_command", "run_version",
-           "stop_line", "training_state"]
+           "hpc_checkpoints_in", "launch_resume_command", "nonfinite_parameters", "requeue_slurm_job",
+           "resume_command", "run_version", "stop_line", "training_state"]
+
+
+def nonfinite_parameters(trainer: Trainer, module: torch.nn.Module) -> tuple[int, int]:
+    """Parameter tensors of ``module`` that hold a NaN or inf, summed over ranks, and the tensors on this rank.
+
+    One device reduction per tensor, one device-to-host read; under DDP one all-reduce (sum), so every rank must
+    call it at the same point (an epoch end, a checkpoint save, the end of training) and every rank gets the same
+    count: a model that is non-finite on one rank only (its weights written there alone) counts on all.
+
+    Returns:
+        ``(non-finite tensors over all ranks, tensors on this rank)``.
+    """
+    params = [p.detach() for p in module.parameters()]
+    device = params[0].device if params else torch.device("cpu")
+    flags = [~torch.isfinite(p).all() for p in params if p.numel()]
+    bad = torch.stack(flags).sum().float() if flags else torch.zeros((), device=device)
+    if trainer.world_size > 1:
+        bad = trainer.strategy.reduce(bad, reduce_op="sum")
+    return int(bad.item()), len(params)
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
@@ -102,7 +121,9 @@ class ResumableCheckpoint(ModelCheckpoint):
     written at every save point where no top-k file was written (there it is written by
     ModelCheckpoint itself), and from :meth:`on_exception` when the run stops with Lightning's
     ``SIGTERMException`` (see :class:`StopOnSigterm`). At the start of ``fit`` it removes the temporary
-    files that a kill in the middle of a save left in its folder (``.<name>.ckpt.*.tmp``).
+    files that a kill in the middle of a save left in its folder (``.<name>.ckpt.*.tmp``). Weights that hold
+    a NaN or inf on some rank are never saved as a top-k (best) checkpoint nor named ``best_model_path``
+    (:meth:`_save_topk_checkpoint`).
 
     Example (``configs/default.yaml``)::
 
@@ -112,6 +133,7 @@ class ResumableCheckpoint(ModelCheckpoint):
 
     def __init__(self, *args: Any, save_last: bool | None = True, **kwargs: Any) -> None:
         super().__init__(*args, save_last=save_last, **kwargs)
+        self.nonfinite_refusals = 0
 
     @override
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
@@ -148,6 +170,25 @@ class ResumableCheckpoint(ModelCheckpoint):
             print(f"cropscale: interrupted at epoch {trainer.current_epoch}, global step {trainer.global_step},"
                   f" without a save; {saved}; resume with{launch_resume_command(sys.argv[1:])}", file=sys.stderr,
                   flush=True)
+
+    @override
+    def _save_topk_checkpoint(self, trainer: Trainer, monitor_candidates: dict[str, torch.Tensor]) -> None:
+        """ModelCheckpoint's top-k save, refused while a parameter holds NaN or inf on some rank.
+
+        A non-finite model's validation score (a constant prediction's) would otherwise become the best checkpoint
+        and ``best_model_path``: it is never saved as a top-k file nor named as best (the decision is summed over
+        ranks, :func:`nonfinite_parameters`, so every rank takes it alike). ``last.ckpt`` is still written.
+        """
+        if self.save_top_k == 0:
+            return
+        bad, total = nonfinite_parameters(trainer, trainer.lightning_module)
+        if bad:
+            self.nonfinite_refusals += 1
+            rank_zero_warn(f"ResumableCheckpoint: no best checkpoint at epoch {trainer.current_epoch}, global step"
+                           f" {trainer.global_step}: {bad} parameter tensor(s) hold NaN or inf (summed over ranks, of"
+                           f" {total} per rank); the best stays {self.best_model_path or 'unset'}")
+            return
+        super()._save_topk_checkpoint(trainer, monitor_candidates)
 
     def _save_last_if_behind(self, trainer: Trainer) -> None:
         """Write ``last.ckpt`` unless a checkpoint of this very step was just written (then it is current)."""

@@ -26,6 +26,25 @@ DataLoader worker (the CLI prints it; ``run.json`` records it).
 from __future__ import annotations
 
 import re
+import warnings
+
+_FORMAT_WARNING = warnings.formatwarning
+
+
+class DataWarning(UserWarning):
+    """A fact about the data that the run's user must know but that does not stop the run.
+
+    A modality the model is trained without, an epoch padded with repeated samples, a scan cache that cannot be
+    written. The CLI prints it as one line, ``cropscale: warning: <message>`` (:func:`format_warning`).
+    """
+
+
+def format_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+                   line: str | None = None) -> str:
+    """:func:`warnings.formatwarning` with a :class:`DataWarning` on one line (``cropscale: warning: ...``)."""
+    if issubclass(category, DataWarning):
+        return f"cropscale: warning: {message}\n"
+    return _FORMAT_WARNING(message, category, filename, lineno, line)
 
 
 class CropScaleError(ValueError):

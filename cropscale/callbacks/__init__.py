@@ -14,14 +14,17 @@ class                              concern                           TensorBoard
 :class:`GradNormCallback`          gradient norm, clipping           ``numerics/``
 :class:`EnergyCallback`            NVML energy and power             ``energy/``
 :class:`MemoryCallback`            GPU peaks, host RSS               ``memory/``
-:class:`TrainedCallback`           whether the weights changed       —
+:class:`TrainedCallback`           whether the weights changed,      —
+                                   and are finite at the end
+:class:`QualityCallback`           every validation's metric         —
 :class:`CheckpointTimingCallback`  checkpoint write times            —
 :class:`ProvenanceCallback`        ``run.json`` (and its diagnosis)  ``diagnosis`` (text)
 =================================  ================================  =============================
 
-:class:`DivergenceCallback` (not a scaling callback: it records nothing) stops a run whose last logged
-training losses are all non-finite (:func:`cropscale.runs.rules.divergence`); ``configs/default.yaml``
-has it.
+:class:`DivergenceCallback` stops a run whose training loss is non-finite at its last optimizer steps (every
+step counted, read at log steps) and records the verdict (``summary.divergence``); ``configs/default.yaml`` has it
+outside the group. Together with the trained and quality records it decides the run's validity
+(:mod:`cropscale.runs.validity`).
 
 :data:`STEP_WINDOWS` names the disjoint windows of a step that :class:`StepTimingCallback` records
 (``data_wait, transfer, forward, backward, optimizer, remainder``; they add up to ``step``).
@@ -38,6 +41,7 @@ from cropscale.callbacks.loss_scale import LossScaleCallback
 from cropscale.callbacks.memory import MemoryCallback
 from cropscale.callbacks.nonfinite import NonFiniteCallback, NonFiniteError
 from cropscale.callbacks.provenance import ProvenanceCallback
+from cropscale.callbacks.quality import QualityCallback
 from cropscale.callbacks.step_timing import StepTimingCallback
 from cropscale.callbacks.throughput import ThroughputCallback
 from cropscale.callbacks.trained import TrainedCallback
@@ -54,6 +58,7 @@ __all__ = [
     "NonFiniteCallback",
     "NonFiniteError",
     "ProvenanceCallback",
+    "QualityCallback",
     "ScalingCallback",
     "StepTimingCallback",
     "ThroughputCallback",
@@ -63,8 +68,9 @@ __all__ = [
 
 
 def all_scaling_callbacks() -> list[ScalingCallback]:
-    """One instance of every scaling callback with default arguments, provenance last."""
+    """One instance of every scaling callback (defaults; the divergence one only judges), provenance last."""
     return [
         StepTimingCallback(), ThroughputCallback(), LossScaleCallback(), NonFiniteCallback(), GradNormCallback(),
-        EnergyCallback(), MemoryCallback(), TrainedCallback(), CheckpointTimingCallback(), ProvenanceCallback(),
+        EnergyCallback(), MemoryCallback(), TrainedCallback(), QualityCallback(), CheckpointTimingCallback(),
+        DivergenceCallback(action="log"), ProvenanceCallback(),
     ]

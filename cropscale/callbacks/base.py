@@ -16,9 +16,10 @@ from lightning.pytorch import Trainer
 from lightning.pytorch.callbacks import Callback
 
 from cropscale.evidence import MEASURED_RUN
-from cropscale.runs.schema import Record
+from cropscale.runs.schema import SUMMARY_TYPES, Record, RunSummary, ValidityRecord
+from cropscale.runs.validity import validity
 
-__all__ = ["ScalingCallback", "iter_callbacks", "scaling_callbacks"]
+__all__ = ["ScalingCallback", "fit_validity", "iter_callbacks", "run_summary", "scaling_callbacks"]
 
 
 class ScalingCallback(Callback):
@@ -102,3 +103,51 @@ def iter_callbacks(trainer: Trainer) -> Iterator[Callback]:
 def scaling_callbacks(trainer: Trainer) -> list[ScalingCallback]:
     """The :class:`ScalingCallback` instances of ``trainer`` (group members included), in order."""
     return [cb for cb in iter_callbacks(trainer) if isinstance(cb, ScalingCallback)]
+
+
+def _section(key: str, summary: Any) -> Any:
+    """A callback's summary as the record type of its ``run.json`` section.
+
+    A plain dict (from a callback that returns one) is read into that type; a key without a type stays as it is
+    (made JSON-ready with the rest of the record when ``run.json`` is written).
+    """
+    if isinstance(summary, Record) or key not in SUMMARY_TYPES:
+        return summary
+    return SUMMARY_TYPES[key].from_json(summary)
+
+
+def run_summary(trainer: Trainer, exclude: Callback | None = None) -> RunSummary:
+    """``run.json["summary"]``: the :meth:`~ScalingCallback.summary` of every scaling callback of ``trainer``.
+
+    A callback whose summary fails gets ``{evidence, error}`` instead (a broken summary must not lose the record).
+    Call after ``on_train_end``; it runs no collective, so any rank may call it.
+
+    Args:
+        trainer: the trainer whose callbacks (group members included) are read.
+        exclude: a callback to leave out (the provenance callback itself).
+    """
+    summary = RunSummary()
+    for cb in scaling_callbacks(trainer):
+        if cb is exclude:
+            continue
+        try:
+            section = _section(cb.summary_key, cb.summary())
+        except Exception as err:  # a broken summary must not lose the record
+            section = {"evidence": cb.evidence, "error": f"{type(err).__name__}: {err}"}
+        if isinstance(section, Record) and cb.summary_key in SUMMARY_TYPES:
+            setattr(summary, cb.summary_key, section)
+        else:
+            summary.other[cb.summary_key] = section
+    return summary
+
+
+def fit_validity(trainer: Trainer, summary: RunSummary | None = None) -> ValidityRecord:
+    """The validity of the fit ``trainer`` ran to its end (:func:`cropscale.runs.validity.validity`).
+
+    Every rank gets the same verdict: its inputs are summed or maxed over ranks by the callbacks that record them.
+
+    Args:
+        trainer: the trainer after ``fit``'s training loop ended.
+        summary: its :func:`run_summary` when already built.
+    """
+    return validity(summary if summary is not None else run_summary(trainer), int(trainer.global_step))

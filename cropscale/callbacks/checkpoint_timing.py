@@ -62,11 +62,19 @@ class _TimedCheckpointIO(CheckpointIO):
 class CheckpointTimingCallback(ScalingCallback):
     """Times every checkpoint write of ``fit`` (global rank 0's ``CheckpointIO.save_checkpoint``).
 
+    ``state_dict`` keeps the per-epoch records, so a resumed run continues them. No arguments.
+
     Example::
 
-        Trainer(callbacks=[ModelCheckpoint(save_last=True), CheckpointTimingCallback(), ProvenanceCallback()])
+        from lightning.pytorch import Trainer
+        from lightning.pytorch.callbacks import ModelCheckpoint
+        from cropscale.callbacks import CheckpointTimingCallback, ProvenanceCallback
 
-    ``state_dict`` keeps the per-epoch records, so a resumed run continues them.
+        trainer = Trainer(callbacks=[ModelCheckpoint(save_last=True), CheckpointTimingCallback(),
+                                     ProvenanceCallback()])  # run.json summary.checkpoint
+
+        # command line (configs/default.yaml's CallbackGroup has it; another configuration gets it added):
+        #   python -m cropscale fit --config callbacks/checkpoint_timing.yaml
     """
 
     summary_key = "checkpoint"

@@ -8,18 +8,20 @@ Lightning / CUDA / cuDNN / NCCL versions, every rank's device (name, UUID) and, 
 power limit and persistence mode, ``nvidia-smi topo -m`` where available, world size, seeds,
 precision and strategy, and what the data module's checks found (its ``data_warnings`` attribute, read,
 not imported). At ``on_fit_end`` it adds the ``summary`` section: one entry per scaling callback (their
-:meth:`~cropscale.callbacks.base.ScalingCallback.summary`, each labelled ``measured-run``) and sets
-``status: "finished"`` (``"not-trained"`` where :func:`cropscale.runs.rules.trained` says the run did
-not train: too many skipped steps or no weight changed); on an exception ``status: "failed"`` with the
-error's one-line message (a DataLoader worker's error unwrapped, :func:`cropscale.errors.user_error_text`).
+:meth:`~cropscale.callbacks.base.ScalingCallback.summary`, each labelled ``measured-run``), the run's
+``validity`` (:func:`cropscale.runs.validity.validity`, judged on every rank:
+:attr:`ProvenanceCallback.validity`) and its ``status``: ``"finished"`` for a valid run, else ``"not-trained"``,
+``"diverged"`` or ``"not-validated"``; on an exception ``status: "failed"`` with the error's one-line message (a
+DataLoader worker's error unwrapped, :func:`cropscale.errors.user_error_text`).
 With a :class:`~cropscale.hangs.HangWatch` in the run, ``hang_watch`` records how it watched; when it names a
 hanging rank it finishes the record (``failed``, the hang in ``hang_watch.hang``) before it ends the run.
 With the summary complete it adds the run's diagnosis (``run.json["diagnosis"]``, :func:`cropscale.diagnosis.diagnose`:
 what limits the run, the culprit rank, the bound, what to try) and writes it as the TensorBoard text ``diagnosis``.
-A fit that fails before ``on_fit_start`` (a data check at setup) still gets a ``failed`` record in the logger's
-run folder, with the configuration, precision, world size and error but no provenance probes, unless that
-folder already holds a ``run.json`` (a resumed run whose attempt failed before restoring): that record is kept
-as it is. The schema is documented in ``docs/run_json.md``.
+A fit that fails before
+``on_fit_start`` (a data check at setup) still gets a ``failed`` record in the logger's run folder (``validate``,
+``test`` and ``predict`` get none), with the configuration, precision, world size and error but no provenance
+probes, unless that folder already holds a ``run.json`` (a resumed run whose attempt failed before restoring):
+that record is kept as it is. The schema is documented in ``docs/run_json.md``.
 
 The run folder is ``trainer.log_dir`` (the TensorBoardLogger version folder), else
 ``trainer.default_root_dir``.
@@ -41,7 +43,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from typing_extensions import override
 
 from cropscale.callbacks._dist import gather_objects
-from cropscale.callbacks.base import ScalingCallback, iter_callbacks, scaling_callbacks
+from cropscale.callbacks.base import ScalingCallback, fit_validity, iter_callbacks, run_summary
 from cropscale.diagnosis import diagnose, markdown
 from cropscale.env import nvml
 from cropscale.env.host import (
@@ -58,8 +60,7 @@ from cropscale.files import atomic_write_json
 from cropscale.hangs import RankHang, watch_of
 from cropscale.precision import PrecisionDecision, decide, requested_in
 from cropscale.runs.describe import accelerator_name
-from cropscale.runs.rules import NOT_TRAINED, trained
-from cropscale.runs.schema import RUN_SCHEMA, SUMMARY_TYPES, Diagnosis, HangWatchRecord, Record, RunJson, RunSummary
+from cropscale.runs.schema import RUN_SCHEMA, Diagnosis, HangWatchRecord, RunJson, ValidityRecord
 
 SCHEMA = RUN_SCHEMA
 _DATA_ATTRS = ("data_root", "root", "data_dir", "root_dir", "dataset_root")
@@ -126,17 +127,6 @@ def precision_decision(trainer: Trainer, config: Any) -> PrecisionDecision:
     Python) what was requested is :data:`~cropscale.precision.NOT_RECORDED`.
     """
     return decide(*requested_in(config), str(trainer.precision), accelerator_name(type(trainer.accelerator).__name__))
-
-
-def _section(key: str, summary: Any) -> Any:
-    """A callback's summary as the record type of its ``run.json`` section.
-
-    A plain dict (from a callback that returns one) is read into that type; a key without a type stays as it is
-    (made JSON-ready with the rest of the record when ``run.json`` is written).
-    """
-    if isinstance(summary, Record) or key not in SUMMARY_TYPES:
-        return summary
-    return SUMMARY_TYPES[key].from_json(summary)
 
 
 def _data_root(trainer: Trainer, explicit: str | None) -> str | None:
@@ -223,6 +213,7 @@ class ProvenanceCallback(ScalingCallback):
         self.extra = dict(extra or {})
         self.path: str | None = None
         self.record: RunJson | None = None
+        self.validity: ValidityRecord | None = None
 
     @override
     def state_dict(self) -> dict[str, Any]:
@@ -326,8 +317,8 @@ class ProvenanceCallback(ScalingCallback):
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
         if self.record is not None and self.record.hang_watch is not None and self.record.hang_watch.hang is not None:
             return  # the hang watch finished the record: this error is the other ranks' end
-        if self.record is None and trainer.is_global_zero:
-            self._before_start(trainer, pl_module)
+        if self.record is None and trainer.is_global_zero and trainer.state.fn == "fit":
+            self._before_start(trainer, pl_module)  # validate / test / predict write no run.json
         self._finish(trainer, "failed", exception)
 
     def _before_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
@@ -354,26 +345,18 @@ class ProvenanceCallback(ScalingCallback):
         )
 
     def _finish(self, trainer: Trainer, status: str, exception: BaseException | None) -> None:
-        if not trainer.is_global_zero or self.record is None:
+        writes = trainer.is_global_zero and self.record is not None
+        summary = run_summary(trainer, exclude=self) if writes or status == "finished" else None
+        if summary is not None and status == "finished":  # every rank: the same verdict (its inputs are reduced)
+            self.validity = fit_validity(trainer, summary)
+        if not writes or summary is None or self.record is None:
             return
-        summary = RunSummary()
-        for cb in scaling_callbacks(trainer):
-            if cb is self:
-                continue
-            try:
-                section = _section(cb.summary_key, cb.summary())
-            except Exception as err:  # a broken summary must not lose the record
-                section = {"evidence": cb.evidence, "error": f"{type(err).__name__}: {err}"}
-            if isinstance(section, Record) and cb.summary_key in SUMMARY_TYPES:
-                setattr(summary, cb.summary_key, section)
-            else:
-                summary.other[cb.summary_key] = section
         record = self.record
         record.summary = summary
         record.data_warnings = _data_warnings(trainer)
         record.status = status
-        if status == "finished" and trained(summary, trainer.global_step).trained is False:
-            record.status = NOT_TRAINED  # ran to its end without training: no pair, exit status 1
+        if self.validity is not None and status == "finished":
+            record.status, record.validity = self.validity.status, self.validity  # no pair, exit status 1 if invalid
         record.finished_utc = utc_now()
         record.global_step = trainer.global_step
         record.epochs_completed = trainer.current_epoch

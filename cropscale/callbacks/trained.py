@@ -8,8 +8,13 @@ training loop and compares them with ``torch.equal`` at its end; the verdict its
 :class:`~cropscale.callbacks.ProvenanceCallback` (``run.json`` status ``not-trained``), by the end-of-fit
 summary (its first line) and by ``python -m cropscale fit`` (exit status 1).
 
+It also records whether the final weights are finite (``weights_finite``, ``nonfinite_parameters``: tensors holding
+a NaN or inf, summed over ranks with one all-reduce at ``on_train_end``, so every rank reaches the same verdict
+even when one rank's weights alone went non-finite): a run that ends with non-finite weights is ``diverged``
+(:func:`cropscale.runs.validity.validity`).
+
 Cost: one copy of the parameters (host memory, ``4 x parameters`` bytes in fp32) at ``on_train_start`` and
-one comparison at ``on_train_end``; nothing per step.
+one comparison and one finiteness check at ``on_train_end``; nothing per step.
 """
 
 from __future__ import annotations
@@ -19,13 +24,14 @@ from lightning.pytorch import LightningModule, Trainer
 from typing_extensions import override
 
 from cropscale.callbacks.base import ScalingCallback
+from cropscale.checkpointing import nonfinite_parameters
 from cropscale.runs.schema import TrainedSummary
 
 __all__ = ["TrainedCallback"]
 
 
 class TrainedCallback(ScalingCallback):
-    """Records whether the weights changed between ``on_train_start`` and ``on_train_end`` on any rank.
+    """Records whether the weights changed between ``on_train_start`` and ``on_train_end`` on any rank, and are finite.
 
     No arguments.
 
@@ -67,9 +73,11 @@ class TrainedCallback(ScalingCallback):
         if trainer.world_size > 1:  # a sharded model changes on some rank only: count over ranks
             total = trainer.strategy.reduce(torch.tensor(float(changed), device=pl_module.device), reduce_op="sum")
             changed = int(total.item())
+        nonfinite, _ = nonfinite_parameters(trainer, pl_module)
         self.result = TrainedSummary(weights_changed=changed > 0, parameters_changed=changed,
                                      parameters=len(self._start),
-                                     optimizer_steps=int(trainer.global_step) - self._start_step)
+                                     optimizer_steps=int(trainer.global_step) - self._start_step,
+                                     weights_finite=nonfinite == 0, nonfinite_parameters=nonfinite)
         self._start = {}
 
     @override

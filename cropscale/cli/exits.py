@@ -90,6 +90,9 @@ def end_progress_bars(trainer: Trainer | None) -> None:
         drawn = getattr(bar, name, None)  # TQDMProgressBar's bars (its properties raise while unset)
         if drawn is not None and not getattr(drawn, "disable", True):  # tqdm sets disable when closed
             drawn.close()
+def is_refusal(err: BaseException) -> bool:
+    """True for a user error, which refuses the command (:func:`error_ending` ends it with one line, status 2)."""
+    return isinstance(err, ArgumentError | MisconfigurationException | CropScaleError | FileNotFoundError)
 
 
 def fail(message: str, status: int = 2) -> None:

@@ -9,16 +9,23 @@ Used by :class:`~cropscale.cli.main.CropScaleCLI` on the parsed configuration, b
 - :func:`continue_in_run_folder`: ``fit`` from a checkpoint of ``<save_dir>/<name>/version_N`` continues in that
   folder (its TensorBoard events from after the checkpoint's step are dropped);
 - :func:`eval_run_folder`: ``validate`` / ``test`` / ``predict`` log apart from the training runs, under the
-  checkpoint's ``version_N/<sub>_K`` (else ``<name>/<sub>/version_K``).
+  checkpoint's ``version_N/<sub>_K`` (else ``<name>/<sub>/version_K``);
+- :class:`FolderGuard`: a command refused before it started (a user error at set-up or when the checkpoint is
+  restored) writes nothing: what it wrote into its run folder (a new folder, ``config.yaml``, an events file, a
+  ``run.json``) is undone.
 """
 
 from __future__ import annotations
 
+import os
+import shutil
 from pathlib import Path
 from typing import Any
 
 import torch
+from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.utilities import rank_zero_info
+from typing_extensions import override
 
 from cropscale.checkpointing import RESUME_AUTO, find_last_checkpoint, find_resume_state, next_eval_folder, run_version
 from cropscale.errors import CheckpointError
@@ -158,3 +165,112 @@ def eval_run_folder(cfg: Any, sub: str) -> None:
     else:
         init.version, init.sub_dir = version, next_eval_folder(Path(*where) / f"version_{version}", sub)
         rank_zero_info(f"cropscale: {sub} logs into {Path(*where) / f'version_{version}' / init.sub_dir}")
+
+
+#: Files up to this size are kept whole by :class:`FolderGuard` (``config.yaml``, ``hparams.yaml``, ``run.json``);
+#: larger ones (checkpoints, events) are only listed: a command refused before it started never rewrites them.
+SNAPSHOT_BYTES = 1 << 20
+
+
+def rank_zero_env(env: dict[str, str] | None = None) -> bool:
+    """True in the process that writes the run folder: global rank 0 by the launchers' variables.
+
+    They are known before the process group forms: ``RANK``, ``LOCAL_RANK`` and ``NODE_RANK`` / ``GROUP_RANK`` of
+    Lightning and torchrun, ``SLURM_PROCID``.
+    """
+    env = dict(os.environ) if env is None else env
+    return all(int(env.get(key, "0") or 0) == 0 for key in ("RANK", "LOCAL_RANK", "NODE_RANK", "GROUP_RANK",
+                                                                 "SLURM_PROCID"))
+
+
+class FolderGuard(Callback):
+    """Undo what a refused command wrote into its run folder, so that a refused command writes nothing.
+
+    :meth:`take` records the run folder before the command runs: whether it and its parents existed, its files
+    (the bytes of those up to :data:`SNAPSHOT_BYTES`) and folders. Lightning writes into it before the checks at
+    set-up and at the checkpoint's restore can refuse the command (the logger's events file, LightningCLI's
+    ``config.yaml``, a ``failed`` ``run.json``); :meth:`undo` then removes the new files and folders and puts back
+    the bytes of the changed ones, unless the run had started (training, or an evaluation past its sanity check),
+    when what it wrote is a record of a run that failed.
+
+    Example::
+
+        guard = FolderGuard()
+        guard.take(trainer.logger.log_dir)
+        trainer.callbacks.append(guard)
+        try:
+            trainer.fit(model)
+        except CropScaleError:
+            guard.undo()
+            raise
+    """
+
+    def __init__(self) -> None:
+        self.root: Path | None = None
+        self.created: list[Path] = []  # the root and the parents it needs that did not exist, deepest first
+        self.files: dict[Path, bytes | None] = {}
+        self.folders: set[Path] = set()
+        self.started = False
+
+    def take(self, folder: str | os.PathLike | None) -> None:
+        """Record ``folder`` (the run folder the command will write; None: nothing to guard)."""
+        self.root = Path(folder) if folder else None
+        self.created, self.files, self.folders, self.started = [], {}, set(), False
+        if self.root is None:
+            return
+        probe = self.root
+        while not probe.exists() and probe.parent != probe:
+            self.created.append(probe)
+            probe = probe.parent
+        if self.created:
+            return
+        for path in self.root.rglob("*"):
+            if path.is_dir():
+                self.folders.add(path)
+            elif path.is_file():
+                self.files[path] = path.read_bytes() if path.stat().st_size <= SNAPSHOT_BYTES else None
+
+    def _started(self, trainer: Trainer) -> None:
+        if not trainer.sanity_checking:
+            self.started = True
+
+    @override
+    def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self.started = True
+
+    @override
+    def on_validation_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._started(trainer)
+
+    @override
+    def on_test_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self.started = True
+
+    @override
+    def on_predict_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self.started = True
+
+    def undo(self) -> list[str]:
+        """Put the run folder back as :meth:`take` found it, unless the run had started; what was undone, one a line."""
+        if self.root is None or self.started:
+            return []
+        if self.created:  # the command made the folder: all of it is its own
+            gone = [str(p) for p in self.created if p.exists()]
+            shutil.rmtree(self.created[0], ignore_errors=True)
+            for parent in self.created[1:]:
+                if parent.is_dir() and not any(parent.iterdir()):
+                    parent.rmdir()
+            return [f"removed {gone[-1]}"] if gone else []
+        done = []
+        for path in sorted(self.root.rglob("*"), reverse=True):  # files before their folders
+            if path.is_file() and path not in self.files:
+                path.unlink()
+                done.append(f"removed {path}")
+            elif path.is_dir() and path not in self.folders and not any(path.iterdir()):
+                path.rmdir()
+                done.append(f"removed {path}")
+        for path, data in self.files.items():
+            if data is not None and (not path.is_file() or path.read_bytes() != data):
+                path.write_bytes(data)
+                done.append(f"restored {path}")
+        return done

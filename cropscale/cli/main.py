@@ -10,9 +10,10 @@ LightningCLI. Lightning's DDP launcher re-executes ``python -m cropscale ...`` o
 lands here again with the same arguments.
 
 After ``fit``, global rank 0 prints the end-of-fit summary (:func:`cropscale.report.summary.fit_summary`
-of the run folder, the same rules as the report). A run that diverged (:func:`cropscale.runs.rules.divergence`)
-ends with ``cropscale: error: training diverged ...`` and exit status 1; so does a run that did not train
-(:func:`cropscale.runs.rules.trained`: ``cropscale: error: the run did not train: ...``).
+of the run folder, the same rules as the report). A fit that is no valid result (:mod:`cropscale.runs.validity`:
+it did not train, diverged, or never validated although validation was configured) ends on every rank with one
+line, ``cropscale: error: the run did not train: ...`` / ``training diverged: ...`` / ``the run never validated:
+...``, and exit status 1; every rank reaches the same verdict.
 
 ``predict --output DIR`` adds a :class:`~cropscale.predictions.PredictionWriter`: one class map per patch
 (GeoTIFF where the data is georeferenced, else ``.npz``) and ``predictions.json``; a non-empty or unwritable
@@ -63,6 +64,7 @@ from __future__ import annotations
 import importlib
 import os
 import sys
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -70,29 +72,53 @@ from lightning.fabric.plugins import CheckpointIO
 from lightning.fabric.plugins.environments import ClusterEnvironment, SLURMEnvironment
 from lightning.pytorch import Trainer
 from lightning.pytorch.accelerators import CPUAccelerator
-from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.callbacks import Checkpoint, ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from lightning.pytorch.utilities.exceptions import MisconfigurationException, SIGTERMException
 from typing_extensions import override
 
-from cropscale.callbacks.divergence import DivergenceCallback
+from cropscale.callbacks import DivergenceCallback, ProvenanceCallback, QualityCallback, TrainedCallback
+from cropscale.callbacks.base import fit_validity, iter_callbacks
 from cropscale.checkpointing import RESUME_AUTO, AtomicCheckpointIO, StopOnSignal, check_fit_start
 from cropscale.cli.config import explicit_model_settings, integers_stay_integers, merge_callbacks
-from cropscale.cli.exits import ACTIVE, end_progress_bars, error_ending, fail, name_trainer_argument, stopped_by_signal
-from cropscale.cli.folders import check_checkpoint, continue_in_run_folder, eval_run_folder, resolve_last
+from cropscale.cli.exits import (
+    ACTIVE,
+    end_progress_bars,
+    error_ending,
+    fail,
+    is_refusal,
+    name_trainer_argument,
+    stopped_by_signal,
+)
+from cropscale.cli.folders import (
+    FolderGuard,
+    check_checkpoint,
+    continue_in_run_folder,
+    eval_run_folder,
+    rank_zero_env,
+    resolve_last,
+)
 from cropscale.data.datamodule import PastisHDDataModule
-from cropscale.distributed import ChildRankWatch, elastic_restart_hazard, finish_distributed, prepare_rank_reports
+from cropscale.distributed import (
+    ChildRankWatch,
+    child_rank_processes,
+    elastic_restart_hazard,
+    finish_distributed,
+    prepare_rank_reports,
+)
 from cropscale.env.host import choose_torch_threads, set_torch_threads, usable_cores
-from cropscale.errors import ConfigError, CropScaleError, TrainerArgumentError
+from cropscale.errors import ConfigError, CropScaleError, TrainerArgumentError, format_warning
 from cropscale.files import DEFAULT_CONFIG, check_writable_folder
 from cropscale.hangs import HangWatch, prepare_flight_recorder
 from cropscale.model.settings import RESUME_FIXED_SETTINGS
 from cropscale.model.task import CropMappingTask
 from cropscale.precision import cpu_precision_line
 from cropscale.predictions import PredictionWriter, check_output_folder, written_line
-from cropscale.report.summary import fit_summary, not_trained_reason
+from cropscale.report.summary import fit_summary
 from cropscale.runs.record import is_run_folder, load_run
+from cropscale.runs.schema import ValidityRecord
+from cropscale.runs.validity import DIVERGED, NOT_TRAINED, NOT_VALIDATED
 
 EXTRA_COMMANDS: dict[str, tuple[str, str]] = {
     "summary": ("cropscale.bench.summary", "parameters and FLOPs per sample of the configured model"),
@@ -134,32 +160,61 @@ def report_command(trainer: Trainer) -> str:
     return command
 
 
-def end_of_fit(trainer: Trainer, folder: str | None) -> tuple[str, str | None]:
-    """The end-of-fit summary of the run folder ``folder`` and, for a run that diverged, the one-line error.
+#: How the last line of ``fit`` begins for each invalid status (:mod:`cropscale.runs.validity`).
+INVALID_ERRORS = {NOT_TRAINED: "the run did not train", DIVERGED: "training diverged",
+                  NOT_VALIDATED: "the run never validated"}
 
-    The verdict is the divergence rule's on the run folder's logged loss, or a
-    :class:`~cropscale.callbacks.DivergenceCallback`'s where the run left no folder to read.
+
+def fit_verdict(trainer: Trainer) -> ValidityRecord:
+    """The validity of the fit ``trainer`` ran; every rank gets the same verdict (its inputs are reduced over ranks).
+
+    The :class:`~cropscale.callbacks.ProvenanceCallback`'s verdict (the one ``run.json`` holds), else the same rule
+    over the trainer's callbacks (:func:`~cropscale.callbacks.base.fit_validity`).
+    """
+    recorded = next((cb.validity for cb in iter_callbacks(trainer) if isinstance(cb, ProvenanceCallback)), None)
+    return recorded if recorded is not None else fit_validity(trainer)
+
+
+def validity_error(verdict: ValidityRecord | None, folder: str | None) -> str | None:
+    """The one-line error of a fit that is no valid result (``cropscale: error:`` follows), else None."""
+    if verdict is None or verdict.valid:
+        return None
+    start = INVALID_ERRORS.get(verdict.status or "", f"the run is not valid ({verdict.status})")
+    return f"{start}: {verdict.reason} (run folder {folder})"
+
+
+def end_of_fit(trainer: Trainer, folder: str | None) -> str:
+    """The end-of-fit summary of the run folder ``folder`` (global rank 0).
+
+    Its first line is the run's validity when the run is no valid result
+    (:func:`~cropscale.report.summary.fit_summary`).
+    """
+    if folder and is_run_folder(Path(folder)):
+        return fit_summary(load_run(folder), report_command(trainer))
+    verdict = fit_verdict(trainer)
+    first = f"{verdict.status}: {verdict.reason}\n" if not verdict.valid else ""
+    return (f"{first}cropscale fit summary: no run folder to read ({folder} holds no run.json and no TensorBoard"
+            " events)")
+
+
+def add_validity_callbacks(trainer: Trainer) -> list[str]:
+    """Give a fit the callbacks whose records the validity rule reads, where its configuration has none.
+
+    :class:`~cropscale.callbacks.TrainedCallback` (weights changed and finite),
+    :class:`~cropscale.callbacks.QualityCallback` (the validations) and
+    :class:`~cropscale.callbacks.DivergenceCallback` (``action="log"``: it judges, never stops),
+    inserted before the checkpoint callbacks (so that their state is saved with each checkpoint).
 
     Returns:
-        ``(summary text, error or None)``.
+        The class names added.
     """
-    watcher = next((cb for cb in trainer.callbacks if isinstance(cb, DivergenceCallback)), None)
-    stopped = watcher.stopped_at_step if watcher is not None else None
-    untrained = None
-    if folder and is_run_folder(Path(folder)):
-        record = load_run(folder)
-        text = fit_summary(record, report_command(trainer), stopped)
-        verdict = record.divergence
-        untrained = not_trained_reason(record)
-    else:
-        text = f"cropscale fit summary: no run folder to read ({folder} holds no run.json and no TensorBoard events)"
-        verdict = watcher.verdict if watcher is not None else None
-    if untrained and (verdict is None or not verdict.diverged):
-        return text, f"the run did not train: {untrained} (run folder {folder})"
-    if verdict is None or not verdict.diverged:
-        return text, None
-    where = f"; stopped at step {stopped}" if stopped is not None else ""
-    return text, f"training diverged: {verdict.why}{where} (run folder {folder})"
+    present = {type(cb) for cb in iter_callbacks(trainer)}
+    missing = [cls() if cls is not DivergenceCallback else DivergenceCallback(action="log")
+               for cls in (TrainedCallback, QualityCallback, DivergenceCallback)
+               if not any(issubclass(p, cls) for p in present)]
+    at = next((i for i, cb in enumerate(trainer.callbacks) if isinstance(cb, Checkpoint)), len(trainer.callbacks))
+    trainer.callbacks[at:at] = missing
+    return [type(cb).__name__ for cb in missing]
 
 
 class CropScaleCLI(LightningCLI):
@@ -173,11 +228,12 @@ class CropScaleCLI(LightningCLI):
     the checkpoint's (module docstring); output folders are checked for writing before the run starts.
     The Trainer's ``int | float`` options parse integers as integers
     (:func:`~cropscale.cli.config.integers_stay_integers`).
-    After ``fit``, global rank 0 prints the end-of-fit summary and keeps the divergence error in
-    :attr:`fit_error`.
+    After ``fit``, global rank 0 prints the end-of-fit summary; every rank keeps the error of a fit that is no
+    valid result in :attr:`fit_error`.
     """
 
     _explicit_model: dict[str, Any] = {}
+    _ckpt: dict | None = None
     fit_error: str | None = None
 
     @override
@@ -229,7 +285,7 @@ class CropScaleCLI(LightningCLI):
             check_output_folder(cfg.output)  # before the checkpoint and the data are read
             if cfg.get("return_predictions") is None:  # the writer has them: Lightning need not keep every patch
                 cfg.return_predictions = False
-        ckpt = check_checkpoint(cfg.get("ckpt_path"))
+        ckpt = self._ckpt = check_checkpoint(cfg.get("ckpt_path"))
         if sub == "fit" and ckpt is not None:
             continue_in_run_folder(cfg, ckpt)
         if sub != "fit":
@@ -309,6 +365,38 @@ class CropScaleCLI(LightningCLI):
         set_torch_threads(choice.threads)
         rank_zero_info(choice.line())
 
+    @override
+    def _run_subcommand(self, subcommand: str) -> None:
+        """Run the subcommand; a refused one writes nothing (:class:`~cropscale.cli.folders.FolderGuard`).
+
+        The checkpoint's architecture is checked before anything is written (:meth:`_check_checkpoint_fits`); a user
+        error raised before the run started (the data checks at set-up, the checkpoint's restore) undoes what
+        Lightning wrote into the run folder by then (its events file, ``config.yaml``, a ``run.json``).
+        """
+        logger = self.trainer.logger
+        guard = FolderGuard()
+        guard.take(getattr(logger, "log_dir", None) if logger is not None and rank_zero_env() else None)
+        self.trainer.callbacks.append(guard)
+        try:
+            self._check_checkpoint_fits()
+            super()._run_subcommand(subcommand)
+        except Exception as err:
+            if is_refusal(err):
+                for line in guard.undo():
+                    rank_zero_info(f"cropscale: refused, so {line}")
+            raise
+
+    def _check_checkpoint_fits(self) -> None:
+        """Refuse a ``--ckpt_path`` whose network differs from the configured one, before anything is written.
+
+        Raises:
+            CheckpointError: :meth:`~cropscale.model.task.CropMappingTask.check_architecture`.
+        """
+        cfg = self.config[self.subcommand] if self.subcommand else self.config
+        check = getattr(self.model, "check_architecture", None)
+        if self._ckpt is not None and callable(check):
+            check(self._ckpt.get("hyper_parameters"), cfg.get("ckpt_path"))
+
     def _check_outputs(self) -> None:
         """Refuse, before the run starts, a run folder or checkpoint folder that cannot be written."""
         logger = self.trainer.logger
@@ -319,8 +407,14 @@ class CropScaleCLI(LightningCLI):
                 check_writable_folder(folder, what="run folder")
 
     def before_fit(self) -> None:
-        """Check the output folders before training (:meth:`_check_outputs`)."""
+        """Check the output folders before training; add the callbacks whose records the validity rule reads.
+
+        :meth:`_check_outputs`; :func:`add_validity_callbacks` where the configuration has none of them.
+        """
         self._check_outputs()
+        added = add_validity_callbacks(self.trainer)
+        if added:
+            rank_zero_info(f"cropscale: added {', '.join(added)}: the run's validity reads their records")
 
     def before_validate(self) -> None:
         """Check the output folders before validating."""
@@ -353,12 +447,14 @@ class CropScaleCLI(LightningCLI):
             print(written_line(writer.index, writer.output_dir.resolve()), flush=True)
 
     def after_fit(self) -> None:
-        """Print the end-of-fit summary on global rank 0 (:func:`end_of_fit`); a divergence goes to ``fit_error``."""
+        """Print the end-of-fit summary on global rank 0 (:func:`end_of_fit`); keep the verdict's error on every rank.
+
+        A fit that is no valid result (:func:`fit_verdict`) leaves its one-line error in ``fit_error`` (exit status 1).
+        """
         folder = self.trainer.log_dir or self.trainer.default_root_dir  # a collective under DDP: every rank
-        if not self.trainer.is_global_zero:
-            return
-        text, self.fit_error = end_of_fit(self.trainer, folder)
-        print("\n" + text, flush=True)
+        self.fit_error = validity_error(fit_verdict(self.trainer), folder)
+        if self.trainer.is_global_zero:
+            print("\n" + end_of_fit(self.trainer, folder), flush=True)
 
 
 def _lightning_cli(args: list[str] | None) -> LightningCLI:
@@ -407,6 +503,7 @@ def main(argv: list[str] | None = None) -> None:
     status (:func:`~cropscale.cli.exits.error_ending`); any other exception keeps its traceback.
     """
     args = list(sys.argv[1:] if argv is None else argv)
+    warnings.formatwarning = format_warning  # a data warning is one line: cropscale: warning: ...
     if not args or args[0] in ("-h", "--help"):
         print_overview()
         return
@@ -435,11 +532,18 @@ def _run(args: list[str], argv: list[str] | None) -> None:
         fail(f"unknown subcommand {args[0]!r}: choose from {', '.join((*LIGHTNING_COMMANDS, *EXTRA_COMMANDS))}"
              " (see: python -m cropscale --help)")
     cli = _lightning_cli(None if argv is None else args)
-    failed = finish_distributed(getattr(cli, "trainer", None))
-    if failed:
+    trainer = getattr(cli, "trainer", None)
+    children = len(child_rank_processes(trainer))
+    failed = finish_distributed(trainer)
+    error = getattr(cli, "fit_error", None)
+    if failed and not error:
         ranks = ", ".join(f"local rank {r} exited with status {s}" for r, s in failed)
         print(f"cropscale: error: rank 0 finished but {ranks} (see that rank's output above)", file=sys.stderr)
         sys.exit(1)
-    if getattr(cli, "fit_error", None):
-        print(f"cropscale: error: {cli.fit_error}", file=sys.stderr)
+    if error:  # every rank reached the same verdict and ends with it: each child rank with status 1
+        rank = getattr(trainer, "global_rank", 0)
+        others = [f"local rank {r} with status {s}" for r, s in failed if s != 1]
+        others += [f"{children - len(failed)} child rank(s) with status 0"] if len(failed) < children else []
+        disagree = f" (but {', '.join(others)})" if others else ""
+        print(f"cropscale: error: {f'rank {rank}: ' if rank else ''}{error}{disagree}", file=sys.stderr, flush=True)
         sys.exit(1)

@@ -53,7 +53,7 @@ from cropscale.data.metadata import read_classes
 from cropscale.data.scans import ScanCache
 from cropscale.data.sharding import EvalShardSampler, PaddedEvalDataset, TrainShardSampler
 from cropscale.data.stats import NormStats, stats_from_moments
-from cropscale.errors import CropScaleError
+from cropscale.errors import CropScaleError, DataWarning
 from cropscale.files import check_writable_folder
 
 # The training position is restored by PastisHDDataModule.load_state_dict (TrainShardSampler.resume_at), which
@@ -262,7 +262,7 @@ class PastisHDDataModule(LightningDataModule):
             return
         self.data_warnings.append(message)
         if warn:
-            warnings.warn(message, stacklevel=2)
+            warnings.warn(message, DataWarning, stacklevel=2)
 
     def _check_shards(self, samples: int, world: int) -> None:
         """Refuse a global batch larger than an epoch; note an epoch padded with repeated samples to equal shards.

@@ -73,7 +73,7 @@ from cropscale.data.stats import NormStats
 from cropscale.data.targets import parcel_targets
 from cropscale.data.temporal import clear_fraction, s1_pixel_validity, s2_pixel_validity, select_dates
 from cropscale.data.transforms import RandomDihedral
-from cropscale.errors import CropScaleError
+from cropscale.errors import CropScaleError, DataWarning
 
 
 def check_options(*, crop_size: int, t2: int, t1: int, samples_per_patch: int, min_clear_fraction: float,
@@ -185,7 +185,7 @@ class PastisHDDataset(Dataset):
             layout = resolve_layout(root, s1_orbits=s1_orbits, s2_mask=s2_mask, high_grid=high_grid, hr_dir=hr_dir,
                                     hr_pattern=hr_pattern)
             for message in layout.warnings:
-                warnings.warn(message, stacklevel=2)
+                warnings.warn(message, DataWarning, stacklevel=2)
                 self.data_warnings.append(message)
         self.layout = layout
         self.root = layout.root

@@ -32,7 +32,7 @@ import numpy as np
 from cropscale.batch import S2_BANDS
 from cropscale.data.layout import DataLayout
 from cropscale.data.metadata import PatchGeo, PatchRecord, day_of_year
-from cropscale.errors import CropScaleError
+from cropscale.errors import CropScaleError, DataWarning
 
 
 @dataclass
@@ -293,7 +293,7 @@ def index_patches(layout: DataLayout, folds: list[int] | tuple[int, ...] | None,
     for what, ids in fallbacks.items():
         shown = ", ".join(map(str, ids[:10])) + (" ..." if len(ids) > 10 else "")
         message = f"{layout.root}: no {what} for {len(ids)} patch(es) ({shown}); those samples mark it absent"
-        warnings.warn(message, stacklevel=2)
+        warnings.warn(message, DataWarning, stacklevel=2)
         if notes is not None:
             notes.append(message)
     return out

@@ -29,7 +29,7 @@ from cropscale.data.hr import HighGridReader
 from cropscale.data.index import PatchFiles, index_patches
 from cropscale.data.layout import resolve_layout
 from cropscale.data.stats import NormStats, stats_from_moments
-from cropscale.errors import CropScaleError
+from cropscale.errors import CropScaleError, DataWarning
 from cropscale.files import atomic_write_json
 
 
@@ -83,7 +83,7 @@ class ScanCache:
         except CropScaleError as err:
             self.problem = str(err)
             warnings.warn(f"data scan cache: {err}; every run checks the data again (set data.cache_dir to a"
-                          " writable folder)", stacklevel=2)
+                          " writable folder)", DataWarning, stacklevel=2)
 
 
 def scan_patches(patches: Iterable[PatchFiles], *, num_classes: int, ignore_index: int | None,

@@ -188,6 +188,35 @@ def schedule_lambda(warmup_steps: int, total_steps: int, schedule: str) -> Calla
     return lambda step: warmup_factor(step, warmup_steps, total_steps, schedule)
 
 
+class UpdateAlignedSchedule:
+    """``LambdaLR``'s multiplier by the optimizer updates that ran, not by its steps (``model.schedule_by_updates``).
+
+    Lightning steps an ``interval: step`` scheduler after every optimizer step, also after one that a GradScaler
+    skipped (Lightning issues #5558, #16228; counted as ``lr_scheduler_steps_on_skipped``): the warm-up and decay then
+    run ahead of the updates. This multiplier counts the ``optimizer.step()`` calls that ran (a step post-hook: a
+    GradScaler calls ``step()`` only when the gradients are finite, a decision it read on the host already; no
+    device read here) and gives :func:`warmup_factor` of that count, whatever LambdaLR's own count. Its attributes
+    are plain numbers, so LambdaLR's ``state_dict`` saves the count in the checkpoint and a resume continues it.
+
+    Args:
+        optimizer: the optimizer the scheduler drives (the hook is registered on it).
+        warmup_steps, total_steps, schedule: as :func:`warmup_factor`.
+    """
+
+    def __init__(self, optimizer: torch.optim.Optimizer, warmup_steps: int, total_steps: int | None,
+                 schedule: str) -> None:
+        self.warmup_steps, self.total_steps, self.schedule = int(warmup_steps), total_steps, str(schedule)
+        self.updates = 0
+        optimizer.register_step_post_hook(self._count)
+
+    def _count(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        self.updates += 1
+
+    def __call__(self, scheduler_steps: int) -> float:
+        """The multiplier at the current update count (``scheduler_steps``, LambdaLR's count, is not used)."""
+        return warmup_factor(self.updates, self.warmup_steps, self.total_steps, self.schedule)
+
+
 def is_excluded(param: torch.Tensor) -> bool:
     """Whether a parameter is excluded from the trust ratio and weight decay of LARS / LAMB: ``ndim <= 1``.
 
@@ -301,7 +330,7 @@ def configure_optimization(trainer: Trainer, named_parameters: Iterable[tuple[st
     local = int(getattr(dm, "batch_size", 1))
     global_batch = formed_global_batch_of(trainer, local)
     lr = scale_learning_rate(hp.lr, global_batch, hp.reference_batch_size, hp.lr_scaling)
-    fused = fused_adamw_choice(trainer, hp.optimizer, hp.get("fused_optimizer"))
+    fused = fused_adamw_choice(trainer, hp.optimizer, hp.get("fused_optimizer"), hp.get("schedule_by_updates", False))
     optimizer = build_optimizer(named_parameters, hp.optimizer, lr, hp.weight_decay, hp.momentum,
                                 hp.trust_coefficient, fused=fused[0])
     total = per_epoch = None
@@ -318,19 +347,36 @@ def configure_optimization(trainer: Trainer, named_parameters: Iterable[tuple[st
     )
     config: Any = optimizer
     if total is not None and (warmup > 0 or hp.schedule != "constant"):
-        scheduler = LambdaLR(optimizer, schedule_lambda(warmup, total, hp.schedule))
+        by_updates = bool(hp.get("schedule_by_updates", False))
+        multiplier = (UpdateAlignedSchedule(optimizer, warmup, total, hp.schedule) if by_updates
+                      else schedule_lambda(warmup, total, hp.schedule))
+        scheduler = LambdaLR(optimizer, multiplier)
         config = {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
     return OptimizerSetup(global_batch=global_batch, lr_effective=lr, fused=fused, config=config)
 
 
-def fused_adamw_choice(trainer: Trainer, optimizer: str, requested: bool | None) -> tuple[bool, str]:
+def fused_adamw_choice(trainer: Trainer, optimizer: str, requested: bool | None,
+                       by_updates: bool = False) -> tuple[bool, str]:
     """``model.fused_optimizer`` resolved for this run's device, precision and clipping (AdamW only).
+
+    With ``model.schedule_by_updates`` under a GradScaler (``16-mixed``) AdamW is not fused: the fused kernel skips
+    an overflowed step inside its ``step()``, so the host never learns which steps ran
+    (:class:`UpdateAlignedSchedule`).
 
     Returns:
         ``(fused, why)`` (:func:`~cropscale.model.speed.choose_fused`).
+
+    Raises:
+        CropScaleError: ``model.fused_optimizer=true`` where it cannot work (that rule included).
     """
     if optimizer != "adamw":
         return False, f"optimizer {optimizer!r} has no fused variant here"
+    if by_updates and str(trainer.precision) == "16-mixed":
+        why = ("model.schedule_by_updates under 16-mixed: a fused AdamW skips an overflowed step inside its kernel,"
+               " where the schedule cannot see it")
+        if requested:
+            raise CropScaleError(f"model.fused_optimizer=true: {why}; set one of them to false")
+        return False, why
     return choose_fused(requested, trainer.strategy.root_device.type, str(trainer.precision),
                         bool(trainer.gradient_clip_val))
 

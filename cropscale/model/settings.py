@@ -20,7 +20,7 @@ from cropscale.model.speed import COMPILE_MODES
 #: Settings whose effect a resumed ``fit`` takes from the checkpoint's optimiser and LR-schedule state.
 RESUME_FIXED_SETTINGS: tuple[str, ...] = ("optimizer", "lr", "weight_decay", "momentum", "trust_coefficient",
                                           "lr_scaling", "reference_batch_size", "warmup_steps", "warmup_epochs",
-                                          "schedule")
+                                          "schedule", "schedule_by_updates")
 
 #: ``model.<name>``: (the check, what it requires), for the message.
 _RULES = {

@@ -28,6 +28,7 @@ from lightning.pytorch.loggers import TensorBoardLogger
 from typing_extensions import override
 
 from cropscale.batch import model_inputs
+from cropscale.checkpointing import nonfinite_parameters
 from cropscale.errors import CheckpointError, CropScaleError
 from cropscale.metrics import HighGridMetrics, ParcelMetrics, SegmentationMetrics, confusion_matrix_figure
 from cropscale.model.evaluation import class_iou_keys, loss_term_counts, weighted_term_mean, without_placeholders
@@ -88,6 +89,10 @@ class CropMappingTask(LightningModule):
         fused_optimizer: fused AdamW (one kernel per update): ``None`` (auto) where the device has the
             kernel and not under ``16-mixed`` with gradient clipping; ``true`` forces it (an error where
             it cannot work); ``false`` never (:func:`cropscale.model.speed.choose_fused`). AdamW only.
+        schedule_by_updates: advance the LR warm-up and decay by the optimizer updates that ran, so that steps a
+            GradScaler skipped do not move the schedule (:class:`~cropscale.model.optim.UpdateAlignedSchedule`).
+            Off by default: Lightning steps the scheduler after every optimizer step, skipped or not, and that is
+            the schedule most users compare with (``docs/measuring.md``, "LR schedule and skipped steps").
         allow_tf32: if not None, set ``torch.backends.cuda.matmul.allow_tf32`` and
             ``torch.backends.cudnn.allow_tf32`` to this value at setup (False for a true FP32 run on
             Ampere and later GPUs).
@@ -123,6 +128,7 @@ class CropMappingTask(LightningModule):
         compile: bool = False,
         compile_mode: str = "default",
         fused_optimizer: bool | None = None,
+        schedule_by_updates: bool = False,
     ) -> None:
         super().__init__()
         check_settings(optimizer, compile_mode, lr=lr, weight_decay=weight_decay, warmup_steps=warmup_steps,
@@ -271,7 +277,8 @@ class CropMappingTask(LightningModule):
         names = self.hparams.class_names or [str(i) for i in range(self.hparams.num_classes)]
         logs.update(class_iou_keys(names, seg["iou_per_class"].tolist(), seg["support"]))
         if not self.trainer.sanity_checking:
-            if not (self.best_miou >= miou):  # also true while best is NaN
+            finite = nonfinite_parameters(self.trainer, self)[0] == 0  # every rank: a non-finite model is no best
+            if finite and not (self.best_miou >= miou):  # also true while best is NaN
                 self.best_miou, self.best_epoch = miou, self.current_epoch
             self._miou_by_time.append((time.perf_counter() - self._fit_t0, miou))
             logs["val/mIoU_best"] = self.best_miou
@@ -435,13 +442,19 @@ class CropMappingTask(LightningModule):
 
     @override
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        self._check_architecture(checkpoint.get("hyper_parameters"))
+        self.check_architecture(checkpoint.get("hyper_parameters"))
         state = checkpoint.get("cropscale", {})
         self.best_miou = float(state.get("best_miou", float("nan")))
         self.best_epoch = int(state.get("best_epoch", -1))
 
-    def _check_architecture(self, saved: dict[str, Any] | None) -> None:
+    def check_architecture(self, saved: dict[str, Any] | None, ckpt_path: str | None = None) -> None:
         """Refuse a checkpoint whose network differs (class count, ``net_kwargs``) from this task's.
+
+        The CLI calls it before the command writes anything (:mod:`cropscale.cli.main`), Lightning's restore again.
+
+        Args:
+            saved: the checkpoint's ``hyper_parameters``.
+            ckpt_path: the checkpoint, for the message (default: the trainer's ``ckpt_path``).
 
         Raises:
             CheckpointError: naming the settings that differ, with both values (from the command line, a
@@ -450,8 +463,8 @@ class CropMappingTask(LightningModule):
         mismatch = architecture_mismatch(self.hparams, saved)
         if mismatch:
             raise CheckpointError(
-                f"--ckpt_path {self._ckpt_path() or ''} holds a network with {mismatch} (command line, --config or"
-                " the data's classes.json): a checkpoint's architecture cannot change; drop those settings or train a"
-                " new model"
+                f"--ckpt_path {ckpt_path or self._ckpt_path() or ''} holds a network with {mismatch} (command line,"
+                " --config or the data's classes.json): a checkpoint's architecture cannot change; drop those settings"
+                " or train a new model"
             )
 

@@ -21,13 +21,17 @@ one row each), ``<stem>_comparison.csv``, ``<stem>_pairs.csv`` and ``<stem>_scal
 are pairs / device series); the figures of :data:`FIGURE_FILES`.
 
 Every figure carries an evidence label (:mod:`cropscale.evidence`); a missing figure is "n/a" with
-the reason in a footnote. A run's Status is ``diverged`` when its logged training loss ended non-finite
-(:func:`cropscale.runs.rules.divergence`), ``failed`` (the error in the note) or ``incomplete`` when
-``run.json`` was not finished (status ``failed`` or ``running``); such a run's n/a cells say so and it
-forms no precision pair. A run without ``run.json`` shows its precision as ``<p> (requested)``: the
-configuration says what was requested, not what Lightning ran (``16-mixed`` runs as ``bf16-mixed`` on
-CPU). Run folders that are no training run (``validate`` / ``test`` folders) are skipped with one printed
-line. The Data warnings column counts ``run.json["data_warnings"]`` (the lines in the note).
+the reason in a footnote. A run's Status is its validity when it is no valid result (``not-trained``,
+``diverged``, ``not-validated``: :mod:`cropscale.runs.validity`, the reason in the note), ``failed`` (the error in
+the note) or ``incomplete`` when ``run.json`` was not finished (status ``failed`` or ``running``), ``unreadable``
+when its folder could not be read (a malformed ``run.json``: the reason in the note; the other runs are reported);
+such a run's n/a cells say so and it forms no precision pair and no verdict (the Verdicts section lists it with the
+reason). A damaged TensorBoard events file is said (``events file unreadable: <file>, <error>``) in the
+Verdicts section's list and in the n/a figures that needed it; the figures ``run.json`` holds do not. A run
+without ``run.json`` shows its precision as ``<p> (requested)``: the configuration says what was requested, not
+what Lightning ran (``16-mixed`` runs as ``bf16-mixed`` on CPU). Run folders that are no training run
+(``validate`` / ``test`` folders) are skipped with one printed line. The Data warnings column counts
+``run.json["data_warnings"]`` (the lines in the note).
 """
 
 from __future__ import annotations
@@ -103,8 +107,8 @@ COMPARISON_INTRO = (
     " same configuration; speed-up vs FP32 = samples/s over the FP32 run's (the FP32 base itself shows 1.00 and"
     " +0.0000); efficiency = speed-up over the same configuration on 1 device / devices. Samples/s of a run:"
     " training samples / training seconds over the measured epochs; of a benchmark: batch / median step."
-    " Status `diverged`: the logged training loss ended non-finite, so the run's other figures describe a"
-    " diverged run."
+    " A Status other than `finished` / `ok` says why the run is no valid result (the note gives the reason):"
+    " its other figures describe such a run, and it forms no pair and no verdict."
 )
 
 
@@ -143,18 +147,27 @@ def _scaling_section(records: Sequence[RunRecord], out: Path, stem: str, paths: 
     return f"{table.markdown}\n{changes}\n{amdahl.markdown}" if changes else f"{table.markdown}\n{amdahl.markdown}"
 
 
+def left_out(records: Sequence[RunRecord]) -> str:
+    """The runs that take part in no comparison, each with why, and the damaged events files, as Markdown lines."""
+    lines = [f"- {r.name}: {r.excluded}" for r in records if r.kind == "run" and r.excluded]
+    lines += [f"- {r.name}: {problem}" for r in records for problem in r.events_problems]
+    if not lines:
+        return ""
+    return "Left out of every comparison, or read in part:\n\n" + "\n".join(lines) + "\n\n"
+
+
 def _verdicts_section(records: Sequence[RunRecord], out: Path, stem: str, paths: dict[str, Path], margin: float,
                       target_fraction: float) -> str:
     found = comparisons(records, margin, target_fraction)
     paths["verdicts"] = plot_verdicts(found, out / "verdicts.png", margin)
     if not found:
-        return ("## Verdicts\n\nNo two configurations differ in precision, device count or global batch alone among"
-                " the usable runs (`make compare-cpu` trains such a set).\n")
+        return ("## Verdicts\n\n" + left_out(records) + "No two configurations differ in precision, device count or"
+                " global batch alone among the usable runs (`make compare-cpu` trains such a set).\n")
     table = render_table([verdict_row(c) for c in found], table_columns(VERDICTS),
                          intro=verdict_intro(margin, target_fraction))
     paths["verdicts_csv"] = atomic_write_text(out / f"{stem}_verdicts.csv", table.csv)
     lines = "\n".join(f"- {c.line()}" for c in found)
-    return f"## Verdicts\n\n{lines}\n\n{table.markdown}\n![verdicts.png](verdicts.png)\n"
+    return f"## Verdicts\n\n{lines}\n\n{left_out(records)}{table.markdown}\n![verdicts.png](verdicts.png)\n"
 
 
 def write_report(records: Sequence[RunRecord], out_dir: str | Path, stem: str = "report",

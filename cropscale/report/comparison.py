@@ -6,9 +6,10 @@ that matter: the mIoU change and speed-up against the FP32 run of the same confi
 device (:mod:`cropscale.report.scaling`). The FP32 base of a pair shows speed-up 1 and change 0, the
 1-device base of a device series efficiency 1 (each with a note saying so).
 
-A run's Status (:func:`status`): ``diverged`` when its logged training loss ended non-finite
-(:func:`cropscale.runs.rules.divergence`), else ``failed`` / ``incomplete`` for a ``run.json`` that
-was never finished, else ``finished``; a benchmark configuration shows its own status (``ok``, ``oom`` ...).
+A run's Status (:func:`status`): its validity when it is no valid result (``not-trained``, ``diverged``,
+``not-validated``: :mod:`cropscale.runs.validity`, the reason in the note), else ``failed`` / ``incomplete`` for a
+``run.json`` that was never finished, ``unreadable`` for a run folder that could not be read, else ``finished``; a
+benchmark configuration shows its own status (``ok``, ``oom`` ...).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from cropscale.evidence import ANALYTICAL_SCENARIO, MEASURED_RUN, derived_label
-from cropscale.report.pairs import PrecisionPair, diverged
+from cropscale.report.pairs import PrecisionPair
 from cropscale.report.scaling import DeviceSeries, efficiency_of
 from cropscale.report.tables import TableRow
 from cropscale.runs.figures import AMDAHL_DEVICES, Column
@@ -31,9 +32,6 @@ UNFINISHED = {"failed": "failed", "running": "incomplete"}
 
 def status(record: RunRecord) -> Figure:
     """The Status cell of a record (a descriptive cell: value and the note that explains it)."""
-    verdict = record.divergence
-    if verdict is not None and verdict.diverged:
-        return Figure("diverged", None, note=verdict.why)
     recorded = record.descriptive.get("status")  # set by the run reader where it judges the status itself
     if isinstance(recorded, Figure) and recorded.value is not None:
         return recorded
@@ -67,8 +65,8 @@ def _pair_figures(record: RunRecord, pairs: Sequence[PrecisionPair]) -> dict[str
                       else record.figures[figure])
                 for key, figure, same in (("speedup_vs_fp32", "samples_per_s", 1.0),
                                           ("iou_difference", "best_miou", 0.0))}
-    if diverged(record):
-        why = "diverged: forms no precision pair"
+    if record.excluded:
+        why = f"forms no precision pair ({record.excluded})"
     elif record.precision == "32-true":
         why = "no other precision of the same configuration among the inputs"
     else:

@@ -14,9 +14,11 @@ from dataclasses import dataclass, field
 from cropscale.precision import BY_CPU_FALLBACK, shown_label
 from cropscale.runs.record import RunRecord
 from cropscale.runs.rules import Figure
+from cropscale.runs.validity import INVALID
 
-FAILED = ("oom", "error", "unsupported", "skipped", "failed", "running", "not-trained")
-"""Statuses of records that take part in no pair (benchmark rows, then ``run.json`` statuses)."""
+FAILED = ("oom", "error", "unsupported", "skipped", "failed", "running", "unreadable", *INVALID)
+"""Statuses of records that take part in no pair (benchmark rows, then ``run.json`` statuses: a fit that did not
+finish, and one that is no valid result, :data:`cropscale.runs.validity.INVALID`)."""
 
 
 @dataclass
@@ -57,15 +59,10 @@ def _requested_note(base: RunRecord, other: RunRecord) -> str | None:
     return why
 
 
-def diverged(record: RunRecord) -> bool:
-    """True for a run whose logged training loss stayed non-finite (:func:`cropscale.runs.rules.divergence`)."""
-    return record.divergence is not None and record.divergence.diverged
-
-
 def _bases(records: Sequence[RunRecord]) -> dict[str, RunRecord]:
     bases: dict[str, RunRecord] = {}
     for r in records:
-        if r.precision == "32-true" and r.status in (None, "ok", "finished") and not diverged(r):
+        if r.precision == "32-true" and r.status in (None, "ok", "finished") and r.excluded is None:
             bases.setdefault(r.pair_key, r)
     return bases
 
@@ -74,14 +71,14 @@ def precision_pairs(records: Sequence[RunRecord]) -> list[PrecisionPair]:
     """Pair every record of another precision with the FP32 (``32-true``) record of the same ``pair_key``.
 
     Failed benchmark rows (``oom``, ``error``, ``unsupported``), runs that did not finish (``run.json``
-    status ``failed`` or ``running``), runs that did not train (``not-trained``) and runs that diverged are left
-    out, as base and as other.
+    status ``failed`` or ``running``), unreadable run folders and runs that are no valid result (``not-trained``,
+    ``diverged``, ``not-validated``: :attr:`RunRecord.excluded` says why) are left out, as base and as other.
     """
     pairs = []
     bases = _bases(records)
     for r in records:
         base = bases.get(r.pair_key)
-        if base is None or r is base or r.precision in (None, "32-true") or r.status in FAILED or diverged(r):
+        if base is None or r is base or r.precision in (None, "32-true") or r.status in FAILED or r.excluded:
             continue
         evidence = base.evidence if base.evidence == r.evidence else f"{base.evidence} + {r.evidence}"
         note = _requested_note(base, r)

@@ -5,9 +5,8 @@ record's, so it follows the same rule (:mod:`cropscale.runs.rules`) as the repor
 here and the same number in ``python -m cropscale report`` agree. Every figure is ``measured-run``
 (the header says so); a figure that is n/a says why.
 
-Lines: ``NOT TRAINED`` first (only when :func:`~cropscale.runs.rules.trained` says so: more than
-:data:`~cropscale.runs.rules.MAX_SKIPPED_SHARE` of the optimizer steps skipped, or no weight changed);
-the header; what ran; ``DIVERGED`` (only when :func:`~cropscale.runs.rules.divergence` says so); quality
+Lines: the run's validity first when it is no valid result (:mod:`cropscale.runs.validity`: ``NOT TRAINED``,
+``DIVERGED`` or ``NOT VALIDATED`` with the reason); the header; what ran; quality
 (best ``val/mIoU`` and its epoch); speed (training samples/s, median step); step (the decomposition in
 percent of the step); memory; energy (per training sample, or why there is none); numerics
 (non-finite batches, skipped steps); data (the data checks' warnings: count and first); limit (the run's
@@ -21,8 +20,9 @@ from cropscale.diagnosis import diagnosis_of, summary_lines
 from cropscale.evidence import MEASURED_RUN
 from cropscale.runs.figures import FIGURES
 from cropscale.runs.record import RunRecord
-from cropscale.runs.rules import NOT_TRAINED, Figure, trained
+from cropscale.runs.rules import Figure
 from cropscale.runs.schema import STEP_WINDOWS
+from cropscale.runs.validity import DIVERGED, NOT_TRAINED, NOT_VALIDATED
 
 WINDOW_NAMES = {"data_wait": "data wait", "transfer": "transfer", "forward": "forward", "backward": "backward",
                 "optimizer": "optimizer", "remainder": "remainder"}
@@ -61,51 +61,37 @@ def step_line(record: RunRecord) -> str:
     return ", ".join(parts) + f" of the median step (window medians; sum {total:.0f} %)"
 
 
-def divergence_line(record: RunRecord, stopped_at_step: int | None = None) -> str | None:
-    """``DIVERGED ...`` when the run diverged, else None."""
-    verdict = record.divergence
-    if verdict is None or not verdict.diverged:
+INVALID_LINES: dict[str, tuple[str, str]] = {
+    NOT_TRAINED: ("NOT TRAINED", "the figures below describe a model that did not learn"),
+    DIVERGED: ("DIVERGED", "the figures below describe a diverged model: lower --model.lr or check the data"),
+    NOT_VALIDATED: ("NOT VALIDATED", "the run has no quality figure"),
+}
+"""The first line's label of each invalid status, and what it means for the figures below it."""
+
+
+def validity_line(record: RunRecord) -> str | None:
+    """The summary's first line for a run that is no valid result (:attr:`RunRecord.validity`), else None."""
+    verdict = record.validity
+    if verdict is None or verdict.valid:
         return None
-    stop = (f"; DivergenceCallback stopped the run at step {stopped_at_step}" if stopped_at_step is not None
-            else "; nothing stopped the run")
-    return (f"DIVERGED    {verdict.why}{stop}. The figures below describe a diverged run: lower --model.lr"
-            " or check the data")
+    label, meaning = INVALID_LINES.get(verdict.status or "", (str(verdict.status).upper(), "no valid result"))
+    return (f"{label}  {verdict.reason}: {meaning} (run.json status {verdict.status!r}; it forms no pair or verdict"
+            " in the report)")
 
 
-def not_trained_reason(record: RunRecord) -> str | None:
-    """Why the run did not train (:func:`~cropscale.runs.rules.trained`), or None when it trained or cannot tell."""
-    if record.run_json is None:
-        return None
-    verdict = trained(record.run_json.summary, record.run_json.global_step)
-    return verdict.why if verdict.trained is False else None
-
-
-def not_trained_line(record: RunRecord) -> str | None:
-    """``NOT TRAINED ...`` when :func:`~cropscale.runs.rules.trained` says the run did not train, else None."""
-    why = not_trained_reason(record)
-    if why is None:
-        return None
-    return (f"NOT TRAINED  {why}: the figures below describe a model that did not learn (run.json status"
-            f" {NOT_TRAINED!r}; it forms no pair in the report)")
-
-
-def fit_summary(record: RunRecord, report_command: str, stopped_at_step: int | None = None) -> str:
+def fit_summary(record: RunRecord, report_command: str) -> str:
     """The end-of-fit summary of ``record`` as text (a dozen lines, no trailing newline).
 
     Args:
         record: the run, read by :func:`~cropscale.runs.record.load_run`.
         report_command: the command that turns the run folder into a report.
-        stopped_at_step: the step at which a :class:`~cropscale.callbacks.DivergenceCallback` stopped the run.
     """
     f = record.figures
     head = f"cropscale fit summary [{MEASURED_RUN}: every figure recorded by this run; {_warmup(record)}]"
     lines = [head, "-" * len(head), f"ran         {_what_ran(record)}"]
-    untrained = not_trained_line(record)
-    if untrained:
-        lines.insert(0, untrained)
-    diverged = divergence_line(record, stopped_at_step)
-    if diverged:
-        lines.append(diverged)
+    invalid = validity_line(record)
+    if invalid:
+        lines.insert(0, invalid)
     best = f["best_miou"]
     quality = _num(f, "best_miou")
     if best.value is not None:
@@ -167,9 +153,12 @@ def _first_nonfinite(record: RunRecord) -> str:
 
 
 def _loss_end(record: RunRecord) -> str:
-    verdict = record.divergence
-    if verdict is None or verdict.diverged is None:
+    """What the logged training loss (TensorBoard ``train/loss_step``) shows at its end."""
+    logged = record.divergence
+    if logged is None or logged.diverged is None:
         return "training loss not logged"
-    if verdict.diverged:
-        return "the training loss ended non-finite"
-    return "the last logged training loss is finite"
+    if logged.trailing == 0:
+        return "the last logged training loss is finite"
+    if logged.trailing == 1:
+        return f"the last logged training loss is non-finite (step {logged.since_step})"
+    return f"the last {logged.trailing} logged training losses are non-finite (from step {logged.since_step})"

@@ -33,10 +33,9 @@ BATCH_KEYS = ("data.batch_size", "trainer.accumulate_grad_batches", "model.lr")
 
 
 def usable(record: RunRecord) -> bool:
-    """A finished training run that neither diverged nor failed (nor, once recorded, did not train)."""
-    diverged = record.divergence is not None and record.divergence.diverged
+    """A finished training run that is a valid result (``excluded`` is None: :mod:`cropscale.runs.validity`)."""
     return (record.kind == "run" and record.config is not None and record.status not in FAILED
-            and record.status in (None, "finished") and not diverged)
+            and record.status in (None, "finished") and record.excluded is None)
 
 
 def _key(record: RunRecord, drop: tuple[str, ...], extra: dict | None = None) -> str:

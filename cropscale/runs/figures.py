@@ -209,6 +209,7 @@ _THROUGHPUT = "summary.throughput.epochs[]"
 _ENERGY = "summary.energy.epochs[]"
 _RANKS = "summary.step_timing.epochs[].step_ms_per_rank.per_rank"
 _QUIET = {"qualifiers": False}
+_QUALITY = "run.json:summary.quality, else tensorboard:val/mIoU"
 
 
 def _descriptive(key: str, header: str, fmt: str = "", source: str = "",
@@ -217,12 +218,13 @@ def _descriptive(key: str, header: str, fmt: str = "", source: str = "",
 
 
 def _quality(which: str) -> Producer:
-    return lambda i: getattr(i.once(rules.quality, i.scalars), which)
+    return lambda i: getattr(i.once(rules.quality, i.summary, i.scalars, i.events_problem), which)
 
 
 def _final_train_loss(i: RunInputs) -> Figure:
     losses = i.scalars.get("train/loss_epoch", [])
-    return Figure(losses[-1][1]) if losses else Figure(None, why="no train/loss_epoch in the TensorBoard events")
+    return Figure(losses[-1][1]) if losses else Figure(
+        None, why=i.events_problem or "no train/loss_epoch in the TensorBoard events")
 
 
 def _epoch_time(field: str) -> Producer:
@@ -272,16 +274,16 @@ FIGURES: dict[str, FigureSpec] = _specs(
                  tables=(STUDY, SWEEP, Place(VERDICTS, "Seeds base / other"))),
     _descriptive("runs", "Runs", "d", source="the runs of a device count", tables=(SCALING,)),
     # ---------------------------------------------------------------- quality
-    FigureSpec("best_miou", "Best val/mIoU", fmt=".4f", source="tensorboard:val/mIoU", rule="rules.quality",
+    FigureSpec("best_miou", "Best val/mIoU", fmt=".4f", source=_QUALITY, rule="rules.quality",
                tables=(RUNS, Place(COMPARISON, **_QUIET), QUALITY, Place(PAIRS, "best mIoU", paired=True), STUDY,
                        SWEEP),
                over_seeds=MEAN_SD, producer=_quality("best")),
     FigureSpec("best_miou_delta", "vs baseline", fmt="+.4f", source="derived: best_miou minus the baseline's",
                rule="study.outputs.sweep_table_row", tables=(SWEEP,)),
     _descriptive("holds", "Holds", source="best_miou_delta >= -tolerance", tables=(SWEEP,)),
-    FigureSpec("best_epoch", "Best epoch", fmt="d", source="tensorboard:val/mIoU", rule="rules.quality",
+    FigureSpec("best_epoch", "Best epoch", fmt="d", source=_QUALITY, rule="rules.quality",
                tables=(RUNS, QUALITY), producer=_quality("best_epoch")),
-    FigureSpec("final_miou", "Final val/mIoU", fmt=".4f", source="tensorboard:val/mIoU", rule="rules.quality",
+    FigureSpec("final_miou", "Final val/mIoU", fmt=".4f", source=_QUALITY, rule="rules.quality",
                tables=(RUNS, QUALITY, STUDY), over_seeds=MEAN_SD, producer=_quality("final")),
     FigureSpec("final_train_loss", "Final train loss", fmt=".4f", source="tensorboard:train/loss_epoch",
                rule="the last epoch's", tables=(RUNS, QUALITY), producer=_final_train_loss),

@@ -28,17 +28,20 @@ from cropscale.errors import CropScaleError
 from cropscale.evidence import MEASURED_MICROBENCHMARK, MEASURED_RUN
 from cropscale.precision import BY_CONFIGURATION, NOT_RECORDED, PrecisionDecision, normalise
 from cropscale.precision import label as precision_label_of
-from cropscale.runs import describe, rules
+from cropscale.runs import describe, rules, validity
 from cropscale.runs.figures import produced
 from cropscale.runs.rules import Figure
-from cropscale.runs.schema import BENCHMARK_SCHEMA, RUN_SCHEMA, STEP_WINDOWS, RunJson, RunSummary
-from cropscale.runs.tensorboard import Scalars, events_files, load_scalars
+from cropscale.runs.schema import BENCHMARK_SCHEMA, RUN_SCHEMA, STEP_WINDOWS, RunJson, RunSummary, ValidityRecord
+from cropscale.runs.tensorboard import Scalars, events_files, read_scalars
 
 TRAINING_SCALAR_PREFIX = "train/"
 """TensorBoard tags of a training run (``train/loss_step``, ...): ``validate`` and ``test`` log none."""
 NO_RUN_JSON = "no run.json in the run folder (fit without the scaling callbacks)"
 UNFINISHED: dict[str, str] = {"failed": "failed", "running": "incomplete"}
 """``run.json`` statuses of a fit that did not finish -> the word the report shows."""
+UNREADABLE = "unreadable"
+"""Status of a run folder whose ``run.json`` (or another file the reader needs) cannot be read
+(:func:`unreadable_run`): listed with the reason, it forms no comparison."""
 PAIR_IGNORED_PREFIXES = (
     "trainer.precision", "trainer.plugins", "model.allow_tf32", "trainer.logger", "trainer.default_root_dir",
     "trainer.enable_progress_bar", "trainer.enable_model_summary", "ckpt_path", "config",
@@ -73,7 +76,11 @@ class RunRecord:
         training_run, skip_reason: False and why for a folder that holds no training run.
         data_warnings: ``run.json["data_warnings"]``: what the data checks found (``[]`` without ``run.json``).
         divergence: the verdict of :func:`~cropscale.runs.rules.divergence` on TensorBoard ``train/loss_step``
-            (None for a benchmark configuration).
+            (None for a benchmark configuration): what the logged loss says, for the summary's numerics line.
+        validity: the run's validity (:func:`cropscale.runs.validity.of_run`): ``run.json``'s verdict, else the
+            rule applied to what it recorded; None for a fit that did not finish, a benchmark, or a folder without
+            ``run.json`` whose logged loss did not diverge. An invalid run's ``status`` is its validity status.
+        events_problems: ``events file unreadable: <file>, <error>`` per damaged TensorBoard events file.
         run_json, config: the parsed ``run.json`` and configuration.
     """
 
@@ -101,6 +108,8 @@ class RunRecord:
     skip_reason: str | None = None
     data_warnings: list[str] = field(default_factory=list)
     divergence: rules.Divergence | None = None
+    validity: ValidityRecord | None = None
+    events_problems: list[str] = field(default_factory=list)
     run_json: RunJson | None = field(default=None, repr=False)
     config: dict[str, Any] | None = field(default=None, repr=False)
     scalar_tags: list[str] = field(default_factory=list, repr=False)
@@ -116,8 +125,17 @@ class RunRecord:
         return self.precision_decision.value
 
     @property
+    def excluded(self) -> str | None:
+        """Why this record takes part in no comparison (:func:`cropscale.runs.validity.excluded`), else None."""
+        if self.status == UNREADABLE:
+            return f"{UNREADABLE}: {self.skip_reason}"
+        return validity.excluded(self.status, self.validity)
+
+    @property
     def precision_label(self) -> str:
-        """``AMP FP16`` ..., with `` (requested)`` when no ``run.json`` confirms the precision."""
+        """``AMP FP16`` ..., with `` (requested)`` when no ``run.json`` confirms the precision; ``n/a`` when unknown."""
+        if self.precision is None:
+            return "n/a"
         return self.precision_decision.label
 
 
@@ -151,7 +169,10 @@ def read_run_json(folder: str | Path) -> RunJson | None:
     data = read_json(path)
     if data.get("schema") not in (None, RUN_SCHEMA):
         raise CropScaleError(f"{path} has schema {data.get('schema')!r}, expected {RUN_SCHEMA!r}")
-    return RunJson.from_json(data)
+    try:
+        return RunJson.from_json(data)
+    except CropScaleError as err:
+        raise CropScaleError(f"{path} does not follow {RUN_SCHEMA}: {err}") from None
 
 
 def is_run_folder(folder: Path) -> bool:
@@ -249,9 +270,10 @@ def _global_batch(scalars: Scalars, config: dict[str, Any] | None, devices: int 
 
 
 
-def _figures(summary: RunSummary, scalars: Scalars, warmup: int, no_json: str | None) -> dict[str, Figure]:
+def _figures(summary: RunSummary, scalars: Scalars, warmup: int, no_json: str | None,
+             events_problem: str | None = None) -> dict[str, Figure]:
     """Every figure of one run: each registered figure's producer (:data:`cropscale.runs.figures.FIGURES`)."""
-    inputs = rules.RunInputs(summary, scalars, warmup, no_json)
+    inputs = rules.RunInputs(summary, scalars, warmup, no_json, events_problem)
     return {key: spec.producer(inputs) for key, spec in produced().items()}
 
 
@@ -278,8 +300,14 @@ def _training(run_json: RunJson | None, scalars: Scalars) -> tuple[bool, str | N
                    f" (status {run_json.status!r})")
 
 
-def _status_cell(run_json: RunJson | None) -> Figure:
-    """``finished``, ``failed`` (the error as the note), ``incomplete`` (status ``running``) or ``not recorded``."""
+def _status_cell(run_json: RunJson | None, verdict: ValidityRecord | None) -> Figure:
+    """The Status cell: ``finished``, an invalid status, ``failed``, ``incomplete`` or ``not recorded``.
+
+    An invalid status (:mod:`cropscale.runs.validity`) has its reason as the note, ``failed`` the error;
+    ``incomplete`` is status ``running``.
+    """
+    if verdict is not None and not verdict.valid:
+        return Figure(verdict.status, None, note=verdict.reason)
     if run_json is None:
         return Figure("not recorded", None, note=NO_RUN_JSON)
     status = run_json.status
@@ -330,7 +358,7 @@ def load_run(path: str | Path, warmup_epochs: int | None = None) -> RunRecord:
     if not folder.is_dir() or not is_run_folder(folder):
         raise CropScaleError(f"{folder} is not a run folder (no run.json, no TensorBoard event file)")
     run_json = read_run_json(folder)
-    scalars = load_scalars(folder)
+    scalars, problems = read_scalars(folder)
     config = _load_config(folder, run_json)
     summary = run_json.summary if run_json is not None else RunSummary()
     no_json = NO_RUN_JSON if run_json is None else None
@@ -349,25 +377,44 @@ def load_run(path: str | Path, warmup_epochs: int | None = None) -> RunRecord:
     if batch.value is None:
         descriptive["global_batch"] = Figure(None, None, batch.note)
     descriptive["data_warning_count"] = _data_warning_cell(run_json)
-    descriptive["status"] = _status_cell(run_json)
-    figures = _figures(summary, scalars, warmup, no_json)
+    logged_loss = rules.divergence(_loss_series(scalars))
+    verdict = validity.of_run(run_json, logged_loss)
+    descriptive["status"] = _status_cell(run_json, verdict)
+    figures = _figures(summary, scalars, warmup, no_json, "; ".join(problems) or None)
     _mark_unfinished(figures, run_json.status if run_json is not None else None)
+    status = run_json.status if run_json is not None else None
+    if verdict is not None and not verdict.valid:
+        status = verdict.status
     windows, source = rules.step_windows(summary, STEP_WINDOWS, warmup, scalars)
     training, skip_reason = _training(run_json, scalars)
     return RunRecord(
         name=_run_name(folder), kind="run", path=str(folder), evidence=MEASURED_RUN,
-        status=run_json.status if run_json is not None else None,
+        status=status,
         precision_decision=prec,
         strategy=strategy.value, devices=devices.value, global_batch=batch.value, descriptive=descriptive,
-        figures=figures, iou_by_epoch=rules.quality(scalars).by_epoch, step_windows_ms=windows,
+        figures=figures, iou_by_epoch=rules.quality(summary, scalars).by_epoch, step_windows_ms=windows,
         step_windows_source=source, step_shares=rules.step_shares(summary, STEP_WINDOWS, warmup),
         host_windows_ms=rules.host_windows(summary, warmup),
         epoch_seconds=rules.epoch_seconds(summary, warmup),
         updates_per_epoch=rules.updates_per_epoch(run_json), warmup_epochs=warmup,
         pair_key=pair_key(config, {"strategy": strategy.value, "devices": devices.value, "global_batch": batch.value}),
-        training_run=training, skip_reason=skip_reason, divergence=rules.divergence(_loss_series(scalars)),
-        run_json=run_json, config=config, scalar_tags=sorted(scalars),
+        training_run=training, skip_reason=skip_reason, divergence=logged_loss, validity=verdict,
+        events_problems=problems, run_json=run_json, config=config, scalar_tags=sorted(scalars),
         data_warnings=list(run_json.data_warnings or []) if run_json is not None else [],
+    )
+
+
+def unreadable_run(folder: str | Path, reason: str) -> RunRecord:
+    """The record of a run folder that cannot be read: status :data:`UNREADABLE`, every figure n/a with ``reason``.
+
+    It is listed in the report (its Status cell names the reason) and forms no comparison.
+    """
+    why = f"run folder unreadable: {reason}"
+    return RunRecord(
+        name=_run_name(Path(folder)), kind="run", path=str(folder), evidence=MEASURED_RUN, status=UNREADABLE,
+        descriptive={"status": Figure(UNREADABLE, None, note=reason)},
+        figures={key: Figure(None, why=why) for key in produced()}, pair_key=f"unreadable:{Path(folder).resolve()}",
+        skip_reason=reason,
     )
 
 
@@ -443,7 +490,9 @@ def load_inputs(paths: Iterable[str | Path], on_skip: Callable[[str], None] | No
                 warmup_epochs: int | None = None) -> list[RunRecord]:
     """Records of every input: benchmark JSON files and training-run folders (found with :func:`find_runs`).
 
-    A run folder that is no training run is skipped, with one line ``skipped RUN: <reason>`` passed
+    A run folder that cannot be read (a malformed ``run.json`` or ``config.yaml``) is listed as an
+    :func:`unreadable_run` with the reason, and the others are read as usual. A run folder that is no training
+    run is skipped, with one line ``skipped RUN: <reason>`` passed
     to ``on_skip`` (default ``print``; None: silent); a folder named explicitly gets the longer reason.
 
     Raises:
@@ -458,7 +507,11 @@ def load_inputs(paths: Iterable[str | Path], on_skip: Callable[[str], None] | No
             continue
         named = path.parent if path.is_file() else path
         for folder in find_runs(path):
-            record = load_run(folder, warmup_epochs)
+            try:
+                record = load_run(folder, warmup_epochs)
+            except CropScaleError as err:  # one broken run folder: listed with its reason, the rest reported
+                records.append(unreadable_run(folder, str(err)))
+                continue
             if record.training_run:
                 records.append(record)
                 continue

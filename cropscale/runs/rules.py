@@ -30,8 +30,11 @@ energy (J), J/sample       NVML energy summed over measured epochs (validation i
 peak memory (GiB)          peak allocated GPU memory over the run, else the host's peak RSS
 non-finite, skipped        non-finite batches summed over ranks; steps skipped by the policy plus
                            GradScaler skips
-best / final macro IoU     maximum / last value of TensorBoard ``val/mIoU``; the best epoch is the
-                           first that reached the maximum
+best / final macro IoU     ``run.json`` ``summary.quality`` (QualityCallback: every validation of the
+                           fit, resumed runs included): the maximum over the validations whose weights
+                           were finite / the last value; the best epoch is the first that reached the
+                           maximum (:func:`best_and_final`). Without that record, the same of
+                           TensorBoard ``val/mIoU``
 diverged                   the last :data:`DIVERGENCE_WINDOW` logged training losses (TensorBoard
                            ``train/loss_step``) are all non-finite (:func:`divergence`)
 optimizer updates/epoch    ``global_step / trainer.max_epochs``
@@ -52,7 +55,15 @@ from typing import Any, NamedTuple, Protocol
 from cropscale.errors import CropScaleError
 from cropscale.evidence import MEASURED_RUN
 from cropscale.numbers import median
-from cropscale.runs.schema import STEP_WINDOWS, RunJson, RunSummary, StepTimingEpoch, ThroughputEpoch
+from cropscale.runs.schema import (
+    STEP_WINDOWS,
+    QualityEpoch,
+    QualitySummary,
+    RunJson,
+    RunSummary,
+    StepTimingEpoch,
+    ThroughputEpoch,
+)
 from cropscale.runs.tensorboard import Scalars, epoch_series
 
 
@@ -86,13 +97,15 @@ class RunInputs:
     Attributes:
         summary: ``run.json`` ``summary`` (empty without ``run.json``); scalars: the TensorBoard scalars by tag;
         warmup: the epochs left out (:func:`measured`); no_json: the reason every ``run.json`` figure is n/a
-        when the folder has no ``run.json``, else None.
+        when the folder has no ``run.json``, else None; events_problem: ``events file unreadable: <file>, <error>``
+        for a damaged TensorBoard events file, else None.
     """
 
     summary: RunSummary
     scalars: Scalars
     warmup: int
     no_json: str | None = None
+    events_problem: str | None = None
     _results: dict[Callable[..., Any], Any] = field(default_factory=dict, compare=False, repr=False)
 
     def once(self, rule: Callable[..., Any], *args: Any) -> Any:
@@ -360,20 +373,61 @@ class Quality:
     by_epoch: list[tuple[int, float]]
 
 
-def quality(scalars: Scalars) -> Quality:
-    """Best, best epoch and final ``val/mIoU`` (TensorBoard), and the running best by epoch."""
-    series = epoch_series(scalars, "val/mIoU")
-    if not series:
-        why = "no val/mIoU in the TensorBoard events (validation did not run)"
-        return Quality(Figure(None, why=why), Figure(None, why=why), Figure(None, why=why), [])
-    best = max(v for _, v in series)
-    best_epoch = min(ep for ep, v in series if v == best)
+def best_and_final(epochs: Sequence[QualityEpoch], mode: str = "max") -> tuple[float | None, int | None,
+                                                                                 float | None, int | None]:
+    """``(best, best_epoch, final, final_epoch)`` of a fit's validations, in the order they ran.
+
+    The best is the maximum (``mode="min"``: minimum) of the finite values of the validations whose weights were
+    not non-finite (a diverged model's score is no best), its epoch the first that reached it; the final is the
+    last validation's value (None when it was not finite) and epoch.
+    """
+    pick = max if mode == "max" else min
+    eligible = [e for e in epochs if e.value is not None and math.isfinite(e.value) and e.weights_finite is not False]
+    best = pick(e.value for e in eligible) if eligible else None
+    best_epoch = min(e.epoch for e in eligible if e.value == best) if eligible else None
+    last = epochs[-1] if epochs else None
+    final = last.value if last is not None and last.value is not None and math.isfinite(last.value) else None
+    return best, best_epoch, final, (last.epoch if last is not None else None)
+
+
+def _running_best(series: Sequence[tuple[int, float]]) -> list[tuple[int, float]]:
     running, by_epoch = -math.inf, []
     for epoch, value in sorted(series):
         running = max(running, value)
         by_epoch.append((epoch, running))
+    return by_epoch
+
+
+def _recorded_quality(record: QualitySummary) -> Quality:
+    """:class:`Quality` from ``run.json`` ``summary.quality`` (written by QualityCallback)."""
+    if not record.epochs:
+        why = ("validation not configured (run.json summary.quality)" if record.validation_configured is False
+               else f"no validation ran (run.json summary.quality: {record.validations} validations)")
+        return Quality(Figure(None, why=why), Figure(None, why=why), Figure(None, why=why), [])
+    nonfinite = "every validation ran on non-finite weights (run.json summary.quality)"
+    series = [(e.epoch, e.value) for e in record.epochs
+              if e.value is not None and math.isfinite(e.value) and e.weights_finite is not False]
+    return Quality(Figure(record.best, why=nonfinite), Figure(record.best_epoch, why=nonfinite),
+                   Figure(record.final, why="the last validation's value is not finite"), _running_best(series))
+
+
+def quality(summary: RunSummary, scalars: Scalars, events_problem: str | None = None) -> Quality:
+    """Best, best epoch and final macro IoU, and the running best by epoch.
+
+    From ``run.json`` ``summary.quality`` where the run recorded it (a damaged or missing events file then costs
+    nothing but the charts); else from TensorBoard ``val/mIoU``, whose absence is said: ``events_problem`` (the
+    events file that could not be read), else "validation did not run".
+    """
+    if summary.quality is not None:
+        return _recorded_quality(summary.quality)
+    series = epoch_series(scalars, "val/mIoU")
+    if not series:
+        why = events_problem or "no val/mIoU in the TensorBoard events (validation did not run)"
+        return Quality(Figure(None, why=why), Figure(None, why=why), Figure(None, why=why), [])
+    best = max(v for _, v in series)
+    best_epoch = min(ep for ep, v in series if v == best)
     final = scalars["val/mIoU"][-1][1]  # by wall time
-    return Quality(Figure(best), Figure(int(best_epoch)), Figure(final), by_epoch)
+    return Quality(Figure(best), Figure(int(best_epoch)), Figure(final), _running_best(series))
 
 
 def updates_per_epoch(run_json: RunJson | None) -> float | None:

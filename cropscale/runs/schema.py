@@ -67,7 +67,11 @@ def jsonable(value: Any) -> Any:
 
 
 def _convert(hint: Any, value: Any) -> Any:
-    """``value`` (parsed JSON) as the type ``hint``: records, ``list[...]``, ``dict[str, ...]``, unions."""
+    """``value`` (parsed JSON) as the type ``hint``: records, ``list[...]``, ``dict[str, ...]``, unions.
+
+    Raises:
+        CropScaleError: a record expected and something else found (a malformed file).
+    """
     if value is None:
         return None
     origin = typing.get_origin(hint)
@@ -77,7 +81,9 @@ def _convert(hint: Any, value: Any) -> Any:
                 return _convert(arg, value)
         return value
     if isinstance(hint, type) and issubclass(hint, Record | PrecisionDecision):
-        return hint.from_json(value) if isinstance(value, Mapping) else value
+        if not isinstance(value, Mapping):
+            raise CropScaleError(f"{hint.__name__}: expected a JSON object, got {type(value).__name__}")
+        return hint.from_json(value)
     if origin is list and isinstance(value, list):
         (arg,) = typing.get_args(hint) or (Any,)
         return [_convert(arg, v) for v in value]
@@ -120,7 +126,13 @@ class Record:
             raise CropScaleError(f"{cls.__name__}: expected a JSON object, got {type(data).__name__}")
         hints = typing.get_type_hints(cls)
         names = {f.name for f in dataclasses.fields(cls) if f.name != "other"}
-        kwargs = {k: _convert(hints[k], v) for k, v in data.items() if k in names}
+        kwargs = {}
+        for k, v in data.items():
+            if k in names:
+                try:
+                    kwargs[k] = _convert(hints[k], v)
+                except CropScaleError as err:
+                    raise CropScaleError(f"{k}: {err}") from None
         record = cls(**kwargs)
         record.other = {k: v for k, v in data.items() if k not in names}
         return record
@@ -471,6 +483,82 @@ class TrainedSummary(Record):
     parameters_changed: int | None = None
     parameters: int | None = None
     optimizer_steps: int | None = None
+    weights_finite: bool | None = optional()
+    """Every parameter tensor finite at the end of the training loop on every rank (None: not checked)."""
+    nonfinite_parameters: int | None = optional()
+    """Parameter tensors holding a NaN or inf at the end of the training loop, summed over ranks."""
+
+
+# ------------------------------------------------------------------------------------------ quality
+@dataclass
+class QualityEpoch(Record):
+    """One validation inside ``fit`` (:class:`~cropscale.callbacks.QualityCallback`).
+
+    ``value`` is the monitored metric (``None`` when not logged or non-finite); ``weights_finite`` whether every
+    parameter was finite on every rank when it ran (a non-finite model's score is never a best).
+    """
+
+    epoch: int = 0
+    global_step: int = 0
+    value: float | None = None
+    weights_finite: bool | None = None
+
+
+@dataclass
+class QualitySummary(Record):
+    """``summary.quality``: every validation of the fit (resumed runs included) and the best and final value.
+
+    ``validation_configured`` is Lightning's ``trainer.enable_validation`` (a validation loader, a
+    ``validation_step`` and ``limit_val_batches > 0``); ``validations`` the validation runs of the whole fit
+    (sanity checks not counted). ``best`` is the best (``mode``) ``value`` among the validations whose weights were
+    finite, ``best_epoch`` the first epoch that reached it; ``final`` the value of the last validation.
+    """
+
+    evidence: str = MEASURED_RUN
+    monitor: str = "val/mIoU"
+    mode: str = "max"
+    validation_configured: bool | None = None
+    validations: int = 0
+    best: float | None = None
+    best_epoch: int | None = None
+    final: float | None = None
+    final_epoch: int | None = None
+    epochs: list[QualityEpoch] = field(default_factory=list)
+
+
+# --------------------------------------------------------------------------------------- divergence
+@dataclass
+class DivergenceSummary(Record):
+    """``summary.divergence``: the training loss at every optimizer step (``DivergenceCallback``).
+
+    ``trailing_nonfinite_steps`` optimizer steps at the end of the run had a non-finite loss on some rank (on any
+    of their micro-batches), the first of them ``since_step`` (0-based step index); ``diverged`` when they are at
+    least ``min(window, steps)``; ``stopped_at_step`` the global step at which the callback stopped the run.
+    """
+
+    evidence: str = MEASURED_RUN
+    window: int = 0
+    steps: int = 0
+    trailing_nonfinite_steps: int = 0
+    since_step: int | None = None
+    last_finite_step: int | None = None
+    diverged: bool | None = None
+    why: str | None = None
+    stopped_at_step: int | None = None
+
+
+# ---------------------------------------------------------------------------------------- validity
+@dataclass
+class ValidityRecord(Record):
+    """``run.json["validity"]``: the verdict of :func:`cropscale.runs.validity.validity` on a finished fit.
+
+    ``status`` is ``finished`` (a valid run) or ``not-trained``, ``diverged``, ``not-validated``; ``reason`` one
+    sentence with the counts the verdict rests on.
+    """
+
+    valid: bool = False
+    status: str | None = None
+    reason: str | None = None
 
 
 # ------------------------------------------------------------------------------------- hang watch
@@ -607,6 +695,8 @@ class RunSummary(Record):
     memory: MemorySummary | None = optional()
     trained: TrainedSummary | None = optional()
     checkpoint: CheckpointSummary | None = optional()
+    quality: QualitySummary | None = optional()
+    divergence: DivergenceSummary | None = optional()
 
 
 SUMMARY_TYPES: dict[str, type[Record]] = {
@@ -729,3 +819,4 @@ class RunJson(Record):
     error: dict[str, Any] | None = optional()
     hang_watch: HangWatchRecord | None = optional()
     diagnosis: Diagnosis | None = optional()
+    validity: ValidityRecord | None = optional()

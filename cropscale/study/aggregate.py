@@ -130,8 +130,11 @@ def measured_row(config: Configuration, runs: Sequence[RunRecord], train_samples
     """Aggregate the seeds of one measured configuration into a table row.
 
     ``train_epoch_cv`` is the coefficient of variation of all measured training-epoch times (seeds x
-    epochs): the dispersion. ``extra_notes`` (e.g. a batch mismatch found in the logs) are added.
+    epochs): the dispersion. ``extra_notes`` (e.g. a batch mismatch found in the logs) are added. A run that is no
+    valid result (:mod:`cropscale.runs.validity`) or did not finish is left out, a note saying which and why.
     """
+    left_out = [f"left out {r.path}: {r.excluded}" for r in runs if r.excluded]
+    runs = [r for r in runs if not r.excluded]
     row = base_row(config, MEASURED_RUN)
     row.seeds = len(runs)
     _seed_figures(row, runs)
@@ -154,7 +157,7 @@ def measured_row(config: Configuration, runs: Sequence[RunRecord], train_samples
     if row["samples_per_s"] is None and train_samples and row["train_epoch_s"]:
         row["samples_per_s"] = train_samples / row["train_epoch_s"]
         row.notes.append("samples/s = training samples per epoch / median training-epoch time")
-    row.notes.extend(n for n in extra_notes if n not in row.notes)
+    row.notes.extend(n for n in [*left_out, *extra_notes] if n not in row.notes)
     for r in runs:
         notes, why = run_notes(r)
         row.notes.extend(n for n in notes if n not in row.notes)
@@ -198,7 +201,7 @@ def add_speedup_intervals(rows: Sequence[StudyRow], records: dict[str, Sequence[
     ones = {(r.protocol, r.precision): r for r in rows
             if r.evidence == MEASURED_RUN and r.world_size == 1 and r.protocol in P.PROTOCOLS}
     for r in rows:
-        runs = records.get(r.config_key) or ()
+        runs = [run for run in records.get(r.config_key) or () if not run.excluded]
         times = [t for run in runs for t in run.epoch_seconds.get("train_s", [])]
         if r.evidence == MEASURED_RUN and len(times) > 1:
             r.train_epoch_s_low, r.train_epoch_s_high = mean_interval(times)

@@ -9,6 +9,8 @@ run under test is the real CLI, data and model:
   in the middle of its ``n``-th checkpoint write (the temporary file half written).
 - :class:`FullDiskCheckpointIO`: the same, but the ``n``-th write fails with ``ENOSPC`` (or another
   ``errno``) after part of the bytes, as a full disk does.
+- :class:`NonFiniteWeightsAt`: after optimizer step ``step`` on one rank, write NaN (or inf) into one parameter
+  there: that rank's weights alone go non-finite, as after a bad update, a bit flip or a rank-local bug.
 - :class:`HangAt`: at one training batch of one rank, hang for ever in its own code or in a collective that the
   other ranks never enter (for :class:`cropscale.hangs.HangWatch`).
 
@@ -201,6 +203,46 @@ class HangAt(Callback):
             dist.all_reduce(torch.zeros(1), group=self._group)  # returns only at the group's timeout
         while True:
             time.sleep(3600)
+
+
+class NonFiniteWeightsAt(Callback):
+    """After the optimizer step that makes ``global_step == step``, write ``value`` into a parameter on ``rank``.
+
+    Only that rank's copy changes (under DDP the ranks' weights then differ); the next forward there is
+    non-finite, and DDP's gradient average carries it to every rank at the next step. Example (``--config``)::
+
+        trainer:
+          callbacks+:
+            - class_path: cropscale.testing.faults.NonFiniteWeightsAt
+              init_args: {step: 4, rank: 1}
+
+    Args:
+        step: the global step after which the value is written (1 = after the first optimizer step).
+        rank: the global rank whose weights are written.
+        parameter: the parameter's name (``named_parameters``); None: the first parameter.
+        value: ``"nan"`` or ``"inf"``.
+    """
+
+    def __init__(self, step: int = 1, rank: int = 0, parameter: str | None = None,
+                 value: Literal["nan", "inf"] = "nan") -> None:
+        super().__init__()
+        self.step, self.rank, self.parameter, self.value = int(step), int(rank), parameter, float(value)
+        self.written_at: int | None = None
+
+    @override
+    def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
+        if self.written_at is not None or trainer.global_step != self.step or trainer.global_rank != self.rank:
+            return
+        named = dict(pl_module.named_parameters())
+        name = self.parameter or next(iter(named))
+        with torch.no_grad():
+            named[name].view(-1)[0] = self.value
+        self.written_at = trainer.global_step
+        print(f"NonFiniteWeightsAt: {self.value} written into {name} on rank {self.rank} after step {self.step}",
+              file=sys.stderr, flush=True)
+
+
 # ------------------------------------------------------------------------------ slow-downs for the diagnosis
 def _seconds(name: str, seconds: float) -> float:
     """``seconds`` as a float >= 0.

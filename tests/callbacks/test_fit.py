@@ -38,10 +38,10 @@ RUN_JSON_FIELDS = {
     "schema", "evidence", "status", "started_utc", "finished_utc", "run_dir", "command", "git", "dataset",
     "config", "config_source", "host", "versions", "devices", "topology", "distributed", "precision",
     "float32_matmul_precision", "seeds", "trainer", "callbacks", "extra", "data_warnings", "summary", "global_step",
-    "epochs_completed", "precision_decision", "diagnosis",
+    "epochs_completed", "precision_decision", "diagnosis", "validity",
 }
 SUMMARY_KEYS = {"step_timing", "throughput", "loss_scale", "nonfinite", "grad_norm", "energy", "memory", "trained",
-                "checkpoint"}
+                "checkpoint", "quality", "divergence"}
 
 pytestmark = [
     pytest.mark.filterwarnings("ignore:.*LeafSpec"),  # Lightning 2.6 on torch 2.13

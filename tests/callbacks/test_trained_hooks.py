@@ -30,21 +30,23 @@ class Module(torch.nn.Module):
 
 class SumOverRanks:
     """``reduce(t, reduce_op="sum")``: this rank's count (``mine`` for a meta tensor, which holds no value) plus
-    the other ranks' ``others``; records the tensor's device, dtype and the operation."""
+    the other ranks' counts: ``others`` (changed tensors) at the first call, ``others_nonfinite`` (non-finite
+    tensors) at the second; records the tensor's device, dtype and the operation."""
 
-    def __init__(self, others, mine=None):
-        self.others, self.mine, self.seen = others, mine, []
+    def __init__(self, others, mine=None, others_nonfinite=()):
+        self.calls, self.mine, self.seen = [others, list(others_nonfinite) or [0] * len(others)], mine, []
 
     def reduce(self, t, reduce_op=None):
         self.seen.append((t.device.type, t.dtype, reduce_op))
         if reduce_op != "sum":
             raise AssertionError(f"reduce_op={reduce_op!r}")
         mine = self.mine if t.device.type == "meta" else t.item()
-        return torch.tensor(float(mine) + sum(self.others))
+        return torch.tensor(float(mine) + sum(self.calls[len(self.seen) - 1]))
 
 
-def _trainer(world_size=1, others=(), step=0, mine=None):
-    return SimpleNamespace(world_size=world_size, global_step=step, strategy=SumOverRanks(list(others), mine))
+def _trainer(world_size=1, others=(), step=0, mine=None, others_nonfinite=()):
+    return SimpleNamespace(world_size=world_size, global_step=step,
+                           strategy=SumOverRanks(list(others), mine, others_nonfinite))
 
 
 def test_before_training_the_summary_is_empty_and_no_per_step_hook_is_wanted():
@@ -63,7 +65,7 @@ def test_in_place_updates_are_seen_against_the_copy_taken_at_the_start():
     trainer.global_step = 6
     cb.on_train_end(trainer, m)
     assert cb.summary() == TrainedSummary(weights_changed=True, parameters_changed=2, parameters=3,
-                                          optimizer_steps=6)
+                                          optimizer_steps=6, weights_finite=True, nonfinite_parameters=0)
     assert trainer.strategy.seen == []  # one process: no collective
     assert cb._start == {}  # the copy is released
 
@@ -74,7 +76,8 @@ def test_nothing_changed_is_not_trained_and_steps_count_from_the_resume():
     trainer.global_step = 47
     cb.on_train_end(trainer, m)
     assert cb.summary() == TrainedSummary(weights_changed=False, parameters_changed=0, parameters=3,
-                                          optimizer_steps=7)  # since the resume, not 47 nor 87
+                                          optimizer_steps=7, weights_finite=True,
+                                          nonfinite_parameters=0)  # since the resume, not 47 nor 87
 
 
 def test_one_changed_tensor_is_trained():
@@ -105,7 +108,20 @@ def test_changed_tensors_are_summed_over_ranks_any_rank_makes_it_trained(mine_ch
             m.b.weight.neg_()
     cb.on_train_end(trainer, m)
     assert cb.summary().parameters_changed == total and cb.summary().weights_changed is (total > 0)
-    assert trainer.strategy.seen == [("cpu", torch.float32, "sum")]
+    assert trainer.strategy.seen == [("cpu", torch.float32, "sum")] * 2  # changed, then non-finite tensors
+    assert cb.summary().weights_finite is True
+
+
+def test_non_finite_weights_on_another_rank_make_every_rank_see_them():
+    """Only another rank's copy went NaN (NonFiniteWeightsAt): this rank's finite weights do not hide it."""
+    m, cb = Module(), TrainedCallback()
+    trainer = _trainer(world_size=3, others=[0, 0], others_nonfinite=[0, 2])
+    cb.on_train_start(trainer, m)
+    with torch.no_grad():
+        m.a.weight.add_(1.0)
+    cb.on_train_end(trainer, m)
+    assert (cb.summary().weights_finite, cb.summary().nonfinite_parameters) == (False, 2)
+    assert cb.summary().weights_changed is True
 
 
 def test_the_count_is_reduced_on_the_modules_device():
@@ -114,7 +130,7 @@ def test_the_count_is_reduced_on_the_modules_device():
     trainer = _trainer(world_size=2, others=[1], mine=0)
     cb.on_train_start(trainer, m)
     cb.on_train_end(trainer, m)
-    assert trainer.strategy.seen == [("meta", torch.float32, "sum")] and cb.summary().parameters_changed == 1
+    assert trainer.strategy.seen[0] == ("meta", torch.float32, "sum") and cb.summary().parameters_changed == 1
 
 
 @pytest.mark.gpu

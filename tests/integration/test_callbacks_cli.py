@@ -20,6 +20,7 @@ from cropscale.callbacks import (
     MemoryCallback,
     NonFiniteCallback,
     ProvenanceCallback,
+    QualityCallback,
     StepTimingCallback,
     ThroughputCallback,
     TrainedCallback,
@@ -37,6 +38,7 @@ SINGLE = {
     "memory.yaml": MemoryCallback,
     "provenance.yaml": ProvenanceCallback,
     "checkpoint_timing.yaml": CheckpointTimingCallback,
+    "quality.yaml": QualityCallback,
 }
 DEFAULT = """
 trainer:
@@ -101,7 +103,7 @@ def test_scaling_preset_appends_one_group_of_all(tmp_path):
     assert len(groups) == 1
     assert [type(c) for c in groups[0].callbacks] == [
         StepTimingCallback, ThroughputCallback, LossScaleCallback, NonFiniteCallback, GradNormCallback,
-        EnergyCallback, MemoryCallback, TrainedCallback, CheckpointTimingCallback, ProvenanceCallback,
+        EnergyCallback, MemoryCallback, TrainedCallback, QualityCallback, CheckpointTimingCallback, ProvenanceCallback,
     ]
     assert groups[0].callbacks[0].trace_path == "step_trace.rank{rank}.jsonl"
 

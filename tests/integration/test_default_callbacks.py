@@ -20,6 +20,7 @@ from cropscale.callbacks import (
     MemoryCallback,
     NonFiniteCallback,
     ProvenanceCallback,
+    QualityCallback,
     StepTimingCallback,
     ThroughputCallback,
     TrainedCallback,
@@ -30,7 +31,8 @@ from cropscale.model.task import CropMappingTask
 
 REPO = Path(__file__).resolve().parents[2]
 GROUP = [StepTimingCallback, ThroughputCallback, LossScaleCallback, NonFiniteCallback, GradNormCallback,
-         EnergyCallback, MemoryCallback, TrainedCallback, CheckpointTimingCallback, ProvenanceCallback]
+         EnergyCallback, MemoryCallback, TrainedCallback, QualityCallback, CheckpointTimingCallback,
+         ProvenanceCallback]
 
 pytestmark = [pytest.mark.filterwarnings("ignore:(?s).*was deprecated in v4.49.0"),
               pytest.mark.filterwarnings("ignore:.*LeafSpec")]

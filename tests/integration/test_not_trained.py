@@ -61,5 +61,5 @@ def test_a_run_whose_every_step_is_skipped_says_so_exits_1_and_forms_no_pair(tmp
     untrained, base = load_run(run_json.parent), load_run(run32.parent)
     assert untrained.pair_key == base.pair_key          # a pair but for its status
     assert precision_pairs([base, untrained]) == []
-    untrained.status = "finished"                         # the same record as a finished run: paired
+    untrained.status, untrained.validity = "finished", None  # the same record as a valid run: paired
     assert [p.other for p in precision_pairs([base, untrained])] == [untrained.name]

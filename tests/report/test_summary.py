@@ -42,12 +42,23 @@ def test_summary_lines_by_hand(tmp_path):
 
 
 def test_summary_of_a_diverged_run_says_so_first(tmp_path):
-    text = fit_summary(_run(tmp_path, [2.0, NAN, NAN, NAN]), "make report", stopped_at_step=4)
-    diverged = text.splitlines()[3]
-    assert diverged.startswith("DIVERGED    train/loss_step non-finite at the last 3 logged step(s) (steps 1-3;"
-                               " last finite at step 0); DivergenceCallback stopped the run at step 4.")
+    """A run.json written before the validity record, whose logged loss ended non-finite: judged when read."""
+    text = fit_summary(_run(tmp_path, [2.0, NAN, NAN, NAN]), "make report")
+    first = text.splitlines()[0]
+    assert first == ("DIVERGED  train/loss_step non-finite at the last 3 logged step(s) (steps 1-3; last finite at"
+                     " step 0): the figures below describe a diverged model: lower --model.lr or check the data"
+                     " (run.json status 'diverged'; it forms no pair or verdict in the report)")
+    assert text.splitlines()[1].startswith("cropscale fit summary")
     numerics = next(x for x in text.splitlines() if x.startswith("numerics"))
-    assert numerics.endswith("the training loss ended non-finite")
+    assert numerics.endswith("the last 3 logged training losses are non-finite (from step 1)")
+
+
+def test_the_numerics_line_reads_the_last_logged_loss(tmp_path):
+    """The claim about the last loss is what was logged: one trailing NaN is said, not called finite."""
+    text = fit_summary(_run(tmp_path, [2.0, 1.5, NAN]), "make report")
+    assert "DIVERGED" not in text  # one logged NaN: fewer than the 3 of a divergence
+    numerics = next(x for x in text.splitlines() if x.startswith("numerics"))
+    assert numerics.endswith("the last logged training loss is non-finite (step 2)")
 
 
 def test_summary_lists_the_data_warnings(tmp_path):

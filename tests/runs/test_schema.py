@@ -77,7 +77,7 @@ def test_non_finite_numbers_become_null():
 
 def test_every_summary_section_has_a_record_type():
     assert set(SUMMARY_TYPES) == {"step_timing", "throughput", "loss_scale", "nonfinite", "grad_norm", "energy",
-                                  "memory", "trained", "checkpoint"}
+                                  "memory", "trained", "checkpoint", "quality", "divergence"}
 
 
 def test_a_section_that_is_not_an_object_is_refused():
