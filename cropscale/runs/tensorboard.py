@@ -91,8 +91,9 @@ LAYOUT: tuple[Chart, ...] = (
     Chart("2 step time", "step (ms): log-interval mean, epoch median and p95",
           ("perf/step/step_ms", "perf/epoch/step_ms_median", "perf/epoch/step_ms_p95")),
     Chart("2 step time", "epoch medians of the step windows (ms)", (f"perf/epoch/{_WINDOWS}_ms_median",)),
-    Chart("3 throughput", "training samples/s (epoch, steady, rank 0 log interval)",
-          ("perf/epoch/samples_per_s", "perf/epoch/samples_per_s_steady", "perf/samples_per_s_rank")),
+    Chart("3 throughput", "training-loop samples/s (epoch, steady, rank 0 log interval) and epoch-clock samples/s",
+          ("perf/epoch/samples_per_s", "perf/epoch/samples_per_s_steady", "perf/samples_per_s_rank",
+           "perf/epoch/samples_per_s_epoch_clock")),
     Chart("3 throughput", "TFLOP/s (epoch)", ("perf/epoch/tflops_per_s",)),
     Chart("3 throughput", "MFU (epoch, fraction of the GPU peak)", ("perf/epoch/mfu",), needs="cuda"),
     Chart("4 AMP", "loss scale", ("amp/loss_scale",), needs="scaler"),
@@ -101,8 +102,9 @@ LAYOUT: tuple[Chart, ...] = (
     Chart("5 memory", "host RSS (GiB)", ("memory/host_rss_gib", "memory/host_peak_rss_gib")),
     Chart("5 memory", "GPU memory (GiB)", ("memory/allocated_gib", "memory/reserved_gib", "memory/peak_allocated_gib",
                                            "memory/peak_reserved_gib"), needs="cuda"),
-    Chart("6 energy", "GPU power (W)", ("energy/power_w", "energy/epoch_avg_w"), needs="cuda"),
-    Chart("6 energy", "energy per training sample (J)", ("energy/j_per_sample",), needs="cuda"),
+    Chart("6 energy", "GPU board power (W, NVML)", ("energy/power_w", "energy/epoch_avg_w"), needs="cuda"),
+    Chart("6 energy", "GPU board energy per training sample (J, NVML: no CPU, memory, network or cooling)",
+          ("energy/j_per_sample",), needs="cuda"),
 )
 
 
@@ -139,14 +141,15 @@ class HparamsMetric:
 #: figure keys of :class:`~cropscale.runs.record.RunRecord` ``figures``.
 HPARAMS_METRICS: tuple[HparamsMetric, ...] = (
     HparamsMetric("run/best_miou", "best val/mIoU"),
-    HparamsMetric("run/samples_per_s", "training samples/s"),
+    HparamsMetric("run/samples_per_s", "training-loop samples/s"),
     HparamsMetric("run/median_step_ms", "median step (ms)"),
     HparamsMetric("run/peak_memory_gib", "peak memory (GiB)"),
-    HparamsMetric("run/energy_j_per_sample", "energy (J/sample)"),
+    HparamsMetric("run/energy_j_per_sample", "GPU board energy (J/sample, NVML)"),
     HparamsMetric("run/final_miou", "final val/mIoU"),
     HparamsMetric("run/best_epoch", "best epoch"),
     HparamsMetric("run/final_train_loss", "final train loss"),
     HparamsMetric("run/time_to_target_s", "time to target (s)"),
+    HparamsMetric("run/samples_per_s_epoch_clock", "epoch-clock samples/s"),
 )
 
 
