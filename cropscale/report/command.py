@@ -37,6 +37,7 @@ from pathlib import Path
 
 from cropscale.evidence import LEGEND
 from cropscale.files import atomic_write_text
+from cropscale.numbers import TARGET_FRACTION
 from cropscale.options import Options, parse_options
 from cropscale.report.columns import NONFINITE_COLUMNS
 from cropscale.report.comparison import (
@@ -48,7 +49,7 @@ from cropscale.report.comparison import (
     step_rows,
     with_status,
 )
-from cropscale.report.equivalence import DEFAULT_MARGIN, TARGET_FRACTION, verdict_intro, verdict_row
+from cropscale.report.equivalence import DEFAULT_MARGIN
 from cropscale.report.pairs import precision_pairs
 from cropscale.report.plots import (
     plot_by_precision_and_batch,
@@ -59,7 +60,7 @@ from cropscale.report.plots import (
 )
 from cropscale.report.scaling import device_series
 from cropscale.report.tables import TableRow, render_table
-from cropscale.report.verdicts import comparisons
+from cropscale.report.verdicts import comparisons, verdict_intro, verdict_row
 from cropscale.runs.figures import (
     AMDAHL,
     COMPARISON,
@@ -80,9 +81,9 @@ FIGURE_FILES = ("verdicts.png", "iou_by_epoch.png", "throughput.png", "peak_memo
 """The PNG figures of a report."""
 
 FIGURE_CAPTIONS = {
-    "verdicts.png": "Change of best macro IoU (other - base, 95 % interval) against speed-up of training samples/s"
-                    " (95 % interval), one point per comparison; grey band: the equivalence margin (the Verdicts"
-                    " table).",
+    "verdicts.png": "Change of best macro IoU (other - base, 90 % interval: alpha = 0.05 per side) against speed-up"
+                    " of training-loop samples/s (90 % interval over runs), one point per comparison; grey band: the"
+                    " equivalence margin (the Verdicts table).",
     "iou_by_epoch.png": "Best val/mIoU so far at each epoch (running maximum of val/mIoU): the Best val/mIoU column"
                         " is its last point.",
     "throughput.png": "Samples/s by precision and global batch: training runs over their measured epochs"

@@ -21,9 +21,10 @@ from typing import Any, Literal
 
 from cropscale.errors import CropScaleError
 from cropscale.model.optim import OPTIMIZERS
+from cropscale.numbers import TARGET_FRACTION
 from cropscale.options import error_line
 from cropscale.precision import LABELS, STUDY_ALIASES, STUDY_CONFIGS
-from cropscale.report.equivalence import DEFAULT_MARGIN, TARGET_FRACTION
+from cropscale.report.equivalence import DEFAULT_MARGIN
 from cropscale.study import protocol as P
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
