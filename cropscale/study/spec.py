@@ -119,8 +119,8 @@ class BatchSweepSpec:
         lr_schedule: ``constant`` or ``cosine`` after the warm-up.
         baseline_optimizer: optimiser of the small-batch baseline (default: the first listed); the
             baseline is its smallest ``G`` with its first LR rule.
-        tolerance: macro IoU (absolute, 0..1) by which a point's mean best macro IoU may fall below the
-            baseline's mean and still "hold".
+        tolerance: the equivalence margin (macro IoU, absolute, 0..1) of each point's verdict against the
+            baseline (:func:`cropscale.report.equivalence.decide`): a point holds when it is equivalent.
     """
 
     name: str

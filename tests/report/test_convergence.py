@@ -96,6 +96,13 @@ def test_one_sided_welch_when_spreads_differ_more_than_mlperf_allows():
     assert c.verdict == INCONCLUSIVE  # p about 0.13 with df about 3
 
 
+def test_mlperf_similar_variances_is_a_strict_range():
+    """sd ratio exactly 2 or 1/2 lies outside MLPerf's 1/2 < s1/s2 < 2: Welch's test, not Student's."""
+    for base, other in (([1.0, 3.0], [1.0, 5.0]), ([1.0, 5.0], [1.0, 3.0])):  # sd sqrt(2) and 2 sqrt(2)
+        assert "Welch" in compare_to_target(base, other).method
+    assert "Student" in compare_to_target([1.0, 3.0], [1.0, 4.5]).method  # ratio 1.75
+
+
 def test_no_spread_is_no_test_and_the_runs_needed_from_the_cv():
     same = compare_to_target([64, 64], [32, 32])
     assert same.verdict == INCONCLUSIVE and same.p_fewer is None and "no spread observed in 2 / 2 runs" in same.why
