@@ -257,7 +257,7 @@ def plot_device_scaling(series: Sequence[DeviceSeries], path: str | Path) -> Pat
             ax.set_xlabel("devices (processes / GPUs)")
             ax.set_xlim(0.8, top + 0.2)
             ax.grid(alpha=0.3)
-        ax_s.set_ylabel("speed-up over 1 device (x, training samples/s)")
+        ax_s.set_ylabel("speed-up over 1 device (x, training-loop samples/s)")
         ax_e.set_ylabel("parallel efficiency (speed-up / devices)")
         ax_e.set_ylim(0, 1.15)
         ax_s.legend(fontsize=8, loc="upper left")

@@ -17,6 +17,7 @@ from cropscale.report.convergence import (
     FEWER,
     MORE,
     compare_to_target,
+    convergence_note,
     olympic,
     runs_needed,
     still_improving,
@@ -46,6 +47,25 @@ def test_two_small_gains_add_up_unlike_an_epoch_by_epoch_rule():
     """Lightning's EarlyStopping (min_delta 0.01, patience 2) would call this plateaued (each gain 0.006 < 0.01);
     the window's gain 0.012 says still improving: the cautious side for an 'equivalent' claim."""
     assert still_improving([(0, 0.300), (1, 0.306), (2, 0.312)], 0.01) is True
+
+
+def _curve(*best: float) -> RunRecord:
+    return RunRecord(name="r", kind="run", path="r", evidence="measured-run",
+                     iou_by_epoch=[(e, v) for e, v in enumerate(best)])
+
+
+def test_the_note_uses_half_the_margin_and_counts_runs_too_short_to_judge():
+    # margin 0.02 -> min_delta 0.01: a gain of 0.015 over the last 2 epochs is still improving (a full-margin
+    # threshold would call it plateaued); 0.005 is not
+    base = [_curve(0.300, 0.310, 0.315), _curve(0.300, 0.303, 0.305)]
+    note = convergence_note("FP32", base, "BF16", [_curve(0.4, 0.4, 0.4)], margin=0.02)
+    assert (note.base.improving, note.base.plateaued, note.other.plateaued) == (1, 1, 1)
+    assert note.min_delta == 0.01 and note.at_budget and note.budget == "at this budget (3 epochs)"
+    assert note.text().startswith("convergence: FP32 1 of 2 run(s) still improving, BF16 0 of 1 run(s) still")
+    flat = convergence_note("FP32", base[1:], "BF16", [_curve(0.4, 0.4, 0.4)], margin=0.02)
+    assert not flat.at_budget and flat.text().startswith("convergence: every run of both sides plateaued")
+    short = convergence_note("FP32", base[1:], "BF16", [_curve(0.4, 0.4)], margin=0.02)  # 2 epochs: cannot judge
+    assert short.other.unknown == 1 and short.at_budget and "1 too short to judge" in short.text()
 
 
 # ------------------------------------------------------------------ MLPerf's trimming and every run counted

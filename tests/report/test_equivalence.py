@@ -250,6 +250,12 @@ def test_speedup_interval_on_log_rates_hand_worked():
     assert ratio_interval([1.0], [1.5, 1.6]).why == "one run on a side"
 
 
+def test_rates_that_are_no_rate_are_dropped():
+    clean = ratio_interval([2.0, 2.2], [3.0, 3.1])
+    dirty = ratio_interval([0.0, -1.0, None, float("nan"), 2.0, 2.2, float("inf")], [3.0, None, 3.1])
+    assert (dirty.estimate, dirty.low, dirty.high, dirty.n_base) == (clean.estimate, clean.low, clean.high, 2)
+
+
 def _run(rates: list[float], warmup: int = 1) -> RunRecord:
     """A run whose epochs have these training-loop rates (samples/s): 32 samples each."""
     epochs = [ThroughputEpoch(epoch=i, samples=32, train_s=32 / q) for i, q in enumerate(rates)]
