@@ -125,8 +125,9 @@ study-batch-cpu: install data
 	$(PY) -m cropscale study --config configs/study/batch_cpu.yaml $(ARGS)
 
 # FP32 vs AMP BF16 (bf16-mixed), 2 seeds each, 3 short epochs of the bundled sample on 1 process (about 2-3 min
-# on 2 cores): prints one verdict line per comparison (quality equivalence with its 95 % interval and margin,
-# speed-up with its interval, time to target); the study table and the report land in runs/study/compare_cpu/.
+# on 2 cores): prints one verdict line per comparison (quality verdict at alpha 0.05 with its 90 % interval and
+# margin, the convergence note, speed-up over runs, samples to target); the study table and the report land in
+# runs/study/compare_cpu/.
 compare-cpu: install data
 	@mkdir -p runs/study
 	OMP_NUM_THREADS=1 $(PY) -m cropscale study --config configs/study/compare_cpu.yaml $(ARGS) > runs/study/compare_cpu.log

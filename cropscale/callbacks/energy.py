@@ -9,6 +9,12 @@ background thread every ``sample_interval_s`` and integrating over the window (t
 Keep windows at least a few hundred ms long: the counter updates about every 10 ms and the power
 reading is an average on recent GPUs.
 
+Every figure is **GPU board energy**: what NVML reports for the GPU board, no CPU, memory, network or cooling
+(MLPerf's power rules measure the node at the wall). A sampled-power run records how many readings each rank took
+over the training window and their mean period (``power_samples``, ``power_sample_period_s``): the report refuses a
+sampled-power figure from fewer than 60 readings or read less than once a second
+(:func:`cropscale.runs.rules.sampled_power_refusal`).
+
 Per epoch: joules (all GPUs), average watts, J/sample, and with ``price_per_gpu_hour`` a cost
 estimate (price x GPU-hours of the epoch). Power limit, persistence mode, clocks and clock-event
 (throttle) reasons are recorded once at the start; throttle reasons again at each epoch end.
@@ -135,6 +141,7 @@ class EnergyCallback(ScalingCallback):
         self._fit_e0: float | None = None
         self._samples = 0
         self._fit: EnergyWindow | None = None
+        self._readings: tuple[int | None, float | None] = (None, None)
         self._cuda_device: torch.device | None = None
         self._participate = False
         self._stepped = False
@@ -296,14 +303,27 @@ class EnergyCallback(ScalingCallback):
         t1, e1 = self._now("the end of training")
         joules = self._window_j(self._fit_t0, self._fit_e0, t1, e1)
         seconds = t1 - self._fit_t0 if (self._fit_t0 is not None and self._dev is not None) else None
-        rows = gather_vectors(trainer, pl_module, [joules, seconds])
+        count, period = self._sampler_readings(t1)
+        rows = gather_vectors(trainer, pl_module, [joules, seconds, count, period])
         j_rank = [r[0] for r in rows]
+        if self._method == "sampled-power":
+            counts = [r[2] for r in rows]
+            self._readings = (int(min(counts)) if all(c is not None for c in counts) else None,
+                              max((r[3] for r in rows if r[3] is not None), default=None))
         self._fit = EnergyWindow(
             energy_j=sum(j_rank) if all(j is not None for j in j_rank) else None,
             energy_j_per_rank=j_rank,
             seconds_per_rank=[r[1] for r in rows],
         )
         self._stop_sampler()
+
+    def _sampler_readings(self, t1: float) -> tuple[float | None, float | None]:
+        """Power readings of this rank's sampler inside the training window, and their mean period (s)."""
+        if self._sampler is None or self._fit_t0 is None:
+            return None, None
+        times = [t for t, _ in list(self._sampler.samples) if self._fit_t0 <= t <= t1]
+        period = (times[-1] - times[0]) / (len(times) - 1) if len(times) > 1 else None
+        return float(len(times)), period
 
     @override
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
@@ -348,4 +368,6 @@ class EnergyCallback(ScalingCallback):
             if self.price_per_gpu_hour is not None else None,
             training=self._fit,
             epochs=list(self.epochs),
+            power_samples=self._readings[0],
+            power_sample_period_s=self._readings[1],
         )

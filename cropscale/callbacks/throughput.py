@@ -23,8 +23,12 @@ Definitions (host clock, ``time.perf_counter``):
   after a validation (rank-0 logging, a checkpoint write) does not hold the others' first all-reduce
   inside their stretch. Before, ``train_s`` was wall -
   validation and held all of these: a 2-process run booked [6.35, 16.72] s for about 6.1 s of steps.
-- *samples/s*: a rank's samples / its train time; global = sum of samples over ranks / the slowest
-  rank's train time. ``samples_per_s_steady``: samples of the measured steps / their summed latency.
+- *samples/s*, two of them, named apart: the **training-loop** samples/s (``samples_per_s``): a rank's samples /
+  its train time; global = sum of samples over ranks / the slowest rank's train time; and the **epoch-clock**
+  samples/s (``samples_per_s_epoch_clock``): global samples / the slowest rank's end-to-end epoch wall time, what the
+  training loop leaves out included. On a short epoch they differ a lot (the loop's stretches leave out the loader
+  start-up and first fetch, validation, barriers, checkpoint writes). ``samples_per_s_steady``: samples of the
+  measured steps / their summed latency.
 - *achieved TFLOP/s*: ``flops_per_sample`` (forward + backward FLOPs of one training sample, from the
   constructor or ``pl_module.flops_per_sample``) x samples / train time, per GPU; *MFU* = achieved
   per GPU / the **attainable** dense peak of the math that ran (``peak_tflops`` overrides it).
@@ -76,8 +80,8 @@ class ThroughputCallback(ScalingCallback):
     Logged (TensorBoard): at log steps ``perf/samples_per_s_rank`` (this rank, interval);
     at epoch end ``perf/epoch/samples_per_s`` (global), ``perf/epoch/samples_per_s_steady``,
     ``perf/epoch/step_latency_ms_median``, ``perf/epoch/step_latency_ms_p95``,
-    ``perf/epoch/train_s``, ``perf/epoch/val_s``, ``perf/epoch/wall_s``, ``perf/epoch/tflops_per_s``
-    (per GPU), ``perf/epoch/mfu``.
+    ``perf/epoch/train_s``, ``perf/epoch/val_s``, ``perf/epoch/wall_s``, ``perf/epoch/samples_per_s_epoch_clock``,
+    ``perf/epoch/tflops_per_s`` (per GPU), ``perf/epoch/mfu``.
 
     ``state_dict`` keeps the totals and per-epoch summaries, and inside an epoch the samples trained so far
     in it and their train, validation and wall time (s), so that an epoch resumed from a mid-epoch checkpoint
@@ -276,6 +280,7 @@ class ThroughputCallback(ScalingCallback):
         total_samples = sum(samples_rank)
         slowest_train = max((t for t in train_rank if t), default=None)
         sps = total_samples / slowest_train if slowest_train else None
+        wall_s = max((r[3] for r in rows if r[3] is not None), default=None)
         steady_rows = [(r[4], r[5]) for r in rows if r[5]]
         sps_steady = (sum(n for n, _ in steady_rows) / max(s for _, s in steady_rows)) if steady_rows else None
         lat = WindowStats.of(self._lat, scale=1e3)
@@ -291,11 +296,12 @@ class ThroughputCallback(ScalingCallback):
             train_s=slowest_train,
             train_s_per_rank=train_rank,
             val_s=max((r[2] for r in rows if r[2] is not None), default=None),
-            wall_s=max((r[3] for r in rows if r[3] is not None), default=None),
+            wall_s=wall_s,
             flops_per_sample=flops,
             tflops_per_s_per_gpu=tflops,
             peak_tflops=peak,
             mfu=mfu,
+            samples_per_s_epoch_clock=total_samples / wall_s if wall_s else None,
         )
         self.epochs.append(record)
         self.total_samples += total_samples
@@ -305,6 +311,7 @@ class ThroughputCallback(ScalingCallback):
             "perf/epoch/step_latency_ms_median": lat.median, "perf/epoch/step_latency_ms_p95": lat.p95,
             "perf/epoch/train_s": slowest_train, "perf/epoch/val_s": record.val_s,
             "perf/epoch/wall_s": record.wall_s,
+            "perf/epoch/samples_per_s_epoch_clock": record.samples_per_s_epoch_clock,
             "perf/epoch/tflops_per_s": tflops, "perf/epoch/mfu": mfu,
         })
 
@@ -371,6 +378,7 @@ class ThroughputCallback(ScalingCallback):
 
     @override
     def summary(self) -> ThroughputSummary:
+        total_wall = sum(e.wall_s for e in self.epochs if e.wall_s is not None)
         return ThroughputSummary(
             device=self._device_name,
             dtype=self._dtype,
@@ -386,6 +394,8 @@ class ThroughputCallback(ScalingCallback):
             total_train_s=self.total_train_s,
             samples_per_s=(self.total_samples / self.total_train_s) if self.total_train_s else None,
             epochs=list(self.epochs),
+            total_wall_s=total_wall or None,
+            samples_per_s_epoch_clock=(self.total_samples / total_wall) if total_wall else None,
         )
 
 

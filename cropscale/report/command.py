@@ -42,6 +42,7 @@ from pathlib import Path
 
 from cropscale.evidence import LEGEND
 from cropscale.files import atomic_write_text
+from cropscale.numbers import TARGET_FRACTION
 from cropscale.options import Options, parse_options
 from cropscale.report.columns import NONFINITE_COLUMNS
 from cropscale.report.comparison import (
@@ -53,7 +54,7 @@ from cropscale.report.comparison import (
     step_rows,
     with_status,
 )
-from cropscale.report.equivalence import DEFAULT_MARGIN, TARGET_FRACTION, verdict_intro, verdict_row
+from cropscale.report.equivalence import DEFAULT_MARGIN
 from cropscale.report.limits import diagnosis_section, limit_changes
 from cropscale.report.pairs import precision_pairs
 from cropscale.report.plots import (
@@ -65,7 +66,7 @@ from cropscale.report.plots import (
 )
 from cropscale.report.scaling import device_series
 from cropscale.report.tables import TableRow, render_table
-from cropscale.report.verdicts import comparisons
+from cropscale.report.verdicts import comparisons, verdict_intro, verdict_row
 from cropscale.runs.figures import (
     AMDAHL,
     COMPARISON,
@@ -86,13 +87,14 @@ FIGURE_FILES = ("verdicts.png", "iou_by_epoch.png", "throughput.png", "peak_memo
 """The PNG figures of a report."""
 
 FIGURE_CAPTIONS = {
-    "verdicts.png": "Change of best macro IoU (other - base, 95 % interval) against speed-up of training samples/s"
-                    " (95 % interval), one point per comparison; grey band: the equivalence margin (the Verdicts"
-                    " table).",
+    "verdicts.png": "Change of best macro IoU (other - base, 90 % interval: alpha = 0.05 per side) against speed-up"
+                    " of training-loop samples/s (90 % interval over runs), one point per comparison; grey band: the"
+                    " equivalence margin (the Verdicts table).",
     "iou_by_epoch.png": "Best val/mIoU so far at each epoch (running maximum of val/mIoU): the Best val/mIoU column"
                         " is its last point.",
-    "throughput.png": "Samples/s by precision and global batch: training runs over their measured epochs"
-                      " (the Samples/s column), compute-only benchmarks from their median step.",
+    "throughput.png": "Training-loop samples/s by precision and global batch: training runs over their measured"
+                      " epochs (the Samples/s (training loop) column), compute-only benchmarks from their median"
+                      " step.",
     "peak_memory.png": "Peak GiB by precision and global batch: allocated GPU memory, or the host RSS of the"
                        " training process on a CPU (the Peak GiB column).",
     "step_decomposition.png": "Step decomposition in percent of the median step: each window's median over the"
@@ -105,8 +107,10 @@ FIGURE_CAPTIONS = {
 COMPARISON_INTRO = (
     "One row per run or benchmark configuration. mIoU change = best val/mIoU minus that of the FP32 run of the"
     " same configuration; speed-up vs FP32 = samples/s over the FP32 run's (the FP32 base itself shows 1.00 and"
-    " +0.0000); efficiency = speed-up over the same configuration on 1 device / devices. Samples/s of a run:"
-    " training samples / training seconds over the measured epochs; of a benchmark: batch / median step."
+    " +0.0000); efficiency = speed-up over the same configuration on 1 device / devices. Samples/s (training"
+    " loop) of a run: training samples / the training loop's seconds over the measured epochs (the Speed table adds"
+    " the epoch clock: / end-to-end epoch seconds); of a benchmark: batch / median step. J/sample: GPU board"
+    " energy (NVML; no CPU, memory, network or cooling)."
     " A Status other than `finished` / `ok` says why the run is no valid result (the note gives the reason):"
     " its other figures describe such a run, and it forms no pair and no verdict."
 )
@@ -200,8 +204,11 @@ def write_report(records: Sequence[RunRecord], out_dir: str | Path, stem: str = 
     details = [
         _detail("Quality", [with_status(r, table_columns(QUALITY)) for r in runs], table_columns(QUALITY)),
         _detail("Speed", [TableRow.of(r, table_columns(SPEED)) for r in records], table_columns(SPEED), intro=(
-            "Median and p95 step: median over the measured epochs of each epoch's statistic; epoch times:"
-            " median over the measured epochs.")),
+            "Median and p95 step: median over the measured epochs of each epoch's statistic; epoch times"
+            " (training-only, validation-only, end-to-end): median over the measured epochs. Two throughputs, named"
+            " apart: Samples/s (training loop) = training samples / the training loop's seconds (loader start-up,"
+            " first fetch, validation, barriers and checkpoint writes left out); Samples/s (epoch clock) = training"
+            " samples / end-to-end epoch seconds.")),
         _detail("Step decomposition (% of the median step)", step_rows(records), table_columns(STEP), intro=(
             "Each window: median over the measured epochs of (the epoch's window median / its step median)."
             " Medians do not add up, so the sum is about, not exactly, 100 %.")),

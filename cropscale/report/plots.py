@@ -16,8 +16,9 @@ from typing import Any
 from cropscale.evidence import ANALYTICAL_SCENARIO, MEASURED_MICROBENCHMARK, MEASURED_RUN
 from cropscale.files import atomic_write
 from cropscale.numbers import median
-from cropscale.report.equivalence import Comparison
+from cropscale.report.equivalence import CONFIDENCE, level_text
 from cropscale.report.scaling import DeviceSeries
+from cropscale.report.verdicts import Comparison
 from cropscale.runs.figures import FIGURES
 from cropscale.runs.record import RunRecord
 from cropscale.runs.schema import STEP_WINDOWS
@@ -122,9 +123,10 @@ def plot_step_decomposition(records: Sequence[RunRecord], path: str | Path) -> P
 def plot_verdicts(comparisons: Sequence[Comparison], path: str | Path, margin: float) -> Path:
     """Quality difference with its interval against speed-up with its interval, one point per comparison.
 
-    x: speed-up of training samples/s (geometric-mean ratio, 95 % interval as a horizontal bar; dotted at 1);
-    y: change of best validation macro IoU, other - base (95 % interval as a vertical bar); the grey band is
-    the equivalence margin. A comparison without an interval is drawn as a hollow point without a bar.
+    x: speed-up of training-loop samples/s (ratio of per-run geometric means, the verdicts' 90 % interval as a
+    horizontal bar; dotted at 1); y: change of best validation macro IoU, other - base (the verdicts' 90 % interval,
+    alpha = 0.05 per side, as a vertical bar); the grey band is the equivalence margin. A comparison without an
+    interval is drawn as a hollow point without a bar.
     """
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(8, 5.2))
@@ -141,13 +143,14 @@ def plot_verdicts(comparisons: Sequence[Comparison], path: str | Path, margin: f
             full = xerr is not None and yerr is not None
             ax.errorbar([x], [y], xerr=xerr, yerr=yerr, fmt="o", color=f"C{i}", capsize=3,
                         markerfacecolor=f"C{i}" if full else "none", label=f"{c.label}: {c.best.verdict}")
-        ax.set_xlabel("speed-up (x, training samples/s, other / base)")
+        ax.set_xlabel("speed-up (x, training-loop samples/s, other / base; runs as the unit)")
         ax.set_ylabel("change of best val macro IoU (other - base)")
         ax.legend(fontsize=7, loc="best")
         ax.grid(alpha=0.3)
     else:
         no_data(ax, "no two configurations with a best macro IoU and samples/s to compare")
-    ax.set_title(f"Quality change vs speed-up, 95 % intervals [{MEASURED_RUN}]", fontsize=10)
+    ax.set_title(f"Quality change vs speed-up, {level_text(CONFIDENCE)}s (alpha = 0.05 per side) [{MEASURED_RUN}]",
+                 fontsize=10)
     fig.tight_layout()
     return save(fig, path)
 
@@ -254,7 +257,7 @@ def plot_device_scaling(series: Sequence[DeviceSeries], path: str | Path) -> Pat
             ax.set_xlabel("devices (processes / GPUs)")
             ax.set_xlim(0.8, top + 0.2)
             ax.grid(alpha=0.3)
-        ax_s.set_ylabel("speed-up over 1 device (x, training samples/s)")
+        ax_s.set_ylabel("speed-up over 1 device (x, training-loop samples/s)")
         ax_e.set_ylabel("parallel efficiency (speed-up / devices)")
         ax_e.set_ylim(0, 1.15)
         ax_s.legend(fontsize=8, loc="upper left")

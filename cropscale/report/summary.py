@@ -6,9 +6,10 @@ here and the same number in ``python -m cropscale report`` agree. Every figure i
 (the header says so); a figure that is n/a says why.
 
 Lines: the run's validity first when it is no valid result (:mod:`cropscale.runs.validity`: ``NOT TRAINED``,
-``DIVERGED`` or ``NOT VALIDATED`` with the reason); the header; what ran; quality
-(best ``val/mIoU`` and its epoch); speed (training samples/s, median step); step (the decomposition in
-percent of the step); memory; energy (per training sample, or why there is none); numerics
+``DIVERGED`` or ``NOT VALIDATED`` with the reason); the header; what ran; quality (best ``val/mIoU`` and its
+epoch); speed (the two throughputs named apart: training-loop samples/s and epoch-clock samples/s; median step);
+epoch (training-only, validation-only and end-to-end epoch time); step (the decomposition in percent of the step);
+memory; energy (GPU board energy per training sample, labelled as such, or why there is none); numerics
 (non-finite batches, skipped steps); data (the data checks' warnings: count and first); limit (the run's
 diagnosis, ``run.json["diagnosis"]``: what limits it, the bound, what to try, then up to two more findings,
 :func:`cropscale.diagnosis.summary_lines`); the run folder; the report command.
@@ -20,7 +21,7 @@ from cropscale.diagnosis import diagnosis_of, summary_lines
 from cropscale.evidence import MEASURED_RUN
 from cropscale.runs.figures import FIGURES
 from cropscale.runs.record import RunRecord
-from cropscale.runs.rules import Figure
+from cropscale.runs.rules import BOARD_ENERGY, Figure
 from cropscale.runs.schema import STEP_WINDOWS
 from cropscale.runs.validity import DIVERGED, NOT_TRAINED, NOT_VALIDATED
 
@@ -101,12 +102,14 @@ def fit_summary(record: RunRecord, report_command: str) -> str:
         quality = f"best val/mIoU {quality}"
     lines += [
         f"quality     {quality}",
-        f"speed       {_num(f, 'samples_per_s', 'training samples/s')};"
+        f"speed       {_num(f, 'samples_per_s')}, {_num(f, 'samples_per_s_epoch_clock')} (end-to-end epoch);"
         f" median step {_num(f, 'median_step_ms')}{_over(record)}",
+        f"epoch       training-only {_num(f, 'train_epoch_s')}, validation-only {_num(f, 'val_epoch_s')},"
+        f" end-to-end {_num(f, 'epoch_s')}{_over_epochs(record)}",
         f"step        {step_line(record)}",
         f"memory      peak {_num(f, 'peak_memory_gib')}"
         + (f" ({f['peak_memory_gib'].note})" if f["peak_memory_gib"].value is not None else ""),
-        f"energy      {_num(f, 'energy_j_per_sample', 'J per training sample')}",
+        f"energy      {_num(f, 'energy_j_per_sample', 'J per training sample')} ({BOARD_ENERGY})",
         f"numerics    {_num(f, 'nonfinite')} non-finite batch(es){_first_nonfinite(record)},"
         f" {_num(f, 'skipped_steps')} skipped step(s); {_loss_end(record)}",
         f"data        {data_line(record)}",
@@ -140,6 +143,11 @@ def _over(record: RunRecord) -> str:
     several = len(record.epoch_seconds.get("train_s", [])) > 1
     shown = several and record.figures["median_step_ms"].value is not None
     return " (median over the measured epochs)" if shown else ""
+
+
+def _over_epochs(record: RunRecord) -> str:
+    """`` (median over the measured epochs)`` when several epochs were measured."""
+    return " (median over the measured epochs)" if len(record.epoch_seconds.get("wall_s", [])) > 1 else ""
 
 
 def _first_nonfinite(record: RunRecord) -> str:

@@ -21,12 +21,17 @@ loader wait / exposed      median over measured epochs of ``data_wait`` (``comm_
 communication share        ``step`` median
 step decomposition (%)     the same per window (:func:`step_shares`): percent of the step; medians do
                            not add up, so the windows' shares sum to about, not exactly, 100 %
-samples/s                  training samples / training seconds, both summed over measured epochs
-                           (ThroughputCallback; seconds of the slowest rank)
+samples/s (training loop)  training samples / training-loop seconds, both summed over measured epochs
+                           (ThroughputCallback's ``train_s``; seconds of the slowest rank)
+samples/s (epoch clock)    training samples / end-to-end epoch seconds (``wall_s``: loader start-up, first
+                           fetch, barriers, validation and checkpoint writes included), both summed over
+                           measured epochs
 train / val / end-to-end   median over measured epochs of ``train_s`` / ``val_s`` / ``wall_s``
 epoch (s)
-energy (J), J/sample       NVML energy summed over measured epochs (validation included); per
-                           training sample of those epochs
+energy (J), J/sample       GPU board energy (NVML) summed over measured epochs (validation included); per
+                           training sample of those epochs; a sampled-power figure needs at least
+                           :data:`MIN_POWER_SAMPLES` readings in the run, at least one per
+                           :data:`MAX_POWER_SAMPLE_PERIOD_S` (MLPerf's power rules), else n/a
 peak memory (GiB)          peak allocated GPU memory over the run, else the host's peak RSS
 non-finite, skipped        non-finite batches summed over ranks; steps skipped by the policy plus
                            GradScaler skips
@@ -57,6 +62,7 @@ from cropscale.evidence import MEASURED_RUN
 from cropscale.numbers import median
 from cropscale.runs.schema import (
     STEP_WINDOWS,
+    EnergySummary,
     QualityEpoch,
     QualitySummary,
     RunJson,
@@ -303,6 +309,20 @@ def samples_per_s(summary: RunSummary, warmup_epochs: int, no_json: str | None =
     return Figure(total / seconds, note=f"training samples / training seconds over {len(rows)} measured epoch(s)")
 
 
+def samples_per_s_epoch_clock(summary: RunSummary, warmup_epochs: int, no_json: str | None = None) -> Figure:
+    """Training samples / end-to-end epoch seconds (``wall_s``), both summed over measured epochs: the epoch clock.
+
+    Beside :func:`samples_per_s` (the training loop's stretches): this one also holds the DataLoader start-up and
+    first fetch, barriers, validation and checkpoint writes of each epoch.
+    """
+    epochs: list[ThroughputEpoch] = measured(summary.throughput.epochs, warmup_epochs) if summary.throughput else []
+    rows = [e for e in epochs if e.wall_s and e.samples]
+    if not rows:
+        return Figure(None, why=_why_no_epoch(summary.throughput is not None, "throughput", warmup_epochs, no_json))
+    return Figure(sum(e.samples for e in rows) / sum(e.wall_s for e in rows),
+                  note=f"training samples / end-to-end epoch seconds over {len(rows)} measured epoch(s)")
+
+
 def epoch_seconds(summary: RunSummary, warmup_epochs: int) -> dict[str, list[float]]:
     """The measured epochs' ``train_s``, ``val_s`` and ``wall_s`` (s), each list in epoch order."""
     epochs: list[ThroughputEpoch] = measured(summary.throughput.epochs, warmup_epochs) if summary.throughput else []
@@ -319,20 +339,49 @@ def epoch_time(summary: RunSummary, key: str, warmup_epochs: int, no_json: str |
     return Figure(median(values), note=f"median of {len(values)} measured epoch(s)")
 
 
+MIN_POWER_SAMPLES = 60
+"""Power readings a sampled-power energy figure needs in a run (MLPerf's power rules: at least 60 per run)."""
+MAX_POWER_SAMPLE_PERIOD_S = 1.0
+"""Longest period between power readings (s) of a sampled-power energy figure (MLPerf: at least once a second)."""
+BOARD_ENERGY = "GPU board energy (NVML): no CPU, memory, network or cooling"
+"""What every energy figure is, wherever it is printed."""
+
+
+def sampled_power_refusal(section: EnergySummary) -> str | None:
+    """Why a ``sampled-power`` energy figure is refused (too few readings, too slow), or None when it stands."""
+    if section.method != "sampled-power":
+        return None
+    n, period = section.power_samples, section.power_sample_period_s
+    rule = (f"MLPerf's power rules: at least {MIN_POWER_SAMPLES} readings per run, at least one every"
+            f" {MAX_POWER_SAMPLE_PERIOD_S:g} s")
+    if n is None:
+        return f"sampled power without a recorded reading count ({rule})"
+    if n < MIN_POWER_SAMPLES:
+        return f"sampled power from only {n} readings in the run ({rule})"
+    if period is None or period > MAX_POWER_SAMPLE_PERIOD_S:
+        return f"sampled power read every {'?' if period is None else format(period, '.2f')} s ({rule})"
+    return None
+
+
 def energy(summary: RunSummary, warmup_epochs: int, no_json: str | None = None) -> tuple[Figure, Figure]:
-    """GPU energy (J) summed over measured epochs and per training sample of those epochs (NVML)."""
+    """GPU board energy (J) summed over measured epochs and per training sample of those epochs (NVML).
+
+    n/a when not measured, and for a sampled-power figure that fails :func:`sampled_power_refusal`.
+    """
     section = summary.energy
     if section is None or not section.available:
         why = no_json or (section.reason if section is not None else None) or "no energy summary in run.json"
         return Figure(None, why=f"not measured: {why}"), Figure(None, why=f"not measured: {why}")
+    refused = sampled_power_refusal(section)
+    if refused:
+        return Figure(None, why=refused), Figure(None, why=refused)
     rows = [e for e in measured(section.epochs or [], warmup_epochs) if e.energy_j is not None]
     if not rows:
         why = f"no measured epoch (epoch index >= {warmup_epochs}) with an energy reading"
         return Figure(None, why=why), Figure(None, why=why)
     joules = sum(e.energy_j for e in rows)
     samples = sum(e.samples for e in rows)
-    note = (f"GPU board energy via NVML ({section.method}) over {len(rows)} measured epoch(s), validation"
-            " included; excludes CPU, storage, cooling")
+    note = (f"{BOARD_ENERGY}; {section.method} over {len(rows)} measured epoch(s), validation included")
     return Figure(joules, note=note), Figure(joules / samples if samples else None, why="no samples counted",
                                              note=note)
 

@@ -203,7 +203,8 @@ class ThroughputEpoch(Record):
     """One training epoch of :class:`~cropscale.callbacks.ThroughputCallback`.
 
     Samples (global), samples/s, step latency (ms), train / validation / end-to-end seconds, TFLOP/s
-    and MFU.
+    and MFU. Two throughputs, named apart: ``samples_per_s`` (the training loop: samples / ``train_s``) and
+    ``samples_per_s_epoch_clock`` (samples / ``wall_s``, the end-to-end epoch).
     """
 
     epoch: int = 0
@@ -221,6 +222,7 @@ class ThroughputEpoch(Record):
     tflops_per_s_per_gpu: float | None = None
     peak_tflops: float | None = None
     mfu: float | None = None
+    samples_per_s_epoch_clock: float | None = None
 
 
 @dataclass
@@ -248,6 +250,8 @@ class ThroughputSummary(Record):
     total_train_s: float = 0.0
     samples_per_s: float | None = None
     epochs: list[ThroughputEpoch] = field(default_factory=list)
+    total_wall_s: float | None = None
+    samples_per_s_epoch_clock: float | None = None
 
 
 # -------------------------------------------------------------------------------------- loss scale
@@ -424,7 +428,11 @@ class EnergyEpoch(Record):
 
 @dataclass
 class EnergySummary(Record):
-    """``summary.energy``: NVML energy (``reason`` and ``devices`` only when unavailable)."""
+    """``summary.energy``: GPU board energy from NVML (``reason`` and ``devices`` only when unavailable).
+
+    ``power_samples`` / ``power_sample_period_s`` (``method`` ``sampled-power`` only): the fewest power readings any
+    rank took over the training window and the longest mean period between them (s).
+    """
 
     evidence: str = MEASURED_RUN
     available: bool = False
@@ -440,6 +448,8 @@ class EnergySummary(Record):
     total_cost: float | None = optional()
     training: EnergyWindow | None = optional()
     epochs: list[EnergyEpoch] | None = optional()
+    power_samples: int | None = optional()
+    power_sample_period_s: float | None = optional()
 
 
 # ------------------------------------------------------------------------------------------ memory

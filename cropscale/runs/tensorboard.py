@@ -149,11 +149,13 @@ LAYOUT: tuple[Chart, ...] = (
     *(_epoch_band(name, label) for name, label in _STEP_WINDOWS.items()),
     *(Chart("3 step time per log interval", f"{label} (ms), mean over each log interval (perf/step/{name}_ms)",
             (f"perf/step/{name}_ms",)) for name, label in _STEP_WINDOWS.items()),
-    Chart("4 throughput", "training samples/s, epoch, all ranks (perf/epoch/samples_per_s)",
+    Chart("4 throughput", "training-loop samples/s, epoch, all ranks (perf/epoch/samples_per_s)",
           ("perf/epoch/samples_per_s",)),
-    Chart("4 throughput", "training samples/s, epoch without its first steps (perf/epoch/samples_per_s_steady)",
+    Chart("4 throughput", "epoch-clock samples/s: training samples / end-to-end epoch seconds"
+          " (perf/epoch/samples_per_s_epoch_clock)", ("perf/epoch/samples_per_s_epoch_clock",)),
+    Chart("4 throughput", "training-loop samples/s, epoch without its first steps (perf/epoch/samples_per_s_steady)",
           ("perf/epoch/samples_per_s_steady",)),
-    Chart("4 throughput", "training samples/s, rank 0, each log interval (perf/samples_per_s_rank)",
+    Chart("4 throughput", "training-loop samples/s, rank 0, each log interval (perf/samples_per_s_rank)",
           ("perf/samples_per_s_rank",)),
     Chart("4 throughput", "TFLOP/s per device, epoch (perf/epoch/tflops_per_s)", ("perf/epoch/tflops_per_s",)),
     Chart("4 throughput", "MFU, epoch, fraction of the GPU peak (perf/epoch/mfu)", ("perf/epoch/mfu",), needs="cuda"),
@@ -174,9 +176,12 @@ LAYOUT: tuple[Chart, ...] = (
           needs="cuda"),
     Chart("6 memory", "GPU peak reserved (GiB), epoch (memory/peak_reserved_gib)", ("memory/peak_reserved_gib",),
           needs="cuda"),
-    Chart("7 energy", "GPU power (W), rank 0, each log interval (energy/power_w)", ("energy/power_w",), needs="cuda"),
-    Chart("7 energy", "GPU power (W), epoch average (energy/epoch_avg_w)", ("energy/epoch_avg_w",), needs="cuda"),
-    Chart("7 energy", "energy per training sample (J), epoch (energy/j_per_sample)", ("energy/j_per_sample",),
+    Chart("7 energy", "GPU board power (W, NVML), rank 0, each log interval (energy/power_w)", ("energy/power_w",),
+          needs="cuda"),
+    Chart("7 energy", "GPU board power (W, NVML), epoch average (energy/epoch_avg_w)", ("energy/epoch_avg_w",),
+          needs="cuda"),
+    Chart("7 energy", "GPU board energy per training sample (J, NVML: no CPU, memory, network or cooling), epoch"
+          " (energy/j_per_sample)", ("energy/j_per_sample",),
           needs="cuda"),
 )
 
@@ -215,14 +220,15 @@ class HparamsMetric:
 #: figure keys of :class:`~cropscale.runs.record.RunRecord` ``figures``.
 HPARAMS_METRICS: tuple[HparamsMetric, ...] = (
     HparamsMetric("run/best_miou", "best val/mIoU"),
-    HparamsMetric("run/samples_per_s", "training samples/s"),
+    HparamsMetric("run/samples_per_s", "training-loop samples/s"),
     HparamsMetric("run/median_step_ms", "median step (ms)"),
     HparamsMetric("run/peak_memory_gib", "peak memory (GiB)"),
-    HparamsMetric("run/energy_j_per_sample", "energy (J/sample)"),
+    HparamsMetric("run/energy_j_per_sample", "GPU board energy (J/sample, NVML)"),
     HparamsMetric("run/final_miou", "final val/mIoU"),
     HparamsMetric("run/best_epoch", "best epoch"),
     HparamsMetric("run/final_train_loss", "final train loss"),
     HparamsMetric("run/time_to_target_s", "time to target (s)"),
+    HparamsMetric("run/samples_per_s_epoch_clock", "epoch-clock samples/s"),
 )
 
 

@@ -10,8 +10,9 @@ configuration: each figure over seeds by its registry rule (``over_seeds`` of
 standard deviation for macro IoU).
 
 Batch sweep (:func:`sweep_summary`): one curve of best macro IoU against the global batch per optimiser,
-LR rule and precision, compared with the small-batch baseline; :func:`holds_to` gives the largest ``G``
-up to which the quality stays within the spec's tolerance.
+LR rule and precision, each point compared with the small-batch baseline by the one decision rule
+(:func:`cropscale.report.equivalence.decide`, through the study's comparisons); :func:`holds_to` gives the largest
+``G`` up to which every point's verdict is ``equivalent``, and where it cannot say more.
 """
 
 from __future__ import annotations
@@ -23,9 +24,11 @@ from dataclasses import asdict, dataclass, field
 
 from cropscale.evidence import MEASURED_RUN
 from cropscale.numbers import mean_sd, median, speedup
-from cropscale.report.equivalence import epoch_rates, mean_interval, ratio_interval
+from cropscale.report.equivalence import EQUIVALENT, INCONCLUSIVE, mean_interval, ratio_interval, run_rate
+from cropscale.report.verdicts import Comparison
 from cropscale.runs.figures import FIGURES, MEAN_SD, MEDIAN, SEED_TABLES, over_seeds, table_columns
 from cropscale.runs.record import RunRecord
+from cropscale.runs.rules import BOARD_ENERGY
 from cropscale.scaling.amdahl import karp_flatt
 from cropscale.study import protocol as P
 from cropscale.study.plan import Configuration
@@ -41,7 +44,7 @@ class StudyRow:
     ``<key>_sd``; ``row[key]`` reads one (None: not measured or not predicted, with the reason in
     ``why[<key>]``) and ``row[key] = value`` sets one. ``notes`` hold what qualifies the row,
     ``figure_notes`` what qualifies one figure. ``train_epoch_s_low`` / ``_high``: the 95 % interval of the
-    training-epoch time the predictions propagate (not a column).
+    training-epoch time over runs (each run's median measured epoch) that the predictions propagate (not a column).
     """
 
     evidence: str
@@ -145,8 +148,7 @@ def measured_row(config: Configuration, runs: Sequence[RunRecord], train_samples
         row.why["train_epoch_cv"] = "one measured epoch in all: no dispersion"
     if row["energy_j_per_sample"] is not None:
         row.figure_notes["energy_j_per_sample"] = (
-            "GPU board energy (NVML) of the measured epochs, their validation included, per training sample;"
-            " excludes CPU, storage, network, cooling")
+            f"{BOARD_ENERGY}; of the measured epochs, their validation included, per training sample")
     measured_updates = median(r.updates_per_epoch for r in runs)
     if measured_updates is not None:
         if config.updates_per_epoch is None:
@@ -190,55 +192,92 @@ def add_speedups(rows: list[StudyRow]) -> None:
             r["karp_flatt"] = karp_flatt(r["speedup_vs_1_device"], r.world_size)
 
 
-def add_speedup_intervals(rows: Sequence[StudyRow], records: dict[str, Sequence[RunRecord]]) -> None:
-    """Set the 95 % interval of each measured S_N (and of its training-epoch time), in place.
+SPEEDUP_CONFIDENCE = 0.95
+"""Two-sided level of the study table's S_N and training-epoch intervals (propagated into the predictions; no
+verdict is read from them)."""
 
-    S_N: :func:`cropscale.report.equivalence.ratio_interval` of the per-epoch training samples/s (measured epochs x
-    seeds) of the N-rank runs against the 1-rank runs of the same protocol and precision. Training-epoch time:
-    the t-interval of the mean of the measured epochs' times (seeds x epochs), ``scipy.stats.t``.
-    ``records``: ``config_key`` -> the runs of that configuration.
+
+def add_speedup_intervals(rows: Sequence[StudyRow], records: dict[str, Sequence[RunRecord]]) -> None:
+    """Set the 95 % interval of each measured S_N (and of its training-epoch time), in place; the run is the unit.
+
+    S_N: :func:`cropscale.report.equivalence.ratio_interval` of the per-run geometric-mean training-loop samples/s
+    (:func:`~cropscale.report.equivalence.run_rate`) of the N-rank runs against the 1-rank runs of the same protocol
+    and precision. Training-epoch time: the t-interval of the mean over runs of each run's median measured epoch
+    (``scipy.stats.t``). Epochs of one run are no repeats (they share the machine's state): one run per side gives
+    no interval. ``records``: ``config_key`` -> the runs of that configuration.
     """
     ones = {(r.protocol, r.precision): r for r in rows
             if r.evidence == MEASURED_RUN and r.world_size == 1 and r.protocol in P.PROTOCOLS}
     for r in rows:
         runs = [run for run in records.get(r.config_key) or () if not run.excluded]
-        times = [t for run in runs for t in run.epoch_seconds.get("train_s", [])]
+        times = [median(run.epoch_seconds.get("train_s", [])) for run in runs]
+        times = [t for t in times if t is not None]
         if r.evidence == MEASURED_RUN and len(times) > 1:
-            r.train_epoch_s_low, r.train_epoch_s_high = mean_interval(times)
+            r.train_epoch_s_low, r.train_epoch_s_high = mean_interval(times, SPEEDUP_CONFIDENCE)
         one = ones.get((r.protocol, r.precision))
         if one is None or r.evidence != MEASURED_RUN or r.protocol not in P.PROTOCOLS or r.world_size == 1:
             continue
-        base = [q for run in records.get(one.config_key) or () for q in epoch_rates(run)]
-        ci = ratio_interval(base, [q for run in runs for q in epoch_rates(run)])
+        base = [run_rate(run).rate for run in records.get(one.config_key) or ()]
+        ci = ratio_interval(base, [run_rate(run).rate for run in runs], SPEEDUP_CONFIDENCE)
         r["speedup_vs_1_device_low"], r["speedup_vs_1_device_high"] = ci.low, ci.high
         if ci.low is None:
             r.why["speedup_vs_1_device_low"] = r.why["speedup_vs_1_device_high"] = ci.why or "no interval"
 
 
 # ------------------------------------------------------------------------------------------ batch sweep
-def holds_to(points: Sequence[tuple[int, float | None]], baseline: float,
-             tolerance: float) -> tuple[int | None, int | None]:
-    """The largest ``G`` up to which the quality holds, and the first ``G`` where it stops.
+BASELINE = "baseline"
+"""The verdict word of the baseline point itself (it holds by definition)."""
 
-    A point holds when its value (mean best macro IoU over seeds) is at least ``baseline - tolerance``.
-    Walking ``G`` upwards, the quality holds to the last point before the first one that does not hold
-    or has no value (a larger ``G`` that holds again does not count: nothing between is known to hold).
+
+def holds_to(points: Sequence[tuple[int, str | None]]) -> tuple[int | None, int | None]:
+    """The largest ``G`` up to which every point's verdict is ``equivalent``, and the first ``G`` where it is not.
+
+    Walking ``G`` upwards, the quality holds to the last point before the first whose verdict against the baseline
+    (:func:`cropscale.report.equivalence.decide`) is not ``equivalent`` (``worse``, ``better``, ``inconclusive``,
+    or None: no verdict); a larger ``G`` that is equivalent again does not count (nothing between is known to
+    hold). The baseline point itself (:data:`BASELINE`) holds.
 
     Args:
-        points: ``(G, value)`` pairs, any order; value None = not measured.
-        baseline: the baseline's mean best macro IoU (0..1).
-        tolerance: the allowed fall below ``baseline`` (macro IoU, >= 0).
+        points: ``(G, verdict)`` pairs, any order.
 
     Returns:
-        ``(holds_to, stops_at)``: None for the first when even the smallest ``G`` does not hold; None for
-        the second when every point holds.
+        ``(holds_to, stops_at)``: None for the first when even the smallest ``G`` does not hold; None for the second
+        when every point holds.
     """
     last = None
-    for g, value in sorted(points):
-        if value is None or value < baseline - tolerance:
+    for g, verdict in sorted(points, key=lambda p: p[0]):
+        if verdict not in (EQUIVALENT, BASELINE):
             return last, g
         last = g
     return last, None
+
+
+@dataclass
+class SweepPoint:
+    """One point's comparison with the baseline: the verdict word and the text it rests on (with its interval).
+
+    Attributes:
+        verdict: ``baseline``, ``equivalent``, ``worse``, ``better``, ``inconclusive``, or ``no verdict``.
+        estimate, low, high: best macro IoU minus the baseline's, with its 90 % interval (None where none).
+        text: the quality verdict's text (:meth:`~cropscale.report.equivalence.QualityVerdict.text`) or why none.
+        at_budget: the comparison's convergence note says a run was still improving.
+    """
+
+    verdict: str
+    estimate: float | None = None
+    low: float | None = None
+    high: float | None = None
+    text: str = ""
+    at_budget: bool = False
+
+
+def sweep_point(comparison: Comparison | None) -> SweepPoint:
+    """The :class:`SweepPoint` of a batch-sweep comparison (None: the point has no comparison)."""
+    if comparison is None:
+        return SweepPoint("no verdict", text="no comparison with the baseline (no usable runs)")
+    b = comparison.best
+    budget = comparison.convergence is not None and comparison.convergence.at_budget
+    return SweepPoint(b.verdict, b.interval.estimate, b.interval.low, b.interval.high, b.text(), budget)
 
 
 @dataclass
@@ -246,13 +285,15 @@ class SweepCurve:
     """One curve of a batch sweep: an optimiser, LR rule and precision over the global batches.
 
     Attributes:
-        rows: the measured rows, by ``G``; holds_to / stops_at: from :func:`holds_to`; verdict: one sentence.
+        rows: the measured rows, by ``G``; points: ``G`` -> :class:`SweepPoint`; holds_to / stops_at: from
+        :func:`holds_to`; verdict: one sentence.
     """
 
     optimizer: str
     lr_scaling: str
     precision: str
     rows: list[StudyRow]
+    points: dict[int, SweepPoint] = field(default_factory=dict)
     holds_to: int | None = None
     stops_at: int | None = None
     verdict: str = ""
@@ -264,7 +305,7 @@ class SweepSummary:
 
     Attributes:
         baseline: the baseline row (None when it has no measured macro IoU; ``why`` says so).
-        tolerance: allowed fall of the mean best macro IoU below the baseline mean (absolute, 0..1).
+        tolerance: the equivalence margin of the sweep's verdicts (absolute macro IoU, 0..1).
         curves: one per optimiser x LR rule x precision.
         not_run: ``(configuration key, G, optimizer, LR rule, reason)`` of the points not run.
     """
@@ -276,19 +317,22 @@ class SweepSummary:
     why: str = ""
 
 
-def _verdict(curve: SweepCurve, baseline: StudyRow, tolerance: float, not_run: Sequence[int]) -> str:
-    floor = baseline["best_miou"] - tolerance
-    by_g = {r.global_batch: r for r in curve.rows}
-    text = (f"holds to G = {curve.holds_to}; at G = {curve.stops_at}" if curve.holds_to is not None
-            else f"does not hold even at its smallest G = {curve.stops_at}:")
-    if curve.stops_at is not None:
-        row = by_g.get(curve.stops_at)
-        value = None if row is None else row["best_miou"]
-        text += " no measured macro IoU" if value is None else f" best macro IoU {value:.4f} < {floor:.4f}"
+def _verdict(curve: SweepCurve, not_run: Sequence[int]) -> str:
+    """The curve's sentence: holds to G (from the verdicts), where it stops or cannot say more, and why."""
+    held = [curve.points[g] for g in sorted(curve.points) if curve.holds_to is not None and g <= curve.holds_to]
+    budget = " at this budget (a run still improving)" if any(p.at_budget for p in held) else ""
+    stop = curve.points.get(curve.stops_at) if curve.stops_at is not None else None
+    if curve.holds_to is None:
+        text = (f"cannot say at any G: at its smallest G = {curve.stops_at}" if stop and stop.verdict == INCONCLUSIVE
+                else f"does not hold even at its smallest G = {curve.stops_at}:")
+    elif stop is None:
+        text = f"holds to G = {curve.holds_to}{budget}, the largest G run"
+    elif stop.verdict == INCONCLUSIVE:
+        text = f"holds to G = {curve.holds_to}{budget}; cannot say beyond G = {curve.holds_to}: at G = {curve.stops_at}"
     else:
-        text = f"holds to G = {curve.holds_to}"
-    if curve.stops_at is None and curve.rows:
-        text += ", the largest G run"
+        text = f"holds to G = {curve.holds_to}{budget}; at G = {curve.stops_at}"
+    if stop is not None:
+        text += f" {stop.text}"
     larger = [g for g in not_run if g > max((r.global_batch for r in curve.rows), default=0)]
     if larger:
         text += f" (not run: G = {', '.join(str(g) for g in larger)})"
@@ -296,14 +340,16 @@ def _verdict(curve: SweepCurve, baseline: StudyRow, tolerance: float, not_run: S
 
 
 def sweep_summary(rows: Sequence[StudyRow], configs: Sequence[Configuration], baseline: tuple[str, str, int],
-                  tolerance: float) -> SweepSummary:
+                  tolerance: float, comparisons: Sequence[Comparison] = ()) -> SweepSummary:
     """Curves, baseline and verdicts of the batch sweep.
 
     Args:
         rows: the study rows (only ``batch-sweep`` rows are used).
         configs: the planned configurations (the batch sweep's unrunnable ones are listed as not run).
         baseline: ``(optimizer, LR rule, G)`` of the small-batch baseline (:attr:`BatchSweepSpec.baseline`).
-        tolerance: allowed fall below the baseline's mean best macro IoU (absolute).
+        tolerance: the equivalence margin of the sweep's verdicts (absolute macro IoU).
+        comparisons: the study's comparisons; those of kind ``batch sweep`` give each point's verdict, found by the
+            point's configuration key (``other_key``).
     """
     sweep_rows = [r for r in rows if r.protocol == P.BATCH_SWEEP and r.evidence == MEASURED_RUN]
     not_run = [(c.key, c.plan.global_batch, c.plan.optimizer, c.plan.lr_scaling, c.reason) for c in configs
@@ -314,6 +360,9 @@ def sweep_summary(rows: Sequence[StudyRow], configs: Sequence[Configuration], ba
     if base is None or base["best_miou"] is None:
         summary.baseline = None
         summary.why = f"the baseline ({opt}, {rule}, G = {g0}) has no measured best macro IoU"
+    by_key = {c.other_key: c for c in comparisons if c.kind == "batch sweep"}
+    runs_of = {c.key: c.runs_as or c.key for c in configs}
+    same = {k for k, runs in runs_of.items() if base is not None and runs == runs_of.get(base.config_key)}
     keys = list(dict.fromkeys((c.plan.optimizer, c.plan.lr_scaling, PRECISION_LABELS[c.precision]) for c in configs
                               if c.protocol == P.BATCH_SWEEP))  # the spec's order
     for optimizer, lr_scaling, precision in keys:
@@ -323,10 +372,11 @@ def sweep_summary(rows: Sequence[StudyRow], configs: Sequence[Configuration], ba
             continue
         curve = SweepCurve(optimizer, lr_scaling, precision, mine)
         if summary.baseline is not None:
-            curve.holds_to, curve.stops_at = holds_to([(r.global_batch, r["best_miou"]) for r in mine],
-                                                      summary.baseline["best_miou"], tolerance)
+            curve.points = {r.global_batch: SweepPoint(BASELINE, 0.0, text="the baseline") if r.config_key in same
+                            else sweep_point(by_key.get(r.config_key)) for r in mine}
+            curve.holds_to, curve.stops_at = holds_to([(g, p.verdict) for g, p in curve.points.items()])
             skipped = [g for _, g, o, lr, _ in not_run if (o, lr) == (optimizer, lr_scaling)]
-            curve.verdict = _verdict(curve, summary.baseline, tolerance, skipped)
+            curve.verdict = _verdict(curve, skipped)
         else:
             curve.verdict = f"no verdict: {summary.why}"
         summary.curves.append(curve)

@@ -9,6 +9,13 @@ Two models, both ``analytical-scenario`` (the measured time beside them is ``mea
   with other work during a run (measured by the study around each run, :func:`cropscale.study.launch.cpu_usage`),
   a fair-share scheduler gives ``k`` ranks ``c_k = k t min(1, C / (L + k t))`` cores; the same samples then
   take ``T_N = T_1 c_1 / c_N + U_N t_c(N)``.
+- **session share** (CPU studies on a Linux host whose scheduler groups threads by session, ``autogroup``): the
+  kernel shares the cores between sessions first, so the ranks of one study, all in its session, share what the
+  session gets however many they are. When the N = 1 rank was held below its threads (it used ``own_1 < 0.9 t``
+  cores, measured around the run), that is the session's share ``s = own_1``, and ``k`` ranks get
+  ``min(k t, s)``: ``T_N = T_1 own_1 / min(N t, own_1) + U_N t_c(N)``. The fair-share model counts other work by
+  what it consumed, which on a saturated host is what was left over, not what it demanded: it over-predicts the
+  cores a second rank adds.
 
 Error = predicted / measured - 1 (negative: the model is too optimistic).
 """
@@ -39,6 +46,8 @@ class PredictionCheck:
     ideal: float
     cpu_share: float | None = None
     basis: str = ""
+    session_share: float | None = None
+    session_basis: str = ""
 
     @property
     def ideal_error(self) -> float:
@@ -50,6 +59,11 @@ class PredictionCheck:
         """CPU-share prediction / measured - 1 (None off a CPU or without the core measurements)."""
         return None if self.cpu_share is None else self.cpu_share / self.measured - 1.0
 
+    @property
+    def session_share_error(self) -> float | None:
+        """Session-share prediction / measured - 1 (None where the model does not apply)."""
+        return None if self.session_share is None else self.session_share / self.measured - 1.0
+
     def line(self) -> str:
         """The printed line."""
         text = (f"prediction check {self.protocol} {self.precision} N = 1 -> {self.world_size}: measured training"
@@ -59,6 +73,9 @@ class PredictionCheck:
             text += f"; CPU share {self.cpu_share:.2f} s (error {100 * self.cpu_share_error:+.1f} %; {self.basis})"
         elif self.basis:
             text += f"; CPU share: {self.basis}"
+        if self.session_share is not None:
+            text += (f"; session share {self.session_share:.2f} s (error {100 * self.session_share_error:+.1f} %;"
+                     f" {self.session_basis})")
         return text + f" [{ANALYTICAL_SCENARIO}]"
 
 
@@ -122,3 +139,27 @@ def _cpu_share(check: PredictionCheck, spec: StudySpec, one: StudyRow, row: Stud
     check.basis = (f"C = {cores:g} cores, {threads} thread(s)/rank, other work {other_1:.2f} / {other_n:.2f} cores"
                    f" during the N = 1 / N = {row.world_size} runs: {c_1:.2f} / {c_n:.2f} cores for the ranks"
                    + (f", {own:.2f} used by the N = {row.world_size} runs" if own is not None else ""))
+    _session_share(check, one["train_epoch_s"], row.world_size, threads, entries_1, entries_n, comm)
+
+
+HELD = 0.9
+"""The N = 1 rank was held below its threads when it used less than this share of them (the session's share)."""
+
+
+def session_cores(ranks: int, threads: int, session: float) -> float:
+    """Cores ``ranks`` processes of ``threads`` threads get when their session gets ``session`` cores: the minimum."""
+    return min(ranks * threads, session)
+
+
+def _session_share(check: PredictionCheck, t_1: float, n: int, threads: int, entries_1: Sequence[dict],
+                   entries_n: Sequence[dict], comm: float) -> None:
+    """The session-share prediction (module docstring), where the host groups by session and N = 1 was held."""
+    own_1 = median(e.get("own_cores") for e in entries_1)
+    if not all(e.get("autogroup") for e in (*entries_1, *entries_n)) or own_1 is None or own_1 <= 0:
+        return
+    if own_1 >= HELD * threads:
+        return  # the rank got its threads: the session's share is not known to be the limit
+    check.session_share = t_1 * own_1 / session_cores(n, threads, own_1) + comm
+    check.session_basis = (f"the scheduler shares the cores between sessions (autogroup) and the study's session got"
+                           f" {own_1:.2f} cores during the N = 1 runs, below its {threads} thread(s): {n} ranks share"
+                           f" {session_cores(n, threads, own_1):.2f}")

@@ -182,17 +182,28 @@ def cpu_sample() -> CpuSample:
     return CpuSample(busy, total, usage.ru_utime + usage.ru_stime, time.monotonic())
 
 
-def cpu_usage(before: CpuSample, after: CpuSample) -> dict[str, float | int | None]:
+def session_scheduling(path: str | Path = "/proc/sys/kernel/sched_autogroup_enabled") -> bool | None:
+    """True when the Linux scheduler groups threads by session (autogroup), False when not, None when unknown."""
+    try:
+        return Path(path).read_text().strip() == "1"
+    except OSError:
+        return None
+
+
+def cpu_usage(before: CpuSample, after: CpuSample) -> dict[str, float | int | bool | None]:
     """Cores busy on the host, used by the run, and used by other work, averaged over the run (``measured-run``).
 
     ``busy_cores`` = busy share of ``/proc/stat`` x the cores of this process's CPU set; ``own_cores`` = the
     run's processes' CPU seconds (``RUSAGE_CHILDREN``: the fit and the ranks it waited for) / wall seconds;
-    ``other_cores`` = ``busy_cores - own_cores`` (>= 0): work of other processes sharing the cores.
+    ``other_cores`` = ``busy_cores - own_cores`` (>= 0): work of other processes sharing the cores; ``autogroup``:
+    the kernel shares the cores between sessions first, then between a session's threads (Linux
+    ``/proc/sys/kernel/sched_autogroup_enabled``; None where it cannot be read).
     """
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     wall = max(after.clock_s - before.clock_s, 1e-9)
     own = (after.children_cpu_s - before.children_cpu_s) / wall
-    out: dict[str, float | int | None] = {"cores": cores, "own_cores": own, "busy_cores": None, "other_cores": None}
+    out: dict[str, float | int | bool | None] = {"cores": cores, "own_cores": own, "busy_cores": None,
+                                                 "other_cores": None, "autogroup": session_scheduling()}
     counted = before.total_jiffies is not None and after.total_jiffies is not None
     if counted and after.total_jiffies > before.total_jiffies:
         share = (after.busy_jiffies - before.busy_jiffies) / (after.total_jiffies - before.total_jiffies)

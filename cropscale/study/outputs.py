@@ -14,9 +14,10 @@ from pathlib import Path
 
 from cropscale.evidence import ANALYTICAL_SCENARIO, MEASURED_RUN
 from cropscale.files import atomic_write_text
-from cropscale.report.equivalence import Comparison, verdict_intro, verdict_row
+from cropscale.report.equivalence import ALPHA, CONFIDENCE, level_text
 from cropscale.report.plots import plot_iou_by_epoch, plot_step_decomposition, plot_verdicts, pyplot, save
 from cropscale.report.tables import TableRow, render_table
+from cropscale.report.verdicts import Comparison, verdict_intro, verdict_row
 from cropscale.runs.figures import STUDY, SWEEP, VERDICTS, table_columns
 from cropscale.runs.record import RunRecord
 from cropscale.runs.rules import Figure
@@ -88,9 +89,11 @@ def _blocks(rows: Sequence[TableRow], spec: StudySpec) -> list[str]:
          f"Each row: the median over {len(spec.seeds)} seed(s) of per-run figures over the"
          f" {spec.measured_epochs} measured epoch(s) after {spec.warmup_epochs} warm-up epoch(s); macro IoU as"
          " mean and sample standard deviation over seeds. S_N = Q_N / Q_1 and E_N = S_N / N with Q the median"
-         " training samples/s (same samples per epoch for every N: the protocol's samples/s at equal work, the"
-         " report's definition), S_N low / high its 95 % interval (Welch t on the log per-epoch samples/s of the"
-         " N-rank and 1-rank runs); Karp-Flatt e = (1/S_N - 1/N) / (1 - 1/N), measured-run at the N it was"
+         " training-loop samples/s (same samples per epoch for every N: the protocol's samples/s at equal work, the"
+         " report's definition; the epoch-clock samples/s column is training samples / end-to-end epoch time),"
+         " S_N low / high its 95 % interval over runs (Welch t on the log per-run geometric-mean samples/s of the"
+         " N-rank and 1-rank runs; one run on a side gives none); GPU board J/sample is NVML board energy only"
+         " (no CPU, memory, network or cooling); Karp-Flatt e = (1/S_N - 1/N) / (1 - 1/N), measured-run at the N it was"
          " measured (an identity of S_N, cropscale.evidence)."),
         (ANALYTICAL_SCENARIO, f"Analytical scenarios ({ANALYTICAL_SCENARIO}): not run, more devices than available",
          "Predicted, not measured: T_N = T_1 (e + (1 - e)/N) + U_N (t_c(N) - t_c(N_ref)) with the Karp-Flatt"
@@ -214,13 +217,16 @@ def sweep_table_row(row: StudyRow, sweep: SweepSummary, epochs: int) -> TableRow
     values["updates_total"] = row.updates_per_epoch * epochs if row.updates_per_epoch is not None else None
     figures = {c.key: base.figures.get(c.key) or Figure(row[c.key], row.evidence, row.why.get(c.key))
                for c in table_columns(SWEEP) if c.figure}
-    if sweep.baseline is None or row["best_miou"] is None:
+    curve = next((c for c in sweep.curves if row in c.rows), None)
+    point = curve.points.get(row.global_batch) if curve is not None else None
+    if sweep.baseline is None or point is None:
         figures["best_miou_delta"] = Figure(None, MEASURED_RUN, sweep.why or "no measured best macro IoU")
-        values["holds"] = None
+        values["holds"] = values["best_miou_delta_ci"] = None
     else:
-        delta = row["best_miou"] - sweep.baseline["best_miou"]
-        figures["best_miou_delta"] = Figure(delta, MEASURED_RUN)
-        values["holds"] = "yes" if delta >= -sweep.tolerance else "no"
+        figures["best_miou_delta"] = Figure(point.estimate, MEASURED_RUN, point.text or "no interval")
+        values["holds"] = point.verdict
+        values["best_miou_delta_ci"] = (f"{point.low:+.4f}..{point.high:+.4f}" if point.low is not None
+                                        else "n/a" if point.verdict == "baseline" else f"n/a ({point.text})")
     return TableRow(values=values, figures=figures, evidence=MEASURED_RUN)
 
 
@@ -235,17 +241,22 @@ def sweep_block(rows: Sequence[TableRow], sweep: SweepSummary, spec: StudySpec) 
         sd = "n/a (one seed)" if best_sd is None else f"{best_sd:.4f}"
         lines.append(
             f"Baseline: {b.optimizer}, LR rule {b.lr_scaling}, G = {b.global_batch}: best macro IoU {best:.4f}"
-            f" (mean over {b.seeds} seed(s), sd {sd}) [{MEASURED_RUN}]. A point holds when its mean best macro IoU"
-            f" is at least the baseline's minus the tolerance {sweep.tolerance:g},"
-            f" i.e. >= {best - sweep.tolerance:.4f}.")
+            f" (mean over {b.seeds} seed(s), sd {sd}) [{MEASURED_RUN}]. Each point's best macro IoU is compared with"
+            f" the baseline's by the verdicts' one rule: equivalent when the {level_text(CONFIDENCE)} of the"
+            f" difference lies inside +-{sweep.tolerance:g} (the sweep's tolerance as the margin; TOST at alpha ="
+            f" {ALPHA:g}). A curve holds to the largest G up to which every point is equivalent; where the first"
+            " point that is not is inconclusive, it cannot say beyond, and the seeds per side that would decide are"
+            " named.")
     lines.append("")
     for c in sweep.curves:
         lines.append(f"- {c.optimizer}, LR rule {c.lr_scaling}, {c.precision}: {c.verdict}")
     intro = (f"Every G trains {spec.max_epochs} epoch(s) (the same samples), so the optimizer updates fall as G"
              " grows. G = L x N x A; G, L, N, A, LR and updates are the plan (counts), checked against each run's"
              " printed batch line and global step. Best mIoU: best validation macro IoU of a run, mean and sample sd"
-             f" over seeds; samples/s and training-epoch time: median over seeds of the {spec.measured_epochs} measured"
-             f" epoch(s) after {spec.warmup_epochs} excluded.")
+             f" over seeds; vs baseline: the difference of mean best macro IoU with its {level_text(CONFIDENCE)} and"
+             f" the verdict (alpha = {ALPHA:g} per side); samples/s (training loop and epoch clock) and"
+             f" training-epoch time: median over seeds of the {spec.measured_epochs} measured epoch(s) after"
+             f" {spec.warmup_epochs} excluded.")
     table = render_table(rows, table_columns(SWEEP), title=f"Batch sweep table ({MEASURED_RUN})", intro=intro)
     lines += ["", table.markdown]
     if sweep.not_run:
@@ -258,8 +269,9 @@ def sweep_block(rows: Sequence[TableRow], sweep: SweepSummary, spec: StudySpec) 
 def plot_batch_sweep(sweep: SweepSummary, path: Path) -> Path:
     """Plot best macro IoU (mean +- sd over seeds) and samples/s against the global batch G.
 
-    One line per optimiser x LR rule x precision; the baseline's mean +- sd as a grey band, the baseline
-    minus the tolerance as a dashed line; the G not run as dotted vertical lines.
+    One line per optimiser x LR rule x precision, its label ending in the curve's "holds to G"; the baseline's mean
+    +- sd as a grey band, the baseline minus the margin as a dashed line (a guide: the verdicts compare the 90 %
+    interval of the difference with the margin); the G not run as dotted vertical lines.
     """
     plt = pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(12, 5.4))
@@ -270,9 +282,9 @@ def plot_batch_sweep(sweep: SweepSummary, path: Path) -> Path:
         axes[0].axhspan(b["best_miou"] - sd, b["best_miou"] + sd, color="grey", alpha=0.25,
                         label=f"baseline {b.optimizer} {b.lr_scaling} G={b.global_batch}: mean +- sd")
         axes[0].axhline(b["best_miou"] - sweep.tolerance, color="grey", ls="--", lw=1,
-                        label=f"baseline - tolerance {sweep.tolerance:g}")
+                        label=f"baseline - margin {sweep.tolerance:g}")
     for i, c in enumerate(sweep.curves):
-        label = f"{c.optimizer} {c.lr_scaling} {c.precision}"
+        label = f"{c.optimizer} {c.lr_scaling} {c.precision}" + (f": holds to G = {c.holds_to}" if c.holds_to else "")
         iou = [(r.global_batch, r["best_miou"], r["best_miou_sd"] or 0.0) for r in c.rows if r["best_miou"] is not None]
         if iou:
             x, y, e = zip(*iou, strict=True)
@@ -294,7 +306,7 @@ def plot_batch_sweep(sweep: SweepSummary, path: Path) -> Path:
     axes[0].set_ylabel("best val macro IoU (0..1)")
     axes[0].set_title(f"Quality vs global batch, mean +- sd over seeds [{MEASURED_RUN}]", fontsize=9)
     axes[1].set_ylim(bottom=0)
-    axes[1].set_ylabel("training samples/s (median over seeds)")
+    axes[1].set_ylabel("training-loop samples/s (median over seeds)")
     axes[1].set_title(f"Throughput vs global batch [{MEASURED_RUN}]", fontsize=9)
     fig.tight_layout()
     return save(fig, path)

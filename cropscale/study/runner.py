@@ -319,15 +319,15 @@ def run_study(
     rows = _rows(study)
     study.doc["rows"] = [r.to_json() for r in rows]
     study.doc["failed_runs"] = sum(study.failures.values())
+    found = study_comparisons(spec, study.configs, study.records)
+    study.doc["verdicts"] = [c.line() for c in found]
     sweep = next((p for p in spec.protocols if isinstance(p, BatchSweepSpec)), None)
     summary = None
     if sweep is not None:
-        summary = sweep_summary(rows, study.configs, sweep.baseline, sweep.tolerance)
+        summary = sweep_summary(rows, study.configs, sweep.baseline, sweep.tolerance, found)
         study.doc["batch_sweep"] = asdict(summary)
     study.write_doc()
     runs = [r for records in study.records.values() for r in records]
-    found = study_comparisons(spec, study.configs, study.records)
-    study.doc["verdicts"] = [c.line() for c in found]
     cpu: dict[str, list[dict]] = {}
     for entry in study.doc["runs"]:
         if entry.get("cpu") and entry.get("returncode") == 0:
@@ -335,7 +335,9 @@ def run_study(
     checks = prediction_checks(spec, rows, study.records, cpu, accelerator)
     study.doc["prediction_checks"] = [c.line() for c in checks]
     paths = write_outputs(rows, study.out, spec, runs, summary, found, [c.line() for c in checks])
-    for line in [c.line() for c in found] + study.doc["prediction_checks"]:
+    sweep_lines = [f"batch sweep {c.optimizer}, {c.lr_scaling}, {c.precision}: {c.verdict}"
+                   for c in (summary.curves if summary is not None else ())]
+    for line in [c.line() for c in found] + sweep_lines + study.doc["prediction_checks"]:
         study.echo(line)
     study.doc["outputs"] = {k: str(v) for k, v in paths.items()}
     study.write_doc()

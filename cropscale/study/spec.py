@@ -21,9 +21,10 @@ from typing import Any, Literal
 
 from cropscale.errors import CropScaleError
 from cropscale.model.optim import OPTIMIZERS
+from cropscale.numbers import TARGET_FRACTION
 from cropscale.options import error_line
 from cropscale.precision import LABELS, STUDY_ALIASES, STUDY_CONFIGS
-from cropscale.report.equivalence import DEFAULT_MARGIN, TARGET_FRACTION
+from cropscale.report.equivalence import DEFAULT_MARGIN
 from cropscale.study import protocol as P
 
 """The checkout holding ``configs/`` (paths in a spec may be relative to it)."""
@@ -117,8 +118,8 @@ class BatchSweepSpec:
         lr_schedule: ``constant`` or ``cosine`` after the warm-up.
         baseline_optimizer: optimiser of the small-batch baseline (default: the first listed); the
             baseline is its smallest ``G`` with its first LR rule.
-        tolerance: macro IoU (absolute, 0..1) by which a point's mean best macro IoU may fall below the
-            baseline's mean and still "hold".
+        tolerance: the equivalence margin (macro IoU, absolute, 0..1) of each point's verdict against the
+            baseline (:func:`cropscale.report.equivalence.decide`): a point holds when it is equivalent.
     """
 
     name: str

@@ -6,15 +6,17 @@ base configuration against another that differs in one thing (statistics and ver
 
 - ``precision``: FP32 against each other precision of the same protocol and world size;
 - ``devices``: the 1-rank configuration against each measured N > 1 of the same protocol and precision;
-- ``global batch``: a batch sweep's baseline point against each other global batch of its optimizer, LR rule
-  and precision.
+- ``batch sweep``: a batch sweep's baseline point (its first optimizer and LR rule at the smallest ``G``) against
+  every other point of its precision, other optimizers at the baseline's ``G`` included, at the sweep's
+  ``tolerance`` as the margin; :func:`cropscale.study.aggregate.sweep_summary` reads "holds to G" from these
+  verdicts.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from cropscale.report.equivalence import Comparison, compare_runs
+from cropscale.report.verdicts import Comparison, compare_runs
 from cropscale.runs.record import RunRecord
 from cropscale.study import protocol as P
 from cropscale.study.plan import Configuration
@@ -58,10 +60,10 @@ def study_comparisons(spec: StudySpec, configs: Sequence[Configuration],
         base = next((c for c in points
                      if (c.plan.optimizer, c.plan.lr_scaling, c.plan.global_batch) == (opt, rule, g0)), None)
         for other in points if base is not None else ():
-            if other is base or other.plan.global_batch == g0 or other.precision != base.precision:
-                continue
+            if (other.runs_as or other.key) == (base.runs_as or base.key) or other.precision != base.precision:
+                continue  # the baseline itself, or a point that shares its runs (another LR rule at the same G)
             label = f"{PRECISION_LABELS[base.precision]} {opt} {rule} G {g0}"
-            out.append(compare_runs("global batch", label, f"{other.plan.optimizer} {other.plan.lr_scaling} G"
+            out.append(compare_runs("batch sweep", label, f"{other.plan.optimizer} {other.plan.lr_scaling} G"
                                     f" {other.plan.global_batch}", _sides(runs[base.key]), _sides(runs[other.key]),
-                                    margin, fraction))
+                                    sweep.tolerance, fraction, keys=(base.key, other.key)))
     return out

@@ -1,5 +1,6 @@
-"""Energy that cannot be measured is never reported as a measured figure (issue 27): an NVML energy counter
-that fails mid-run, a power sampler whose readings fail, a MIG instance (NVML reads the whole physical GPU).
+"""Energy that cannot be measured is never reported as a measured figure (issues 27 and 38): an NVML energy counter
+that fails mid-run, a power sampler whose readings fail or are too few (MLPerf's power rules), a MIG instance (NVML
+reads the whole physical GPU).
 
 One-process CPU fits of the tiny task with a fake NVML behind ``nvml.open_device_for`` (as in test_fit.py).
 """
@@ -10,6 +11,8 @@ import pytest
 
 from cropscale.callbacks import EnergyCallback
 from cropscale.env import nvml
+from cropscale.runs import rules
+from cropscale.runs.schema import RunSummary
 from cropscale.testing.toy import ToyTask
 from tests.callbacks.test_fit import CountingNvml, make_trainer
 
@@ -101,3 +104,43 @@ def test_mig_instance_energy_is_withheld(tmp_path, monkeypatch):
     assert "MIG instance fake-uuid" in s["reason"] and "whole physical GPU" in s["reason"]
     assert s["devices"][0]["mig_instance"] is True and s["devices"][0]["name"] == "NVIDIA H200"
     assert nv.reads == 0  # the whole GPU's counter is never read for this rank
+
+
+class CountedPower(CountingNvml):
+    """No energy counter; power 312.5 W; every power reading counted."""
+
+    def __init__(self):
+        super().__init__(counter_supported=False)
+        self.reads = 0
+
+    def nvmlDeviceGetPowerUsage(self, h):
+        self.reads += 1
+        return super().nvmlDeviceGetPowerUsage(h)
+
+
+def test_sampled_power_records_its_readings_and_too_few_are_refused(tmp_path, monkeypatch):
+    """MLPerf's power rules: a sampled-power figure needs at least 60 readings per run, at least one a second. A
+    short fit sampled every 0.5 s has a handful: the run.json records the count and the report refuses the figure."""
+    nv = CountedPower()
+    s = _fit(tmp_path, monkeypatch, nv, sample_interval_s=0.5)
+    assert s["available"] is True and s["method"] == "sampled-power"
+    n = s["power_samples"]
+    assert 0 <= n <= nv.reads < 60  # readings inside the training window (the sampler starts just before it)
+    assert s.get("power_sample_period_s") is None if n < 2 else 0.45 <= s["power_sample_period_s"] <= 1.0
+    joules, per_sample = rules.energy(RunSummary.from_json({"energy": s}), 0)
+    assert joules.value is None and per_sample.value is None
+    assert f"sampled power from only {n} readings in the run (MLPerf's power rules" in joules.why
+
+
+def test_sampled_power_period_is_measured(tmp_path, monkeypatch):
+    nv = CountedPower()
+    s = _fit(tmp_path, monkeypatch, nv, sample_interval_s=0.01)
+    n, period = s["power_samples"], s["power_sample_period_s"]
+    assert 2 <= n <= nv.reads and 0.01 <= period < 0.5  # the thread waits the interval between readings
+    joules, _ = rules.energy(RunSummary.from_json({"energy": s}), 0)
+    assert (joules.value is not None) == (n >= rules.MIN_POWER_SAMPLES)
+
+
+def test_counter_energy_records_no_readings(tmp_path, monkeypatch):
+    s = _fit(tmp_path, monkeypatch, FailingCounter(fail_from=10**9))
+    assert "power_samples" not in s and "power_sample_period_s" not in s  # left out while None

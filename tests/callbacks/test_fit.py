@@ -208,6 +208,11 @@ def test_throughput_arithmetic(full_run):
         assert ep["flops_per_sample"] == 36.0
         assert ep["tflops_per_s_per_gpu"] == pytest.approx(36.0 * 16 / ep["train_s"] / 1e12)
         assert ep["mfu"] is None
+        # the two throughputs, named apart: the epoch clock holds what the training loop leaves out
+        assert ep["samples_per_s_epoch_clock"] == pytest.approx(16 / ep["wall_s"])
+        assert ep["samples_per_s_epoch_clock"] < ep["samples_per_s"]
+    assert th["total_wall_s"] == pytest.approx(sum(ep["wall_s"] for ep in th["epochs"]))
+    assert th["samples_per_s_epoch_clock"] == pytest.approx(32 / th["total_wall_s"])
     assert "no dense peak for device 'cpu'" in th["mfu_reason"]
     assert th["epochs"][1]["step_latency_ms"]["n"] == 3  # epoch 1: 4 steps, first one after validation
 

@@ -120,7 +120,11 @@ def test_fit_end_to_end_on_real_sample(tmp_path, flanders_root):
     (st,) = s["step_timing"]["epochs"]
     assert st["windows_ms"]["step"]["n"] == 1
     step = st["windows_ms"]["step"]["median"]
-    assert lines["speed"] == (f"{tp['samples'] / tp['train_s']:,.2f} training samples/s; median step {step:,.1f} ms")
+    assert lines["speed"] == (f"{tp['samples'] / tp['train_s']:,.2f} training-loop samples/s,"
+                              f" {tp['samples'] / tp['wall_s']:,.2f} epoch-clock samples/s (end-to-end epoch);"
+                              f" median step {step:,.1f} ms")
+    assert lines["epoch"] == (f"training-only {tp['train_s']:,.2f} s, validation-only {tp['val_s']:,.2f} s,"
+                              f" end-to-end {tp['wall_s']:,.2f} s")
     shares = {w: 100 * st["windows_ms"][w]["median"] / step for w in
               ("data_wait", "transfer", "forward", "backward", "optimizer", "remainder")}
     names = ("data wait", "transfer", "forward", "backward", "optimizer", "remainder")

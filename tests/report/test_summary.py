@@ -27,13 +27,19 @@ def test_summary_lines_by_hand(tmp_path):
     body = {line[:12].strip(): line[12:] for line in lines[2:]}
     assert body["ran"] == "FP32 on 1 device(s) (SingleDeviceStrategy), global batch 4"
     assert body["quality"] == "best val/mIoU 0.3500 at epoch 1 (final 0.3000)"
-    # epochs 1, 2: 420 samples in 42 s; the step window's median in epoch 1 is 100 ms (format ,.1f)
-    assert body["speed"] == "10.00 training samples/s; median step 100.0 ms (median over the measured epochs)"
+    # epochs 1, 2: 420 samples in 42 s of the training loop and 24 + 28 = 52 s end to end (420 / 52 = 8.077); the
+    # step window's median in epoch 1 is 100 ms (format ,.1f)
+    assert body["speed"] == ("10.00 training-loop samples/s, 8.08 epoch-clock samples/s (end-to-end epoch); median"
+                             " step 100.0 ms (median over the measured epochs)")
+    # medians of the measured epochs: train [20, 22], validation [4, 6], end to end [24, 28]
+    assert body["epoch"] == ("training-only 21.00 s, validation-only 5.00 s, end-to-end 26.00 s (median over the"
+                             " measured epochs)")
     # windows 1, 0.5, 30, 50, 18.5, 0 ms of 100 (0.5 and 18.5 round half to even)
     assert body["step"].startswith("data wait 1 %, transfer 0 %, forward 30 %, backward 50 %, optimizer 18 %,"
                                    " remainder 0 % of the median step (window medians; sum 100 %)")
     assert body["memory"] == "peak 3.00 GiB (peak allocated GPU memory (torch.cuda))"
-    assert body["energy"] == f"{2400 / 420:.3f} J per training sample"  # 2 x 1200 J for 2 x 210 samples
+    assert body["energy"] == (f"{2400 / 420:.3f} J per training sample (GPU board energy (NVML): no CPU, memory,"
+                              " network or cooling)")  # 2 x 1200 J for 2 x 210 samples
     assert body["numerics"] == ("1 non-finite batch(es), 0 skipped step(s); the last logged training loss is"
                                 " finite")
     assert body["run folder"] == str(tmp_path / "runs" / "fp32" / "version_0")

@@ -144,7 +144,8 @@ def test_a_table_is_its_members_in_registry_order():
 
 def test_paired_and_mean_sd_places_derive_their_columns():
     pairs = {c.key: c.header for c in table_columns(PAIRS)}
-    assert pairs["base_samples_per_s"] == "FP32 samples/s" and pairs["other_samples_per_s"] == "Mixed samples/s"
+    assert pairs["base_samples_per_s"] == "FP32 training-loop samples/s"
+    assert pairs["other_samples_per_s"] == "Mixed training-loop samples/s"
     assert pairs["base_best_miou"] == "FP32 best mIoU" and "samples_per_s" not in pairs
     study = [(c.key, c.header, c.fmt) for c in table_columns(STUDY)]
     i = [k for k, _, _ in study].index("best_miou")
@@ -161,6 +162,27 @@ def test_speedup_is_two_figures_with_their_own_base():
     assert {c.key for c in table_columns(SCALING)} >= {"speedup_vs_1_device", "efficiency", "karp_flatt"}
     assert [c.header for c in table_columns(STUDY) if c.key.startswith("speedup")] == [
         "S_N", "S_N low (95 %)", "S_N high (95 %)"]
+
+
+def test_every_table_names_which_throughput_and_which_energy_it_shows():
+    """Two throughputs (training loop, epoch clock) and GPU board energy: every column header says which."""
+    from cropscale.runs.figures import TABLES
+
+    seen = set()
+    for table in TABLES:
+        for c in table_columns(table):
+            key = c.key.removeprefix("base_").removeprefix("other_")
+            if key == "samples_per_s":
+                assert "training loop" in c.header or "training-loop" in c.header, (table, c.header)
+            elif key == "samples_per_s_epoch_clock":
+                assert "epoch clock" in c.header, (table, c.header)
+            elif key.startswith("energy_j"):
+                assert c.header.startswith("GPU board"), (table, c.header)
+            else:
+                continue
+            seen.add((table, key))
+    assert {("speed", "samples_per_s"), ("speed", "samples_per_s_epoch_clock"), ("study", "samples_per_s_epoch_clock"),
+            ("sweep", "samples_per_s_epoch_clock"), ("resources", "energy_j"), ("study", "energy_j_per_sample")} <= seen
 
 
 def test_a_study_row_refuses_a_key_no_figure_has():

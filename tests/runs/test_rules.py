@@ -38,6 +38,33 @@ def test_samples_per_s_sums_samples_and_seconds_of_measured_epochs():
     assert rules.samples_per_s(_summary(), 3).value is None
 
 
+def test_two_throughputs_named_apart_hand_worked():
+    """The training loop's samples/s (train_s) and the epoch clock's (wall_s) over the same measured epochs."""
+    s = _summary()
+    assert rules.samples_per_s(s, 1).value == pytest.approx(160 / 32)
+    assert rules.samples_per_s_epoch_clock(s, 1).value == pytest.approx(160 / 42)  # wall 24 + 18
+    assert rules.samples_per_s_epoch_clock(s, 0).value == pytest.approx(260 / 101)
+    assert "end-to-end epoch seconds" in rules.samples_per_s_epoch_clock(s, 1).note
+    assert "no throughput summary" in rules.samples_per_s_epoch_clock(RunSummary(), 1).why
+
+
+@pytest.mark.parametrize("samples,period,stands", [
+    (60, 1.0, True),     # MLPerf's bounds, exactly: at least 60 readings, at least one a second
+    (59, 0.1, False),    # one reading short
+    (600, 1.01, False),  # read less than once a second
+    (None, 0.1, False),  # count not recorded
+])
+def test_a_sampled_power_figure_needs_60_readings_at_least_once_a_second(samples, period, stands):
+    data = _summary().to_json()
+    data["energy"].update(method="sampled-power", power_samples=samples, power_sample_period_s=period)
+    joules, per_sample = rules.energy(RunSummary.from_json(data), 1)
+    assert (joules.value is not None, per_sample.value is not None) == (stands, stands)
+    if not stands:
+        assert "MLPerf's power rules: at least 60 readings per run, at least one every 1 s" in joules.why
+    counter = rules.energy(_summary(), 1)[0]  # the energy counter needs no readings count
+    assert counter.value == 480.0 and counter.note.startswith("GPU board energy (NVML): no CPU, memory")
+
+
 def test_epoch_times_windows_shares_and_energy():
     s = _summary()
     assert rules.epoch_time(s, "val_s", 1).value == 5.0  # median(4, 6)

@@ -88,6 +88,34 @@ def test_prediction_check_prints_both_errors():
     assert gpu.cpu_share is None and "CPU share" not in gpu.line()
 
 
+def test_session_share_where_the_scheduler_groups_by_session():
+    """Linux autogroup: the study's ranks share their session's cores. Measured here (issue 38): one 1-thread rank
+    used 0.27 cores (the host saturated by other sessions), two ranks 0.26 together, and the N = 2 epoch was no
+    faster. T_1 = 100 s, measured T_2 = 80 s: the session model says 100 x 0.27 / min(2, 0.27) = 100 s (+25.0 %);
+    the fair-share model, counting other work by what it consumed (1.73 cores), 100 x 0.733 / 1.070 = 68.5 s."""
+    spec, _, rows = _setup(1.25, None)
+    one = {"cores": 2, "other_cores": 1.73, "own_cores": 0.27, "autogroup": True}
+    two = {"cores": 2, "other_cores": 1.74, "own_cores": 0.26, "autogroup": True}
+    cpu = {"equal-global_fp32_n1": [one], "equal-global_fp32_n2": [two]}
+    (check,) = prediction_checks(spec, rows, {}, cpu, "cpu")
+    assert check.session_share == pytest.approx(100.0) and check.session_share_error == pytest.approx(0.25)
+    assert check.cpu_share == pytest.approx(100 * (2 / 2.73) / (2 * 2 / 3.74), rel=1e-6)
+    assert "session share 100.00 s (error +25.0 %" in check.line() and "got 0.27 cores" in check.line()
+    for changed in ({**one, "autogroup": False}, {**one, "autogroup": None}, {**one, "own_cores": 0.95}):
+        cpu = {"equal-global_fp32_n1": [changed], "equal-global_fp32_n2": [two]}
+        (other,) = prediction_checks(spec, rows, {}, cpu, "cpu")
+        assert other.session_share is None and "session share" not in other.line()
+
+
+def test_session_scheduling_is_read_from_the_kernel(tmp_path):
+    from cropscale.study.launch import session_scheduling
+
+    (tmp_path / "on").write_text("1\n")
+    (tmp_path / "off").write_text("0\n")
+    assert session_scheduling(tmp_path / "on") is True and session_scheduling(tmp_path / "off") is False
+    assert session_scheduling(tmp_path / "missing") is None
+
+
 def test_fitted_quantities_follow_one_rule():
     assert derived_label(MEASURED_RUN, MEASURED_RUN) == MEASURED_RUN  # a ratio, Karp-Flatt at a measured N
     assert derived_label(MEASURED_RUN, model=True) == ANALYTICAL_SCENARIO  # a fitted law's parameter

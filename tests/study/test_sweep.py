@@ -125,20 +125,40 @@ def test_batch_line_check_compares_the_optimizer():
     assert launch.check_batch_line(line.replace("'lamb'", "'adamw'"), p)[0] is False
 
 
+B, E, W, INC = aggregate.BASELINE, "equivalent", "worse", "inconclusive"
+
+
 @pytest.mark.parametrize("points,expected", [
-    ([(4, 0.50), (8, 0.49), (16, 0.46), (32, 0.40)], (16, 32)),   # 0.46 >= 0.50 - 0.05; 0.40 is not
-    ([(4, 0.50), (8, 0.44), (16, 0.49)], (4, 8)),                # holding again at 16 does not count
-    ([(4, 0.50), (8, 0.48)], (8, None)),                          # every point holds
-    ([(8, 0.30), (4, 0.50)], (4, 8)),                             # any order
-    ([(4, 0.40), (8, 0.50)], (None, 4)),                          # not even the smallest G holds
-    ([(4, 0.50), (8, None), (16, 0.50)], (4, 8)),                 # a point without a value ends the walk
+    ([(4, B), (8, E), (16, E), (32, W)], (16, 32)),
+    ([(4, B), (8, INC), (16, E)], (4, 8)),                 # equivalent again at 16 does not count
+    ([(4, B), (8, E)], (8, None)),                        # every point holds
+    ([(8, W), (4, B)], (4, 8)),                           # any order
+    ([(4, INC), (8, E)], (None, 4)),                        # not even the smallest G holds (another optimizer)
+    ([(4, B), (8, None), (16, E)], (4, 8)),               # a point without a verdict ends the walk
+    ([(4, B), (8, "better"), (16, E)], (4, 8)),           # better is not equivalent: the claim stops there
 ])
 def test_holds_to_rule(points, expected):
-    assert aggregate.holds_to(points, baseline=0.50, tolerance=0.05) == expected
+    assert aggregate.holds_to(points) == expected
 
 
 # ------------------------------------------------------------------ a whole sweep with a mocked launcher
-MIOU = {4: 0.50, 8: 0.48, 16: 0.42, 32: 0.30}  # best val macro IoU a fake run "measures", by G (seed adds +-0.01)
+BASE_IOU = (0.5, 0.515625)  # the baseline (adamw sqrt G = 4), seeds 0 and 1 (exact in float32)
+D_IOU = {  # best val macro IoU minus the baseline's, seeds 0 and 1; paired 90 % CI = mean +- 4.4645 sd (df 1)
+    ("adamw", "sqrt", 8): (-0.018, -0.022),    # -0.0326..-0.0074: equivalent at margin 0.05
+    ("adamw", "sqrt", 16): (-0.078, -0.082),   # -0.0926..-0.0674: worse
+    ("adamw", "sqrt", 32): (-0.198, -0.202),
+    ("adamw", "none", 8): (-0.03125, -0.03125),  # exact: no spread observed in 2 seeds, no verdict
+    ("adamw", "none", 16): (-0.09, -0.05),
+    ("adamw", "none", 32): (-0.20, -0.19),
+    ("lamb", "sqrt", 4): (-0.015, -0.025),     # -0.0516..+0.0116: inconclusive; 3 seeds per side would decide
+    ("lamb", "sqrt", 8): (-0.04, -0.05),
+    ("lamb", "sqrt", 16): (-0.10, -0.12),
+    ("lamb", "sqrt", 32): (-0.21, -0.20),
+}
+
+
+def _best(opt, rule, g, seed):
+    return BASE_IOU[seed] + (0.0 if (opt, g) == ("adamw", 4) else D_IOU[(opt, rule, g)][seed])
 
 
 def _arg(cmd, key):
@@ -169,7 +189,7 @@ class FakeFit:
                "global_step": 3 * updates, "summary": {"throughput": {"epochs": epochs}}}
         (run_dir / "run.json").write_text(json.dumps(doc))
         writer = SummaryWriter(str(run_dir))
-        best = MIOU[g] + (0.01 if seed else -0.01) - (0.02 if opt == "lamb" else 0.0)
+        best = _best(opt, _arg(cmd, "model.lr_scaling"), g, seed)
         for epoch, value in enumerate((best - 0.1, best, best - 0.05)):
             writer.add_scalar("val/mIoU", value, epoch)
             writer.add_scalar("epoch", epoch, epoch)
@@ -199,18 +219,29 @@ def test_sweep_end_to_end_with_a_mocked_fit(tmp_path):
     for g, updates in ((4, 8), (8, 4), (16, 2), (32, 1)):
         row = rows[("adamw", "sqrt", g)]
         assert row["evidence"] == "measured-run" and row["updates_per_epoch"] == updates
-        assert row["best_miou"] == pytest.approx(MIOU[g]) and row["best_miou_sd"] == pytest.approx(0.02 / math.sqrt(2))
+        values = [_best("adamw", "sqrt", g, s) for s in (0, 1)]
+        assert row["best_miou"] == pytest.approx(sum(values) / 2, abs=1e-6)
+        assert row["best_miou_sd"] == pytest.approx(abs(values[0] - values[1]) / math.sqrt(2), abs=1e-6)
         assert not any("planned" in n for n in row["notes"]), row["notes"]  # measured global_step = plan
         assert row["speedup_vs_1_device"] is None  # no device-scaling figures on sweep rows
-    assert rows[("adamw", "none", 4)]["best_miou"] == pytest.approx(0.50)  # the shared runs
+    assert rows[("adamw", "none", 4)]["best_miou"] == pytest.approx(sum(BASE_IOU) / 2)  # the shared runs
     sweep = doc["batch_sweep"]
     assert sweep["baseline"]["optimizer"] == "adamw" and sweep["baseline"]["global_batch"] == 4
     curves = {(c["optimizer"], c["lr_scaling"]): c for c in sweep["curves"]}
-    # floor 0.50 - 0.05 = 0.45: adamw 0.50, 0.48, 0.42 -> holds to 8; lamb 0.48, 0.46, 0.40 -> holds to 8
-    assert (curves[("adamw", "sqrt")]["holds_to"], curves[("adamw", "sqrt")]["stops_at"]) == (8, 16)
-    assert (curves[("lamb", "sqrt")]["holds_to"], curves[("lamb", "sqrt")]["stops_at"]) == (8, 16)
-    assert "holds to G = 8; at G = 16 best macro IoU 0.4200 < 0.4500" in curves[("adamw", "sqrt")]["verdict"]
-    assert "(not run: G = 64)" in curves[("adamw", "sqrt")]["verdict"]
+    # "holds to G" comes from the verdicts (margin = the sweep's tolerance 0.05), not from the means
+    adamw, none, lamb = curves[("adamw", "sqrt")], curves[("adamw", "none")], curves[("lamb", "sqrt")]
+    assert (adamw["holds_to"], adamw["stops_at"]) == (8, 16)
+    assert adamw["verdict"].startswith("holds to G = 8 at this budget (a run still improving); at G = 16 worse"
+                                       " (-0.0800, 90 % CI -0.0926..-0.0674 below -0.05, one-sided t alpha = 0.05")
+    assert "(not run: G = 64)" in adamw["verdict"]
+    assert (none["holds_to"], none["stops_at"]) == (4, 8)  # G = 4 shares the baseline's runs
+    assert none["verdict"].startswith("holds to G = 4; cannot say beyond G = 4: at G = 8 inconclusive (-0.0312, no CI:"
+                                      " no spread observed in 2 seeds")
+    assert (lamb["holds_to"], lamb["stops_at"]) == (None, 4)
+    assert lamb["verdict"].startswith("cannot say at any G: at its smallest G = 4 inconclusive (-0.0200, 90 % CI"
+                                      " -0.0516..+0.0116 crosses +-0.05")
+    assert "seeds that would decide: about 3 per side" in lamb["verdict"]
+    assert any(v.startswith("adamw sqrt G 8 vs FP32 adamw sqrt G 4: quality equivalent") for v in doc["verdicts"])
     assert {(g, o, r) for _, g, o, r, _ in sweep["not_run"]} == {(64, "adamw", "sqrt"), (64, "adamw", "none"),
                                                                   (64, "lamb", "sqrt")}
     assert [(c["optimizer"], c["lr_scaling"]) for c in sweep["curves"]] == [("adamw", "sqrt"), ("adamw", "none"),
@@ -218,11 +249,15 @@ def test_sweep_end_to_end_with_a_mocked_fit(tmp_path):
     table = (tmp_path / "s" / "study_table.md").read_text()
     assert "## Batch sweep" in table and "## Batch sweep: not run" in table and "G = 64, adamw" in table
     assert "holds to G = 8" in table and "measured-run" in table and "analytical-scenario" not in table
+    assert "TOST at alpha = 0.05" in table and "| Verdict vs baseline (alpha = 0.05) |" in table
     with open(tmp_path / "s" / "batch_sweep.csv") as f:
         csv_rows = list(csv.DictReader(f))
     assert len(csv_rows) == 12 and {r["evidence"] for r in csv_rows} == {"measured-run"}
     g16 = next(r for r in csv_rows if (r["optimizer"], r["lr_scaling"], r["global_batch"]) == ("adamw", "sqrt", "16"))
-    assert float(g16["best_miou_delta"]) == pytest.approx(-0.08) and g16["holds"] == "no"
+    assert float(g16["best_miou_delta"]) == pytest.approx(-0.08, abs=1e-6) and g16["holds"] == "worse"
+    assert g16["best_miou_delta_ci"] == "-0.0926..-0.0674"
+    g4 = next(r for r in csv_rows if (r["optimizer"], r["lr_scaling"], r["global_batch"]) == ("adamw", "sqrt", "4"))
+    assert g4["holds"] == "baseline"
     assert g16["updates_total"] == "6"  # 2 per epoch x 3 epochs
     assert (tmp_path / "s" / "figures" / "batch_sweep.png").stat().st_size > 10_000
     assert not (tmp_path / "s" / "figures" / "scaling.png").exists()
