@@ -297,3 +297,27 @@ def test_the_scalers_state_before_and_after_its_first_scale():
     scaler.update(new_scale=256.0)
     assert _scaler_state(scaler) == (256.0, 0)
     assert _scheduler_steps([SimpleNamespace(last_epoch=3), SimpleNamespace(), SimpleNamespace(last_epoch=2)]) == 5
+
+
+class ManualTask(ToyTask):
+    """Manual optimisation: training_step steps the optimizer itself (through the scaler) and returns the loss."""
+
+    def __init__(self, **kw):
+        super().__init__(**kw)
+        self.automatic_optimization = False
+
+    def training_step(self, batch, batch_idx):
+        opt = self.optimizers()
+        loss = super().training_step(batch, batch_idx)
+        opt.zero_grad()
+        self.manual_backward(loss)
+        opt.step()
+        return loss
+
+
+def test_manual_optimisation_steps_are_counted_too():
+    amp, scaler = LossScaleCallback(), _scaler()
+    _trainer([amp], scaler, max_epochs=1, enable_checkpointing=False).fit(
+        ManualTask(n_train=12, batch_size=4, overflow_steps={1}))
+    assert (amp.counts["steps"], amp.counts["skipped_steps"], amp.counts["overflow_skips"]) == (3, 1, 1)
+    assert amp.summary().final_scale == scaler.get_scale() == INIT * BACKOFF
