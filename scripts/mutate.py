@@ -56,9 +56,13 @@ _SCALING = ["tests/scaling/test_pmnf.py", "tests/scaling/test_adjusted_r2.py", "
             "tests/scaling/test_study_assertions.py", "tests/scaling/test_verdict_parts.py"]
 MODULE_TESTS: dict[str, list[str]] = {
     "cropscale/numbers.py": ["tests/test_numbers.py", "tests/study/test_definitions.py"],
-    "cropscale/runs/equivalence.py": ["tests/report/test_equivalence.py", "tests/report/test_verdicts.py",
-                                      "tests/report/test_comparison.py"],
+    "cropscale/report/equivalence.py": ["tests/report/test_equivalence.py", "tests/report/test_verdicts.py",
+                                        "tests/report/test_comparison.py", "tests/report/test_convergence.py"],
+    "cropscale/report/verdicts.py": ["tests/report/test_verdicts.py", "tests/report/test_equivalence.py",
+                                     "tests/report/test_comparison.py"],
+    "cropscale/report/convergence.py": ["tests/report/test_convergence.py", "tests/report/test_verdicts.py"],
     "cropscale/runs/rules.py": ["tests/runs", "tests/report/test_verdicts.py"],
+    "cropscale/runs/validity.py": ["tests/runs/test_validity.py", "tests/runs/test_trained.py"],
     "cropscale/scaling/verdict.py": _SCALING,
     "cropscale/scaling/pmnf.py": _SCALING,
     "cropscale/callbacks/_dist.py": _CALLBACKS,
@@ -66,11 +70,15 @@ MODULE_TESTS: dict[str, list[str]] = {
     "cropscale/callbacks/loss_scale.py": _CALLBACKS,
     "cropscale/callbacks/grad_norm.py": _CALLBACKS,
     "cropscale/callbacks/divergence.py": _CALLBACKS,
+    "cropscale/callbacks/quality.py": _CALLBACKS,
     "cropscale/callbacks/trained.py": _CALLBACKS + ["tests/runs/test_trained.py"],
     "cropscale/callbacks/energy.py": _CALLBACKS,
     "cropscale/checkpointing.py": ["tests/test_checkpointing.py", "tests/test_checkpointing_resolution.py"],
     "cropscale/distributed.py": ["tests/test_distributed.py", "tests/test_distributed_edges.py"],
-    "cropscale/data/content.py": ["tests/data"],
+    "cropscale/data/content.py": ["tests/data/test_content_checks.py", "tests/data/test_content_rules.py",
+                                  "tests/data/test_every_value.py", "tests/data/test_silent_data.py"],
+    "cropscale/diagnosis/steps.py": ["tests/diagnosis"],
+    "cropscale/diagnosis/ranks.py": ["tests/diagnosis"],
 }
 
 ALSO_COPY = ["configs", "callbacks", "scripts", "docs", "README.md", "Makefile"]
