@@ -58,7 +58,7 @@ test-resilience: install data
 	$(PY) -m pytest -q -m slow tests/integration/test_resilience.py tests/integration/test_hangs.py \
 		tests/integration/test_eval_world_sizes_ddp.py $(ARGS)
 
-# Only the torchrun elastic-restart test (slow; part of test-slow since it passed every run here: see the README).
+# Only the torchrun elastic-restart test (slow; part of test-slow since it passed every run here: see docs/testing.md).
 test-elastic: install data
 	$(PY) -m pytest -q -s -m elastic tests/integration/test_launchers.py $(ARGS)
 

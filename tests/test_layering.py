@@ -1,4 +1,4 @@
-"""The package's import layers (README, "Layout"): imports only go down, no cycles, no private module
+"""The package's import layers (docs/package.md, "Layout"): imports only go down, no cycles, no private module
 imported from another package, and function-level imports only for optional or heavy third-party
 modules. The test walks every module's syntax tree (module-level and function-level imports)."""
 

@@ -105,7 +105,7 @@ def test_every_documented_command_line_parses(where, sub, argv):
 
 
 def test_documented_values_arrive_in_the_options():
-    """One documented line read field by field (README: the benchmark of the CPU section)."""
+    """One documented line read field by field (docs/05_gpu_check.md: the first benchmark line)."""
     argv = ["--precision", "32-true", "bf16-mixed", "--batch-sizes", "1", "4", "--json", "bench.json"]
     assert argv in [a for _, s, a in DOCUMENTED if s == "benchmark"]
     options = parse_options(BenchmarkConfig, argv, "benchmark")

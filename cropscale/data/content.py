@@ -31,9 +31,9 @@ statistics come from them, so a training array is read once for both. A scan's r
 :mod:`cropscale.data.scans` under the files' sizes and modification times: a second run reads no value.
 
 Cost: one read of every array of the patches the stage uses (PASTIS: about 16 MB of Sentinel-2 and 2 x 14 MB of
-Sentinel-1 per patch), once; ``loader-bench`` prints it (README). The dataset also checks the values each
-sample reads (mask values, NaN / no-data at clear pixels, class ids; :class:`~cropscale.data.dataset.PastisHDDataset`),
-so a file changed after its scan is still caught.
+Sentinel-1 per patch), once; ``loader-bench`` prints it (``docs/01_first_run.md``, "Data checks"). The dataset
+also checks the values each sample reads (mask values, NaN / no-data at clear pixels, class ids;
+:class:`~cropscale.data.dataset.PastisHDDataset`), so a file changed after its scan is still caught.
 
 :func:`scale_warnings` compares each patch's per-band root mean square with the training statistics
 (``sqrt(mean^2 + std^2)``): a patch whose every band is more than :data:`SCALE_FACTOR` times larger, or every

@@ -28,7 +28,7 @@ Study folder layout (``--output``, default ``runs/study/<name>``)::
 
 Several nodes: the ``launcher`` spec field replaces ``python -m cropscale`` by a launcher prefix
 (``srun ...`` inside a SLURM allocation, ``torchrun ...``); Lightning's environment detection
-(SLURMEnvironment, TorchElasticEnvironment) then sets the ranks. See the README.
+(SLURMEnvironment, TorchElasticEnvironment) then sets the ranks. See ``docs/03_scaling_studies.md``, "On several nodes".
 """
 
 from __future__ import annotations

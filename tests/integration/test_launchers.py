@@ -45,7 +45,7 @@ def _free_port() -> int:
 
 
 ELASTIC_ENV = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
-"""What the README asks of a torchrun job with ``--max-restarts``."""
+"""What docs/04_long_jobs.md asks of a torchrun job with ``--max-restarts``."""
 
 
 def _env(**extra: str) -> dict[str, str]:
@@ -210,7 +210,7 @@ def test_sigusr1_without_slurm_saves_and_a_finished_run_is_complete_at_once(tmp_
 
 
 # -------------------------------------------------------------------------------------------------- torchrun
-# Marker ``elastic`` (``make test-elastic`` runs it alone; in CI's slow stage; see the README's Tests section): without
+# Marker ``elastic`` (``make test-elastic`` runs it alone; in CI's slow stage; see docs/testing.md): without
 # TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 the restart attempt's gloo connect was refused or hung in 3 of 4 runs; with it,
 # every run passed (3 of 3, then 8 of 8 for issue 26).
 @pytest.mark.elastic

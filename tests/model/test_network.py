@@ -46,7 +46,7 @@ def _run(net: CropMappingNet, batch: dict) -> dict[str, torch.Tensor]:
 def test_parameter_count_within_one_percent_of_the_study():
     n = count_parameters(CropMappingNet(num_classes=10))
     assert abs(n - STUDY_PARAMETERS) / STUDY_PARAMETERS <= 0.01
-    assert n == 1_947_936  # the count printed in the README
+    assert n == 1_947_936  # the count printed in docs/package.md
     # 20 classes (PASTIS): only the 1x1 semantic classifier grows, by (head_dim + 1) per class.
     net20 = CropMappingNet(num_classes=20)
     assert count_parameters(net20) == n + 10 * (net20.semantic_head[1].in_channels + 1)

@@ -62,7 +62,7 @@ def test_comparison_rows_by_hand(mixed):
     base, mixed_run = rows["fp32/version_0"], rows["amp/version_0"]
     # FP32: 420 samples in 42 s over the measured epochs 1, 2; AMP: 406 in 29 s
     assert base.figures["samples_per_s"].value == pytest.approx(10.0)
-    # the AMP run diverged: it forms no precision pair (README), so no speed-up or mIoU change beside FP32
+    # the AMP run diverged: it forms no precision pair (docs/01_first_run.md), so no speed-up or mIoU change beside FP32
     assert mixed_run.figures["speedup_vs_fp32"].value is None and "diverged" in mixed_run.figures["speedup_vs_fp32"].why
     assert mixed_run.figures["iou_difference"].value is None
     assert [p.other for p in precision_pairs(records)] == ["bench.json: AMP FP16 b4"]
