@@ -252,3 +252,168 @@ def test_tiling_bench_runs_with_a_stand_in_model(capsys):
     text = capsys.readouterr().out
     assert "measured-microbenchmark" in text and "ratio" in text
     assert "15 tiles/patch" in text
+
+
+# ------------------------------------------------------------------ brute-force reference (issue 36)
+# Written from the module docstring only, in numpy float64: the grid by stepping a window along each axis,
+# np.pad for the border, every window run through the network alone, the outputs weighted by the outer
+# product of two floored Hann windows and averaged per pixel on the padded canvas, then cropped. The network
+# below is NOT pointwise: a 5x5 conv then a 3x3 conv (receptive field 7x7, radius 3) with zero 'same' padding
+# at the tile edge, so the padded band's content (up to 3 pixels wide here) reaches output pixels near the
+# patch border, and tile outputs disagree near tile edges, so the blending weights matter.
+
+_NP_PAD_MODES = {"reflect": "reflect", "replicate": "edge", "zeros": "constant"}
+
+
+def _ref_grid(size, window, stride, padding):
+    """``(pad_before, pad_after, starts)`` along one axis: windows step by ``stride`` from 0 until one reaches
+    the border; with a padding mode the last one may run past it and the excess is split evenly (the odd
+    pixel after); with "shift" the last one is pulled back to end on the border."""
+    starts = [0]
+    while starts[-1] + window < size:
+        nxt = starts[-1] + stride
+        starts.append(min(nxt, size - window) if padding == "shift" else nxt)
+    extra = starts[-1] + window - size
+    return extra // 2, extra - extra // 2, starts
+
+
+def _ref_hann(length, floor):
+    i = np.arange(length, dtype=np.float64)
+    return floor + (1.0 - floor) * np.sin(np.pi * (i + 0.5) / length) ** 2
+
+
+def _brute_force(net, inputs, window, stride, hr_scale, padding="reflect", blend="hann", floor=1e-3):
+    """The tiled result computed window by window (dict of float64 numpy arrays ``[B, ..., H*s, W*s]``)."""
+    b, h, w = inputs["s2"].shape[0], *inputs["s2"].shape[-2:]
+    top, bottom, starts_y = _ref_grid(h, window, stride, padding)
+    left, right, starts_x = _ref_grid(w, window, stride, padding)
+    padded = {}
+    for k, v in inputs.items():
+        a = v.numpy()
+        if v.dim() >= 3 and tuple(v.shape[-2:]) == (h, w) and padding != "shift":
+            a = np.pad(a, [(0, 0)] * (a.ndim - 2) + [(top, bottom), (left, right)], mode=_NP_PAD_MODES[padding])
+        padded[k] = a
+    spatial = {k for k, v in inputs.items() if v.dim() >= 3 and tuple(v.shape[-2:]) == (h, w)}
+    num, den = {}, {}
+    for i in range(b):
+        for y in starts_y:
+            for x in starts_x:
+                tile = {k: torch.from_numpy(np.ascontiguousarray(
+                    a[i:i + 1, ..., y:y + window, x:x + window] if k in spatial else a[i:i + 1]))
+                    for k, a in padded.items()}
+                with torch.no_grad():
+                    out = net(**tile)
+                for k, o in out.items():
+                    o = o[0].numpy().astype(np.float64)
+                    s = o.shape[-1] // window
+                    win = _ref_hann(window * s, floor) if blend == "hann" else np.ones(window * s)
+                    weight = np.outer(win, win)
+                    if k not in num:
+                        hp, wp = starts_y[-1] + window, starts_x[-1] + window
+                        num[k] = np.zeros((b, *o.shape[:-2], hp * s, wp * s))
+                        den[k] = np.zeros((b, hp * s, wp * s))
+                    ys, xs = slice(y * s, (y + window) * s), slice(x * s, (x + window) * s)
+                    num[k][i, ..., ys, xs] += weight * o
+                    den[k][i, ys, xs] += weight
+    result = {}
+    for k in num:
+        s = num[k].shape[-1] // (starts_x[-1] + window)
+        blended = num[k] / den[k][:, None]
+        result[k] = blended[..., top * s:(top + h) * s, left * s:(left + w) * s]
+    return result
+
+
+class _ConvNet(torch.nn.Module):
+    """Fixed random 5x5 then 3x3 convolutions (float64) on the masked S2 time mean (scaled by the mean
+    day of year, so the per-tile non-spatial inputs matter), the observed fraction of the S2 mask and the S1
+    time mean; the high grid is the bilinear x ``hr_scale`` upsampling of three output channels."""
+
+    def __init__(self, hr_scale):
+        super().__init__()
+        g = torch.Generator().manual_seed(11)
+        self.conv1 = torch.nn.Conv2d(13, 6, 5, padding=2, dtype=torch.float64)
+        self.conv2 = torch.nn.Conv2d(6, 7, 3, padding=1, dtype=torch.float64)
+        with torch.no_grad():
+            for p in self.parameters():
+                p.copy_(0.3 * torch.randn(p.shape, generator=g, dtype=torch.float64))
+        self.hr_scale = hr_scale
+
+    def forward(self, s2, s2_doy, s2_mask, s1a, s1a_doy, s1a_mask):
+        m = s2_mask[:, :, None].to(s2.dtype)
+        s2_mean = (s2 * m).sum(1) / m.sum(1).clamp(min=1.0)
+        s2_mean = s2_mean * (1.0 + s2_doy.to(s2.dtype).mean(1) / 366.0)[:, None, None, None]
+        x = torch.cat([s2_mean, m.mean(1), s1a.mean(1)], dim=1)
+        y = self.conv2(torch.tanh(self.conv1(x)))
+        hr = F.interpolate(y[:, :3], scale_factor=self.hr_scale, mode="bilinear", align_corners=False)
+        return {"semantic": y[:, :4], "parcel": y[:, 4:], "hr": hr}
+
+
+def _inputs64(b, h, w, seed):
+    return {k: (v.double() if v.is_floating_point() else v) for k, v in _inputs(b=b, h=h, w=w, seed=seed).items()}
+
+
+def _assert_matches_brute_force(inputs, window, stride, hr_scale, padding, blend="hann", floor=1e-3,
+                                tile_batch_size=3):
+    net = _ConvNet(hr_scale)
+    stats = TilingStats()
+    with torch.no_grad():
+        tiled = sliding_window_inference(net, inputs, window=window, stride=stride, hr_scale=hr_scale,
+                                         blend=blend, blend_floor=floor, tile_batch_size=tile_batch_size,
+                                         padding=padding, stats=stats)
+    ref = _brute_force(net, inputs, window, window // 2 if stride is None else stride, hr_scale, padding, blend,
+                       floor)
+    assert set(tiled) == set(ref)
+    for k in ref:
+        assert tiled[k].dtype == torch.float64 and tuple(tiled[k].shape) == ref[k].shape, k
+        # the plan's window weights are float32: up to ~5e-7 of error on outputs of magnitude up to ~8
+        np.testing.assert_allclose(tiled[k].numpy(), ref[k], rtol=1e-6, atol=1e-6, err_msg=k)
+    return stats
+
+
+@pytest.mark.parametrize("padding", ["reflect", "replicate", "zeros", "shift"])
+def test_tiled_equals_brute_force_with_uneven_padding_and_a_wide_receptive_field(padding):
+    # H = 15, window 8, stride 5: starts 0, 5, 10 cover 18 rows, 3 extra -> 1 before / 2 after (uneven);
+    # W = 24: starts 0, 5, 10, 15, 20 cover 28 columns, 4 extra -> 2 / 2; the 7x7 receptive field spans the
+    # band. The floor 0.1 makes the tile-edge weights large enough that a missing floor shows.
+    stats = _assert_matches_brute_force(_inputs64(2, 15, 24, seed=5), window=8, stride=5, hr_scale=2,
+                                        padding=padding, floor=0.1)
+    if padding == "shift":
+        assert (stats.starts_y, stats.starts_x, stats.pad_before) == ((0, 5, 7), (0, 5, 10, 15, 16), (0, 0))
+    else:
+        assert (stats.starts_y, stats.starts_x, stats.pad_before) == ((0, 5, 10), (0, 5, 10, 15, 20), (1, 2))
+
+
+@pytest.mark.parametrize("blend", ["hann", "uniform"])
+def test_tiled_equals_brute_force_at_the_default_stride_and_floor(blend):
+    # window 6, default stride 3; H = 11 -> starts 0, 3, 6 (12 rows, 1 extra: 0 before / 1 after),
+    # W = 13 -> starts 0, 3, 6, 9 (15 columns, 2 extra: 1 / 1)
+    _assert_matches_brute_force(_inputs64(1, 11, 13, seed=6), window=6, stride=None, hr_scale=3,
+                                padding="reflect", blend=blend)
+
+
+@pytest.mark.parametrize("padding", ["reflect", "replicate", "zeros"])
+def test_tiled_equals_brute_force_on_a_patch_smaller_than_the_window(padding):
+    # H = 3, W = 5, window 8: one tile; 5 extra rows -> 2 / 3 (wider than the patch: reflect folds twice),
+    # 3 extra columns -> 1 / 2; every output pixel sees padded pixels
+    stats = _assert_matches_brute_force(_inputs64(2, 3, 5, seed=7), window=8, stride=4, hr_scale=2,
+                                        padding=padding, floor=0.1)
+    assert (stats.tiles_per_patch, stats.padded_size, stats.pad_before) == (1, (8, 8), (2, 1))
+
+
+@pytest.mark.parametrize("padding", ["reflect", "replicate", "zeros", "shift"])
+def test_tiled_equals_brute_force_when_the_grid_fits_the_patch_exactly(padding):
+    # H = 13, W = 18, window 8, stride 5: starts 0, 5 and 0, 5, 10 end exactly on the border, no padding,
+    # so every padding mode gives the same (unpadded) result
+    stats = _assert_matches_brute_force(_inputs64(1, 13, 18, seed=8), window=8, stride=5, hr_scale=2,
+                                        padding=padding, floor=0.1)
+    assert (stats.starts_y, stats.starts_x, stats.padded_size, stats.pad_before) == ((0, 5), (0, 5, 10),
+                                                                                     (13, 18), (0, 0))
+
+
+def test_brute_force_reference_grid_matches_the_worked_examples():
+    # the reference's own grid rule against hand-worked cases (so the reference is not trusted blindly)
+    assert _ref_grid(50, 16, 8, "reflect") == (3, 3, [0, 8, 16, 24, 32, 40])
+    assert _ref_grid(50, 16, 8, "shift") == (0, 0, [0, 8, 16, 24, 32, 34])
+    assert _ref_grid(5, 8, 4, "zeros") == (1, 2, [0])
+    assert _ref_grid(13, 8, 5, "reflect") == (0, 0, [0, 5])
+    np.testing.assert_allclose(_ref_hann(4, 0.0), [0.1464466, 0.8535534, 0.8535534, 0.1464466], atol=1e-7)
