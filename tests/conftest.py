@@ -1,6 +1,7 @@
 """Shared fixtures: paths of the bundled real samples in ../shared/data (else data/, what `make data` links);
 a real small file system."""
 
+import logging
 import os
 import subprocess
 from collections.abc import Iterator
@@ -8,6 +9,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+import torch
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 # ../shared/data beside the repository; in a checkout that has none beside it (a git worktree), data/ (make data)
@@ -16,6 +18,25 @@ SHARED_DATA = next((d for d in (REPO_ROOT.parent / "shared" / "data", REPO_ROOT 
 FLANDERS = SHARED_DATA / "worldcereal-flanders"
 PASTIS_MINI = SHARED_DATA / "pastis-r-mini"
 VHR_SAMPLE = SHARED_DATA / "vhr-samples" / "treesatai_aerial_0p2m.tif"
+
+
+_LIGHTNING_LOGGERS = ("lightning", "lightning.pytorch", "lightning.fabric")
+
+
+@pytest.fixture(autouse=True)
+def _process_settings_restored() -> Iterator[None]:
+    """Process-wide settings that code under test may change, put back after every test: the TF32 switches
+    (the task sets them at setup, the benchmark per configuration) and the Lightning loggers' levels (the benchmark
+    commands silence them). A test that reads them (the MFU dtypes, a logged reason) then sees the defaults
+    whatever ran before it."""
+    cudnn, matmul = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
+    precision = torch.get_float32_matmul_precision()
+    levels = {name: logging.getLogger(name).level for name in _LIGHTNING_LOGGERS}
+    yield
+    torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = cudnn, matmul
+    torch.set_float32_matmul_precision(precision)
+    for name, level in levels.items():
+        logging.getLogger(name).setLevel(level)
 
 
 @contextmanager

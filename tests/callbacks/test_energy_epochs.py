@@ -19,8 +19,9 @@ from cropscale.env import nvml
 from cropscale.errors import CropScaleError
 from tests.callbacks.test_grad_norm_fused import ListLogger
 
-# rank 1's rows per epoch: [joules, seconds, samples]; the fit window: [joules, seconds]
-RANK1 = {0: [300.0, 12.0, 6.0], 1: [90.0, 1.5, 6.0], "fit": [400.0, 16.0]}
+# rank 1's rows per epoch: [joules, seconds, samples]; the fit window: [joules, seconds, power readings, their mean
+# period] (the readings are None for an energy counter)
+RANK1 = {0: [300.0, 12.0, 6.0], 1: [90.0, 1.5, 6.0], "fit": [400.0, 16.0, None, None]}
 
 
 class ScriptedNvml:
@@ -62,7 +63,7 @@ def _setup(monkeypatch, readings, world_size=2, other=RANK1, **kwargs):
         sent.append(list(values))
         if world_size == 1:
             return [list(values)]
-        key = "fit" if len(values) == 2 else trainer.current_epoch
+        key = "fit" if len(values) == 4 else trainer.current_epoch
         return [list(values), other[key]]
 
     def gather_objects(trainer, obj):
@@ -110,7 +111,7 @@ def _two_epochs(cb, trainer, module, clock):
 def test_epoch_energy_summed_over_ranks_power_over_the_longest_rank(monkeypatch):
     cb, trainer, module, clock, nv, sent = _setup(monkeypatch, READINGS, price_per_gpu_hour=3.6, currency="EUR")
     _two_epochs(cb, trainer, module, clock)
-    assert sent == [[150.0, 8.0, 8.0], [35.0, 2.0, 6.0], [220.0, 13.0]]
+    assert sent == [[150.0, 8.0, 8.0], [35.0, 2.0, 6.0], [220.0, 13.0, None, None]]
     e0, e1 = cb.epochs
     assert (e0.epoch, e0.energy_j, e0.energy_j_per_rank, e0.seconds_per_rank) == (0, 450.0, [150.0, 300.0],
                                                                                  [8.0, 12.0])
@@ -145,7 +146,7 @@ def test_power_is_logged_per_interval_and_energy_per_epoch(monkeypatch):
 
 
 def test_a_rank_without_energy_leaves_the_totals_unmeasured(monkeypatch):
-    other = {0: [None, 12.0, 6.0], 1: [90.0, 1.5, 6.0], "fit": [None, 16.0]}
+    other = {0: [None, 12.0, 6.0], 1: [90.0, 1.5, 6.0], "fit": [None, 16.0, None, None]}
     cb, trainer, module, clock, nv, sent = _setup(monkeypatch, READINGS, other=other)
     _two_epochs(cb, trainer, module, clock)
     e0, e1 = cb.epochs
@@ -175,7 +176,7 @@ def test_a_rank_without_a_gpu_joins_the_gathers_of_one_that_has_one(monkeypatch)
     cb, trainer, module, clock, nv, sent = _setup(monkeypatch, READINGS)
     monkeypatch.setattr(nvml, "open_device_for", lambda device: (None, "no GPU on this rank"))
     _two_epochs(cb, trainer, module, clock)
-    assert sent == [[None, None, 0.0], [None, None, 0.0], [None, None]]
+    assert sent == [[None, None, 0.0], [None, None, 0.0], [None, None, None, None]]
     assert [e.energy_j for e in cb.epochs] == [None, None]  # never rank 1's alone as the run's total
     assert [e.energy_j_per_rank for e in cb.epochs] == [[None, 300.0], [None, 90.0]]
     assert cb.summary().available is False

@@ -7,7 +7,10 @@ One-process CPU fits of the tiny task with a fake NVML behind ``nvml.open_device
 
 from __future__ import annotations
 
+import time
+
 import pytest
+from lightning.pytorch import Callback
 
 from cropscale.callbacks import EnergyCallback
 from cropscale.env import nvml
@@ -56,10 +59,20 @@ def _open(nv, is_mig=False):
     return open_device_for
 
 
-def _fit(tmp_path, monkeypatch, nv, is_mig=False, **kw):
+class _SlowSteps(Callback):
+    """Each training step lasts at least ``seconds`` (a sleep, which leaves the CPU to the power sampler's thread)."""
+
+    def __init__(self, seconds):
+        self.seconds = seconds
+
+    def on_train_batch_end(self, *args, **kwargs):
+        time.sleep(self.seconds)
+
+
+def _fit(tmp_path, monkeypatch, nv, is_mig=False, step_s=0.0, **kw):
     monkeypatch.setattr(nvml, "open_device_for", _open(nv, is_mig))
     en = EnergyCallback(**kw)
-    make_trainer(tmp_path, [en], log_every_n_steps=1000).fit(ToyTask())
+    make_trainer(tmp_path, [en, _SlowSteps(step_s)], log_every_n_steps=1000).fit(ToyTask())
     return en.summary().to_json()
 
 
@@ -134,7 +147,7 @@ def test_sampled_power_records_its_readings_and_too_few_are_refused(tmp_path, mo
 
 def test_sampled_power_period_is_measured(tmp_path, monkeypatch):
     nv = CountedPower()
-    s = _fit(tmp_path, monkeypatch, nv, sample_interval_s=0.01)
+    s = _fit(tmp_path, monkeypatch, nv, sample_interval_s=0.01, step_s=0.05)  # a window of many intervals, any load
     n, period = s["power_samples"], s["power_sample_period_s"]
     assert 2 <= n <= nv.reads and 0.01 <= period < 0.5  # the thread waits the interval between readings
     joules, _ = rules.energy(RunSummary.from_json({"energy": s}), 0)
