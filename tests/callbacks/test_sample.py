@@ -50,7 +50,7 @@ def _check(run: dict, world: int, flanders_root: Path) -> None:
     assert rec["config_source"] == "SaveConfigCallback" and rec["config"]["data"]["batch_size"] == 4
     s = rec["summary"]
     assert set(s) == {"step_timing", "throughput", "loss_scale", "nonfinite", "grad_norm", "energy", "memory",
-                      "trained"}
+                      "trained", "quality", "checkpoint", "divergence"}
     assert s["throughput"]["epochs"][0]["samples"] == 2 * 4 * world
     assert s["throughput"]["epochs"][0]["flops_per_sample"] > 0  # from CropMappingTask.flops_per_sample
     assert s["grad_norm"]["steps"] == 2 and s["grad_norm"]["clip_threshold"] == 1.0
