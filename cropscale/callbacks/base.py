@@ -19,7 +19,8 @@ from cropscale.evidence import MEASURED_RUN
 from cropscale.runs.schema import SUMMARY_TYPES, Record, RunSummary, ValidityRecord
 from cropscale.runs.validity import validity
 
-__all__ = ["ScalingCallback", "fit_validity", "iter_callbacks", "run_summary", "scaling_callbacks"]
+__all__ = ["EpochRecordsCallback", "ScalingCallback", "fit_validity", "iter_callbacks", "run_summary",
+           "scaling_callbacks"]
 
 
 class ScalingCallback(Callback):
@@ -85,6 +86,33 @@ class ScalingCallback(Callback):
         self._gstep += 1
         every = self._log_every
         return every > 0 and self._gstep % every == 0
+
+
+class EpochRecordsCallback(ScalingCallback):
+    """A scaling callback without per-step hooks that keeps one record per epoch in :attr:`epochs` across a resume.
+
+    Subclasses set :attr:`record_type` (a :class:`~cropscale.runs.schema.Record`); ``state_dict`` holds the
+    records as JSON, so a checkpoint carries them and a resumed fit continues them.
+    """
+
+    record_type: type[Record] = Record
+    epochs: list[Any]
+
+    def wants_hook(self, hook: str) -> bool:
+        """No per-step hook: the records are made at epoch ends and checkpoint writes."""
+        return False
+
+    def on_before_optimizer_step(self, trainer: Trainer, pl_module: Any, optimizer: Any) -> None:
+        """Nothing per step."""
+        return None
+
+    def state_dict(self) -> dict[str, Any]:
+        """The epoch records as JSON (``{"epochs": [...]}``)."""
+        return {"epochs": [e.to_json() for e in self.epochs]}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """The epoch records of a checkpoint (none in an empty state)."""
+        self.epochs = [self.record_type.from_json(e) for e in state_dict.get("epochs", [])]
 
 
 def iter_callbacks(trainer: Trainer) -> Iterator[Callback]:

@@ -24,7 +24,7 @@ from lightning.fabric.plugins import CheckpointIO
 from lightning.pytorch import LightningModule, Trainer
 from typing_extensions import override
 
-from cropscale.callbacks.base import ScalingCallback
+from cropscale.callbacks.base import EpochRecordsCallback
 from cropscale.runs.schema import CheckpointEpoch, CheckpointSummary
 
 __all__ = ["CheckpointTimingCallback"]
@@ -59,7 +59,7 @@ class _TimedCheckpointIO(CheckpointIO):
         return getattr(self.inner, name)
 
 
-class CheckpointTimingCallback(ScalingCallback):
+class CheckpointTimingCallback(EpochRecordsCallback):
     """Times every checkpoint write of ``fit`` (global rank 0's ``CheckpointIO.save_checkpoint``).
 
     ``state_dict`` keeps the per-epoch records, so a resumed run continues them. No arguments.
@@ -77,6 +77,7 @@ class CheckpointTimingCallback(ScalingCallback):
         #   python -m cropscale fit --config callbacks/checkpoint_timing.yaml
     """
 
+    record_type = CheckpointEpoch
     summary_key = "checkpoint"
 
     def __init__(self) -> None:
@@ -85,22 +86,6 @@ class CheckpointTimingCallback(ScalingCallback):
         self._wrapper: _TimedCheckpointIO | None = None
         self._epoch = 0
         self._after_epoch_end = False
-
-    @override
-    def wants_hook(self, hook: str) -> bool:
-        return False  # no per-step hook
-
-    @override
-    def on_before_optimizer_step(self, trainer: Trainer, pl_module: LightningModule, optimizer: Any) -> None:
-        return None
-
-    @override
-    def state_dict(self) -> dict[str, Any]:
-        return {"epochs": [e.to_json() for e in self.epochs]}
-
-    @override
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self.epochs = [CheckpointEpoch.from_json(e) for e in state_dict.get("epochs", [])]
 
     @override
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:

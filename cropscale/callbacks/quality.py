@@ -18,12 +18,12 @@ all-reduce under DDP); nothing per step.
 from __future__ import annotations
 
 import math
-from typing import Any, Literal
+from typing import Literal
 
 from lightning.pytorch import LightningModule, Trainer
 from typing_extensions import override
 
-from cropscale.callbacks.base import ScalingCallback
+from cropscale.callbacks.base import EpochRecordsCallback
 from cropscale.checkpointing import nonfinite_parameters
 from cropscale.errors import CropScaleError
 from cropscale.runs.rules import best_and_final
@@ -32,7 +32,7 @@ from cropscale.runs.schema import QualityEpoch, QualitySummary
 __all__ = ["QualityCallback"]
 
 
-class QualityCallback(ScalingCallback):
+class QualityCallback(EpochRecordsCallback):
     """Records each validation of ``fit`` (epoch, step, the monitored metric, finite weights) for ``run.json``.
 
     Args:
@@ -53,6 +53,7 @@ class QualityCallback(ScalingCallback):
         #   python -m cropscale fit --config callbacks/quality.yaml
     """
 
+    record_type = QualityEpoch
     summary_key = "quality"
 
     def __init__(self, monitor: str = "val/mIoU", mode: Literal["max", "min"] = "max") -> None:
@@ -62,22 +63,6 @@ class QualityCallback(ScalingCallback):
         self.mode = mode
         self.epochs: list[QualityEpoch] = []
         self.configured: bool | None = None
-
-    @override
-    def wants_hook(self, hook: str) -> bool:
-        return False  # no per-step hook
-
-    @override
-    def on_before_optimizer_step(self, trainer: Trainer, pl_module: LightningModule, optimizer: Any) -> None:
-        return None
-
-    @override
-    def state_dict(self) -> dict[str, Any]:
-        return {"epochs": [e.to_json() for e in self.epochs]}
-
-    @override
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self.epochs = [QualityEpoch.from_json(e) for e in state_dict.get("epochs", [])]
 
     @override
     def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
