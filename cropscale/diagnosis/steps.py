@@ -47,6 +47,16 @@ def bound(total: float, removable: float) -> float | None:
     return total / (total - removable) if total > removable >= 0 else None
 
 
+def _left_to_remove(compute: float) -> str:
+    """What removing everything but the compute could give: ``1 / share``.
+
+    Nothing when the compute windows' medians reach the step's median (window medians need not add up to it).
+    """
+    if compute >= 1.0:
+        return "nothing is left to remove outside the compute (its window medians reach the median step)"
+    return f"what is left to remove gives at most {1 / compute:.2f}x"
+
+
 def smallest_share(rw: RankWindows, figure: str) -> tuple[float, int] | None:
     """``(share, rank)``: the smallest share of ``figure`` in a rank's step over the ranks (lowest rank on ties)."""
     found = [(s, r) for r in range(rw.ranks) if (s := rw.share(figure, r)) is not None]
@@ -173,7 +183,7 @@ def step_findings(rw: RankWindows | None, train_s: float | None, config: dict[st
                 kind="compute", severity="info", share=busy[0], base="step", rank=None,
                 line=(f"compute: forward + backward + optimizer are {100 * busy[0]:.0f} % of the step"
                       + (f" on every rank (the smallest share: rank {busy[1]})" if rw.ranks > 1 else "")
-                      + f": the step is compute-bound; what is left to remove gives at most {1 / busy[0]:.2f}x"),
+                      + ": the step is compute-bound; " + _left_to_remove(busy[0])),
                 evidence=[DiagnosisFigure(f"compute share, rank {busy[1]}", busy[0], "fraction", MEASURED_RUN,
                                           _SOURCE)],
                 try_settings=advice.compute(config)))

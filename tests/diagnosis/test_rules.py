@@ -286,3 +286,17 @@ def test_a_slowing_rank_is_named_even_when_the_other_ranks_own_work_wanders():
     diag = diagnose(run)
     assert [(f.kind, f.rank) for f in diag.findings if f.kind == "throttling"] == [("throttling", 1)]
     assert [r.score for r in diag.ranks] == pytest.approx([394 / 515, 920 / 1517])
+
+
+def test_a_compute_share_above_the_step_claims_no_speed_up_below_one():
+    # window medians need not add up to the median step: forward 40 + backward 55 + optimizer 6 = 101 of a 100 ms
+    # step. Removing what is left cannot make the step slower: the bound is "nothing left", never 100 / 101 = 0.99x
+    over = {"data_wait": 1, "forward": 40, "backward": 55, "optimizer": 6, "step": 100}
+    diag = diagnose(_run([[over]]), warmup_epochs=0)
+    (found,) = [f for f in diag.findings if f.kind == "compute"]
+    assert found.share == pytest.approx(1.01)
+    assert "0.99x" not in found.line and "nothing is left to remove outside the compute" in found.line
+    # at 90 % the bound is 1 / 0.9 = 1.11x
+    under = {"data_wait": 2, "forward": 45, "backward": 43, "optimizer": 2, "remainder": 8}
+    (found,) = [f for f in diagnose(_run([[under]]), warmup_epochs=0).findings if f.kind == "compute"]
+    assert "what is left to remove gives at most 1.11x" in found.line
