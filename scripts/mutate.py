@@ -56,8 +56,9 @@ _SCALING = ["tests/scaling/test_pmnf.py", "tests/scaling/test_adjusted_r2.py", "
             "tests/scaling/test_study_assertions.py", "tests/scaling/test_verdict_parts.py"]
 MODULE_TESTS: dict[str, list[str]] = {
     "cropscale/numbers.py": ["tests/test_numbers.py", "tests/study/test_definitions.py"],
-    "cropscale/report/equivalence.py": ["tests/report/test_equivalence.py", "tests/report/test_verdicts.py",
-                                        "tests/report/test_comparison.py", "tests/report/test_convergence.py"],
+    "cropscale/report/equivalence.py": ["tests/report/test_equivalence.py", "tests/report/test_equivalence_mutants.py",
+                                        "tests/report/test_verdicts.py", "tests/report/test_comparison.py",
+                                        "tests/report/test_convergence.py"],
     "cropscale/report/verdicts.py": ["tests/report/test_verdicts.py", "tests/report/test_equivalence.py",
                                      "tests/report/test_comparison.py"],
     "cropscale/report/convergence.py": ["tests/report/test_convergence.py", "tests/report/test_verdicts.py"],
