@@ -27,7 +27,8 @@ NAN, OK = float("nan"), 1.0
 
 class Ranks:
     """``reduce(t, reduce_op)`` as Lightning's DDPStrategy does it, over this rank's value (``mine`` for a meta
-    tensor, which holds none) and ``others``; records (device, dtype, reduce_op) of every call."""
+    tensor, which holds none) and ``others``; records (device, dtype, operation) of every call, the operation
+    lower-cased as Lightning reads it (``getattr(ReduceOp, op.upper())``: "MAX" is "max")."""
 
     def __init__(self, others=(), mine=None):
         self.others, self.mine, self.seen = list(others), mine, []
@@ -38,7 +39,7 @@ class Ranks:
         return [v[min(n, len(v) - 1)] if isinstance(v, list) else v for v in self.others]
 
     def reduce(self, t, reduce_op="mean"):
-        self.seen.append((t.device.type, t.dtype, reduce_op))
+        self.seen.append((t.device.type, t.dtype, reduce_op.lower() if isinstance(reduce_op, str) else reduce_op))
         if not isinstance(reduce_op, str):
             raise TypeError(f"reduce_op={reduce_op!r}")  # torch.distributed.all_reduce(op=None) fails too
         name = ("avg" if reduce_op == "mean" else reduce_op).upper()
@@ -268,8 +269,7 @@ def test_the_counter_is_the_maximum_over_ranks(mine, others, trailing, stops):
     trainer, module = _start(cb, world_size=1 + len(others), others=others, max_epochs=2)
     for loss in mine:
         _step(cb, trainer, module, loss)
-    device, dtype, op = trainer.strategy.seen[-1]
-    assert (device, dtype, op.lower()) == ("cpu", torch.float32, "max")  # Lightning reads "MAX" as "max"
+    assert trainer.strategy.seen[-1] == ("cpu", torch.float32, "max")
     assert cb.trailing == trailing and cb.summary().trailing_nonfinite_steps == trailing
     assert trainer.should_stop is stops and cb.stopped_at_step == (3 if stops else None)
 
