@@ -16,6 +16,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from cropscale import CropScaleError
 from cropscale.callbacks import DivergenceCallback
 from cropscale.callbacks.divergence import step_divergence
 from cropscale.runs.schema import DivergenceSummary
@@ -328,3 +329,15 @@ def test_only_the_per_step_hook_it_uses_is_wanted():
     assert cb.wants_hook("on_train_batch_end")
     assert not any(cb.wants_hook(h) for h in ("on_train_batch_start", "on_before_backward", "on_after_backward",
                                               "on_before_optimizer_step"))
+
+
+def test_before_any_step_the_verdict_is_that_nothing_can_be_judged():
+    """A fit that fails before training writes this summary: no step, no verdict (not 'finite')."""
+    cb = DivergenceCallback(window=3)
+    assert not cb.diverged and cb.verdict.diverged is None
+    assert cb.summary() == DivergenceSummary(window=3, why="no optimizer step: divergence cannot be judged")
+
+
+def test_the_step_rule_names_a_bad_window():
+    with pytest.raises(CropScaleError, match=r"^divergence window must be >= 1 optimizer steps, got 0$"):
+        step_divergence(0, 5, 0)
