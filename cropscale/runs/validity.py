@@ -51,6 +51,11 @@ def _steps(summary: RunSummary, global_step: int | None) -> int | None:
     return summary.trained.optimizer_steps if summary.trained is not None else None
 
 
+def _counted(steps: int | None) -> str:
+    """``"N optimizer step(s)"``, or ``"optimizer steps not recorded"`` for a run.json that holds no count."""
+    return f"{steps} optimizer step(s)" if steps is not None else "optimizer steps not recorded"
+
+
 def _diverged(summary: RunSummary) -> str | None:
     """Why the fit diverged (non-finite final weights, or a training loss non-finite to the end), else None."""
     parts = []
@@ -76,7 +81,7 @@ def _valid_reason(summary: RunSummary, steps: int | None, why_trained: str) -> s
         validated = "no validation configured"
     else:
         validated = f"validated {quality.validations} time(s)"
-    return f"{steps} optimizer step(s) ({why_trained}); {weights}; {validated}"
+    return f"{_counted(steps)} ({why_trained}); {weights}; {validated}"
 
 
 def validity(summary: RunSummary, global_step: int | None) -> ValidityRecord:
@@ -101,7 +106,8 @@ def validity(summary: RunSummary, global_step: int | None) -> ValidityRecord:
         return _invalid(DIVERGED, diverged)
     quality = summary.quality
     if quality is not None and quality.validation_configured and quality.validations == 0:
-        return _invalid(NOT_VALIDATED, f"validation was configured but never ran in {steps} optimizer step(s): check"
+        ran = f"in {steps} optimizer step(s)" if steps is not None else "(optimizer steps not recorded)"
+        return _invalid(NOT_VALIDATED, f"validation was configured but never ran {ran}: check"
                                        " trainer.check_val_every_n_epoch and val_check_interval against the epochs"
                                        " trained")
     return ValidityRecord(valid=True, status=VALID, reason=_valid_reason(summary, steps, trained.why))

@@ -144,3 +144,16 @@ def test_on_a_gpu_the_start_copy_is_kept_in_host_memory():
         m.a.weight.add_(1.0)
     cb.on_train_end(trainer, m)
     assert cb.summary().parameters_changed == 1
+
+
+def test_non_finite_weights_on_this_rank_alone_count_on_every_rank():
+    """The mirror case: this rank's a.weight holds an inf (and an inf update also changes it), the two other ranks
+    are finite and unchanged: 1 changed tensor over 3 ranks, 1 non-finite tensor, weights not finite."""
+    m, cb = Module(), TrainedCallback()
+    trainer = _trainer(world_size=3, others=[0, 0], others_nonfinite=[0, 0])
+    cb.on_train_start(trainer, m)
+    with torch.no_grad():
+        m.a.weight[1, 0] = float("inf")
+    cb.on_train_end(trainer, m)
+    assert cb.summary() == TrainedSummary(weights_changed=True, parameters_changed=1, parameters=3,
+                                          optimizer_steps=0, weights_finite=False, nonfinite_parameters=1)
