@@ -24,6 +24,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from cropscale.errors import CropScaleError
+
 LABELS: dict[str, str] = {
     "32-true": "FP32", "16-mixed": "AMP FP16", "bf16-mixed": "AMP BF16", "16-true": "FP16",
     "bf16-true": "BF16", "64-true": "FP64",
@@ -171,7 +173,13 @@ class PrecisionDecision:
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> PrecisionDecision:
-        """Read :meth:`to_json`'s object (``label`` is derived, not read; a missing ``by`` is :data:`NOT_RECORDED`)."""
+        """Read :meth:`to_json`'s object (``label`` is derived, not read; a missing ``by`` is :data:`NOT_RECORDED`).
+
+        Raises:
+            CropScaleError: ``data`` is not a JSON object (a malformed ``run.json``).
+        """
+        if not isinstance(data, Mapping):
+            raise CropScaleError(f"{cls.__name__}: expected a JSON object, got {type(data).__name__}")
         by = str(data.get("by") or NOT_RECORDED)
         return cls(normalise(data.get("requested")), normalise(data.get("resolved")), by)
 

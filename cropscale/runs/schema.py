@@ -81,9 +81,7 @@ def _convert(hint: Any, value: Any) -> Any:
                 return _convert(arg, value)
         return value
     if isinstance(hint, type) and issubclass(hint, Record | PrecisionDecision):
-        if not isinstance(value, Mapping):
-            raise CropScaleError(f"{hint.__name__}: expected a JSON object, got {type(value).__name__}")
-        return hint.from_json(value)
+        return hint.from_json(value)  # each raises for anything but an object
     if origin is list and isinstance(value, list):
         (arg,) = typing.get_args(hint) or (Any,)
         return [_convert(arg, v) for v in value]

@@ -10,6 +10,7 @@ from lightning.pytorch import Trainer
 from lightning.pytorch.plugins import MixedPrecision
 
 from cropscale.callbacks.provenance import precision_decision
+from cropscale.errors import CropScaleError
 from cropscale.precision import (
     BY_CONFIGURATION,
     BY_CPU_FALLBACK,
@@ -64,3 +65,11 @@ def test_another_change_is_said_as_such_and_the_record_round_trips():
                                              "label": "FP32"}
     assert RunJson.from_json(written).precision_decision == changed
     assert "precision_decision" not in RunJson(precision="32-true").to_json()  # an older file's shape stays
+
+
+def test_a_precision_decision_that_is_no_object_is_a_malformed_run_json():
+    """Read alone or as run.json's field, a decision that is not a JSON object is refused by name (not a traceback)."""
+    with pytest.raises(CropScaleError, match="PrecisionDecision: expected a JSON object, got str"):
+        PrecisionDecision.from_json("bf16-mixed")
+    with pytest.raises(CropScaleError, match="PrecisionDecision: expected a JSON object, got list"):
+        RunJson.from_json({"precision_decision": ["32-true"]})
