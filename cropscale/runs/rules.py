@@ -645,6 +645,8 @@ def trained(summary: RunSummary, global_step: int | None = None,
     counts = (f"{skipped} of {steps} optimizer steps skipped" if skipped is not None and steps is not None
               else "skipped steps not recorded")
     if changed is False:
+        if steps is None:
+            return Trained(False, f"no weight changed (optimizer steps not recorded; {counts})", **facts)
         return Trained(False, f"no weight changed over {steps} optimizer step(s) ({counts})", **facts)
     if skipped is not None and steps and skipped > max_skipped_share * steps:
         return Trained(False, f"{counts}, more than {max_skipped_share:.0%}", **facts)

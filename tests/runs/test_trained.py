@@ -32,3 +32,12 @@ def test_unchanged_weights_without_skips_is_not_trained_and_nothing_recorded_can
     assert trained(RunSummary()).trained is None
     assert trained(RunSummary(), global_step=4).trained is None   # steps known, skips and weights not
     assert trained(_summary(steps=8, skipped=1, changed=True)).trained is True
+
+
+def test_unchanged_weights_without_any_step_count_says_the_count_is_missing():
+    # run.json holds weights_changed False but no step count anywhere (no trained.optimizer_steps, no loss-scale
+    # steps, no global_step): the reason names the missing count instead of printing "None"
+    v = trained(RunSummary(trained=TrainedSummary(weights_changed=False)))
+    assert v.trained is False
+    assert v.why == "no weight changed (optimizer steps not recorded; skipped steps not recorded)"
+    assert "None" not in v.why
