@@ -1,7 +1,8 @@
 """Mutation testing of cropscale modules with mutmut, one module at a time, on the tests that reach it.
 
     make mutate MODULES="cropscale/numbers.py cropscale/callbacks/_dist.py"
-    .venv/bin/python scripts/mutate.py [--out DIR] [--tests "tests/a.py tests/b.py"] MODULE [MODULE ...]
+    .venv/bin/python scripts/mutate.py [--out DIR] [--tests "tests/a.py tests/b.py"] [--sample N [--seed S]]
+                                       MODULE [MODULE ...]
 
 For each module: a fresh work folder ``build/mutate/<module>/`` (git-ignored) holds copies of ``cropscale/``,
 ``tests/``, ``configs/`` and the other files tests read, ``pyproject.toml`` with a ``[tool.mutmut]`` section
@@ -25,6 +26,12 @@ calls the function) and ``timeout`` are listed apart (a timeout counts as killed
 The last line printed per module: ``mutate: <module>: <killed>/<n> killed (<score> %), <survived> survived,
 <no tests> without tests, in <s> s``.
 
+``--sample N`` runs N mutants drawn at random (``random.Random(seed).sample`` of the sorted mutant names, so a
+re-run with the same code and seed draws the same ones) instead of all of them, for a module whose full run
+does not fit the time at hand; the others are ``not checked`` in the TSV and left out of the score, and the
+JSON adds the population and the score's 95 % Clopper-Pearson interval (scipy's ``binomtest``), the
+uncertainty of estimating the whole module's score from the sample.
+
 Exit status 0 when every run finished (survivors are results, not failures), 1 when mutmut failed
 (the clean tests failed, nothing collected), 2 on a bad argument.
 """
@@ -37,6 +44,7 @@ import difflib
 import importlib.util
 import json
 import os
+import random
 import re
 import shutil
 import subprocess
@@ -60,7 +68,9 @@ MODULE_TESTS: dict[str, list[str]] = {
                                         "tests/report/test_verdicts.py", "tests/report/test_comparison.py",
                                         "tests/report/test_convergence.py"],
     "cropscale/report/verdicts.py": ["tests/report/test_verdicts.py", "tests/report/test_equivalence.py",
-                                     "tests/report/test_comparison.py"],
+                                     "tests/report/test_comparison.py", "tests/report/test_report.py",
+                                     "tests/report/test_failed_runs.py", "tests/report/test_plots.py",
+                                     "tests/study/test_runner.py", "tests/study/test_protocol.py"],
     "cropscale/report/convergence.py": ["tests/report/test_convergence.py", "tests/report/test_verdicts.py"],
     "cropscale/runs/rules.py": ["tests/runs", "tests/report/test_verdicts.py"],
     "cropscale/runs/validity.py": ["tests/runs/test_validity.py", "tests/runs/test_trained.py"],
@@ -78,6 +88,7 @@ MODULE_TESTS: dict[str, list[str]] = {
     "cropscale/distributed.py": ["tests/test_distributed.py", "tests/test_distributed_edges.py"],
     "cropscale/data/content.py": ["tests/data/test_content_checks.py", "tests/data/test_content_rules.py",
                                   "tests/data/test_every_value.py", "tests/data/test_silent_data.py"],
+    "cropscale/tiling.py": ["tests/test_tiling.py"],
     "cropscale/diagnosis/steps.py": ["tests/diagnosis"],
     "cropscale/diagnosis/ranks.py": ["tests/diagnosis"],
 }
@@ -259,12 +270,35 @@ def widen(tests_by_function: dict[str, set[str]], groups: list[set[str]]) -> int
     return added
 
 
+SAMPLE_ENV = "CROPSCALE_MUTATE_SAMPLE"  # "N:seed" from run_module to the child that drives mutmut
+
+
+def draw(names: list[str], n: int, seed: int) -> set[str]:
+    """``n`` of ``names`` drawn at random with ``seed`` (all of them when ``n`` >= their number); order-free."""
+    ordered = sorted(names)
+    return set(random.Random(seed).sample(ordered, min(n, len(ordered))))
+
+
 def drive() -> None:
-    """``mutmut run --max-children 1`` in the current folder, with the test map widened (:func:`widen`)."""
+    """``mutmut run --max-children 1`` in the current folder, with the test map widened (:func:`widen`).
+
+    With ``CROPSCALE_MUTATE_SAMPLE=N:seed`` in the environment only a sample of N mutants (:func:`draw`) runs.
+    """
     import mutmut.__main__ as mm
     from mutmut.utils.file_utils import change_cwd
 
     collect = mm.collect_or_load_stats
+    gather = mm.collect_source_file_mutation_data
+    sample = os.environ.get(SAMPLE_ENV)
+
+    def gather_sample(*, mutant_names):  # noqa: ANN001, ANN202
+        mutants, by_path = gather(mutant_names=mutant_names)
+        if sample and not mutant_names:
+            n, seed = (int(x) for x in sample.split(":"))
+            chosen = draw([key for _, key, _ in mutants], n, seed)
+            mutants = [m for m in mutants if m[1] in chosen]
+            print(f"mutate: a sample of {len(mutants)} mutants (seed {seed})", flush=True)
+        return mutants, by_path
 
     def collect_and_widen(runner, **kwargs):  # noqa: ANN001, ANN003, ANN202
         collect(runner, **kwargs)
@@ -275,15 +309,22 @@ def drive() -> None:
         mm.save_stats()
 
     mm.collect_or_load_stats = collect_and_widen
+    mm.collect_source_file_mutation_data = gather_sample
     mm._run((), 1)
 
 
-def run_module(module: str, tests: list[str], out: Path) -> bool:
-    """Mutate ``module`` against ``tests``; write its results into ``out``; True when mutmut finished."""
+def run_module(module: str, tests: list[str], out: Path, sample: int | None = None, seed: int = 0) -> bool:
+    """Mutate ``module`` against ``tests``; write its results into ``out``; True when mutmut finished.
+
+    ``sample``: run that many mutants drawn at random with ``seed`` (None: every mutant).
+    """
     name = slug(module)
     work = ROOT / "build" / "mutate" / name
     prepare(module, tests, work)
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONDONTWRITEBYTECODE="1")
+    env.pop(SAMPLE_ENV, None)
+    if sample is not None:
+        env[SAMPLE_ENV] = f"{sample}:{seed}"
     log = work / "mutmut.log"
     print(f"mutate: {module}: tests {' '.join(tests)}; log {log.relative_to(ROOT)}", flush=True)
     t0 = time.monotonic()
@@ -307,21 +348,35 @@ def run_module(module: str, tests: list[str], out: Path) -> bool:
         rows.append((status, line or 0, key.rpartition(".")[2], function_name(key), change))
     rows.sort(key=lambda r: (r[0] != "survived", r[1], r[2]))
     counts = {s: sum(r[0] == s for r in rows) for s in sorted({r[0] for r in rows})}
-    n = len(rows) - counts.get("skipped", 0)
+    n = len(rows) - counts.get("skipped", 0) - counts.get("not checked", 0)
     killed = counts.get("killed", 0) + counts.get("timeout", 0)
     summary = {"module": module, "tool": "mutmut " + _version(), "mutants": len(rows), "killed": killed,
                "counts": counts, "score": round(100.0 * killed / n, 1) if n else None,
                "seconds": round(seconds), "tests": tests}
+    if sample is not None:
+        summary.update(sample=n, seed=seed, score_95=score_interval(killed, n))
     out.mkdir(parents=True, exist_ok=True)
     with (out / f"{name}.tsv").open("w") as fh:
         fh.write("status\tline\tmutant\tfunction\tmutation\n")
         for r in rows:
             fh.write("\t".join(str(x) for x in r) + "\n")
     (out / f"{name}.json").write_text(json.dumps(summary, indent=1) + "\n")
-    print(f"mutate: {module}: {killed}/{n} killed ({summary['score']} %), {counts.get('survived', 0)} survived, "
+    drawn = (f" of a sample of {n} in {len(rows)} (95 % interval {summary['score_95']})"
+             if sample is not None else "")
+    print(f"mutate: {module}: {killed}/{n} killed ({summary['score']} %{drawn}), {counts.get('survived', 0)} survived, "
           f"{counts.get('no tests', 0)} without tests, {counts.get('timeout', 0)} timeouts, in {seconds:.0f} s; "
           f"{out / (name + '.tsv')}", flush=True)
     return True
+
+
+def score_interval(killed: int, n: int) -> list[float] | None:
+    """The 95 % Clopper-Pearson interval of a score (percent) estimated from ``killed`` of ``n`` sampled mutants."""
+    if n == 0:
+        return None
+    from scipy.stats import binomtest
+
+    ci = binomtest(killed, n).proportion_ci(confidence_level=0.95, method="exact")
+    return [round(100.0 * ci.low, 1), round(100.0 * ci.high, 1)]
 
 
 def _without_spinner(text: str) -> str:
@@ -343,12 +398,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=ROOT / "build" / "mutate" / "results",
                    help="folder of the per-module results (default build/mutate/results)")
     p.add_argument("--tests", default=None, help="test files to use instead of the table (one module only)")
+    p.add_argument("--sample", type=int, default=None, help="run N mutants drawn at random instead of all")
+    p.add_argument("--seed", type=int, default=0, help="seed of the --sample draw (default 0)")
     if argv is None and sys.argv[1:] == ["--drive"]:  # the child run in a module's work folder
         drive()
         return 0
     args = p.parse_args(argv)
     if importlib.util.find_spec("mutmut") is None:
         print(f"mutate: {sys.executable} has no mutmut (pip install -e '.[dev]')", file=sys.stderr)
+        return 2
+    if args.sample is not None and args.sample < 1:
+        print("mutate: --sample takes a positive number of mutants", file=sys.stderr)
         return 2
     if args.tests and len(args.modules) > 1:
         print("mutate: --tests takes one module", file=sys.stderr)
@@ -364,7 +424,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"mutate: {module}: no tests listed in scripts/mutate.py MODULE_TESTS (or pass --tests)",
                   file=sys.stderr)
             return 2
-        ok = run_module(module, tests, args.out) and ok
+        ok = run_module(module, tests, args.out, args.sample, args.seed) and ok
     return 0 if ok else 1
 
 

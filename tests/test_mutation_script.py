@@ -81,10 +81,12 @@ def test_mutant_names_read_back_as_functions_and_lines():
 
 def test_a_module_outside_the_table_needs_its_tests_named(capsys):
     mod = _script()
-    assert mod.main(["cropscale/tiling.py"]) == 2
+    assert mod.main(["cropscale/batch.py"]) == 2
     assert "no tests listed in scripts/mutate.py MODULE_TESTS (or pass --tests)" in capsys.readouterr().err
     assert mod.main(["cropscale/no_such_module.py"]) == 2
     assert "no such module under cropscale/" in capsys.readouterr().err
+    assert mod.main(["--sample", "0", "cropscale/numbers.py"]) == 2
+    assert "--sample takes a positive number of mutants" in capsys.readouterr().err
     for module, tests in mod.MODULE_TESTS.items():  # the table names files that exist
         assert (REPO / module).is_file(), module
         assert all((REPO / t).exists() for t in tests), (module, tests)
@@ -98,3 +100,22 @@ def test_tests_sharing_a_module_scoped_fixture_judge_what_the_fixture_ran():
     assert mod.widen(by_function, groups) == 2
     assert by_function == {"m.x_fit_step": {"t.py::test_first", "t.py::test_second", "t.py::test_third"},
                            "m.x_alone": {"u.py::test_u"}}
+
+
+def test_a_sample_is_the_same_draw_whatever_the_order_and_never_more_than_asked():
+    m = _script()
+    names = [f"m.x_f__mutmut_{i}" for i in range(1, 41)]
+    first = m.draw(names, 10, seed=3)
+    assert len(first) == 10 and first <= set(names)
+    assert m.draw(list(reversed(names)), 10, seed=3) == first     # the order mutmut lists them in does not matter
+    assert m.draw(names, 10, seed=4) != first                      # another seed, another draw
+    assert m.draw(names, 99, seed=3) == set(names)                 # more than there are: all of them
+
+
+def test_the_sampled_score_interval_is_clopper_pearson_worked_by_hand():
+    m = _script()
+    # all n killed: the exact interval is [(alpha/2)^(1/n), 1]; 15 of 15 -> 0.025^(1/15) = 0.78197
+    assert m.score_interval(15, 15) == [round(100 * 0.025 ** (1 / 15), 1), 100.0] == [78.2, 100.0]
+    # none killed: [0, 1 - (alpha/2)^(1/n)]; 0 of 10 -> 1 - 0.025^(1/10) = 0.30850
+    assert m.score_interval(0, 10) == [0.0, round(100 * (1 - 0.025 ** (1 / 10)), 1)] == [0.0, 30.8]
+    assert m.score_interval(0, 0) is None
