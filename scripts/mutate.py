@@ -78,7 +78,9 @@ MODULE_TESTS: dict[str, list[str]] = {
     "cropscale/scaling/pmnf.py": _SCALING,
     "cropscale/callbacks/_dist.py": _CALLBACKS,
     "cropscale/callbacks/throughput.py": _CALLBACKS,
-    "cropscale/callbacks/loss_scale.py": _CALLBACKS,
+    # test_costs counts the Python calls of a log step: mutmut's trampoline around every loss_scale function adds
+    # calls, so under mutmut's stats run the 16-mixed count fails on the unmutated code
+    "cropscale/callbacks/loss_scale.py": _CALLBACKS + ["--ignore=tests/callbacks/test_costs.py"],
     "cropscale/callbacks/grad_norm.py": _CALLBACKS,
     "cropscale/callbacks/divergence.py": _CALLBACKS,
     "cropscale/callbacks/quality.py": _CALLBACKS,
