@@ -128,25 +128,36 @@ def test_a_within_model_reached_by_exactly_alpha_fit_of_its_series_fits():
     assert v.adequacy == 0.0 and v.status == "inconclusive" and "fits within the noise" in v.reason
 
 
+def _boundary_case(xs):
+    """A seeded series (from seed 59 on) whose best above model's free rise ``c1 span`` equals
+    ``resolution * max|centre|`` for some resolution, while ``(c1 span) / span != c1``: ``(y, resolution)``."""
+    for seed in range(59, 259):
+        y = (50 + 3 * xs)[:, None] * (1 + 0.01 * np.random.default_rng(seed).standard_normal((xs.size, 3)))
+        first = judge(xs, y, N, resamples=100)
+        g = first.above.term(xs)
+        rise, top = first.above.c1 * float(g.max() - g.min()), float(np.max(np.abs(first.centres)))
+        if rise / float(g.max() - g.min()) == first.above.c1:
+            continue  # raising would give the same c1: no boundary to see
+        candidates = rise / top + np.arange(-4, 5) * np.spacing(rise / top)  # the neighbouring doubles
+        hits = [float(r) for r in candidates if float(r) * top == rise and 0 < r <= 1]
+        if hits:
+            return y, hits[0]
+    return None
+
+
 def test_an_alternative_rising_by_exactly_the_floor_is_not_raised():
     # "raised, if needed, to rise by resolution times the largest centre": the resolution is chosen so that the
     # best above model's free fit rises by exactly the floor (c1 span == resolution max|centre| in floating
     # point); it stays as fitted. (Raising it anyway would set c1 = floor / span, which here is not c1 again.)
     xs = np.array([3.0, 5.0, 7.0, 11.0, 13.0, 17.0, 23.0, 29.0])
-    y = (50 + 3 * xs)[:, None] * (1 + 0.01 * np.random.default_rng(59).standard_normal((xs.size, 3)))
-    first = judge(xs, y, N, resamples=100)
-    free, top = first.above, float(np.max(np.abs(first.centres)))
-    g = free.term(xs)
-    span = float(g.max() - g.min())
-    rise = free.c1 * span
-    assert rise / span != free.c1  # the premise: raising would change c1
-    candidates = rise / top + np.arange(-4, 5) * np.spacing(rise / top)  # the neighbouring doubles
-    resolution = next(float(r) for r in candidates if float(r) * top == rise)
+    found = _boundary_case(xs)
+    assert found is not None, "premise: no series with its rise exactly at a floor found"
+    y, resolution = found
     v = judge(xs, y, N, resamples=100, resolution=resolution)
-    alt = v.excluded[0][0]
+    free, alt = v.above, v.excluded[0][0]
     assert alt.term == free.term and (alt.c0, alt.c1) == (free.c0, free.c1)
-    w = 1.0 / (iqm_se_factor(3) * v.centres) ** 2 * 3
-    ref = sm.WLS(v.centres, sm.add_constant(g), weights=w).fit().params
+    w = 3.0 / (iqm_se_factor(3) * v.centres) ** 2
+    ref = sm.WLS(v.centres, sm.add_constant(free.term(xs)), weights=w).fit().params
     assert free.c1 == pytest.approx(ref[1], rel=1e-9) and free.c0 == pytest.approx(ref[0], rel=1e-9)
 
 
