@@ -61,7 +61,8 @@ _SCALING = ["tests/scaling/test_pmnf.py", "tests/scaling/test_adjusted_r2.py", "
             "tests/scaling/test_multi.py", "tests/scaling/test_verdict.py", "tests/scaling/test_verdict_support.py",
             "tests/scaling/test_robust_verdict.py", "tests/scaling/test_lead_order_verdict.py",
             "tests/scaling/test_multi_verdict.py", "tests/scaling/test_assertions.py",
-            "tests/scaling/test_study_assertions.py", "tests/scaling/test_verdict_parts.py"]
+            "tests/scaling/test_study_assertions.py", "tests/scaling/test_verdict_parts.py",
+            "tests/scaling/test_pmnf_mutants.py", "tests/scaling/test_verdict_mutants.py"]
 MODULE_TESTS: dict[str, list[str]] = {
     "cropscale/numbers.py": ["tests/test_numbers.py", "tests/study/test_definitions.py"],
     "cropscale/report/equivalence.py": ["tests/report/test_equivalence.py", "tests/report/test_equivalence_mutants.py",
