@@ -47,7 +47,7 @@ def test_a_status_of_0_is_an_exit_not_a_signal():
 
 
 def test_the_launching_process_without_local_rank_makes_the_folder_and_rank_1_reports_into_it(monkeypatch):
-    monkeypatch.delenv(RANK_ERRORS_ENV, raising=False)
+    monkeypatch.setenv(RANK_ERRORS_ENV, "")  # empty: no folder named (and restored after the test)
     monkeypatch.delenv("LOCAL_RANK", raising=False)  # a plain `python -m cropscale fit`: no LOCAL_RANK at all
     folder = prepare_rank_reports()
     try:
