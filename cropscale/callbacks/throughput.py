@@ -139,8 +139,8 @@ class ThroughputCallback(ScalingCallback):
         self._val_s = 0.0
         self._log_t0: float | None = None
         self._log_samples = 0
-        self._device_name = "cpu"
-        self._dtype = "fp32"
+        self._device_name: str | None = None  # None until on_train_start (a fit refused at setup ran nowhere)
+        self._dtype: str | None = None
         self._tf32: dict[str, bool] = {}
         self._class_dtypes: dict[str, str] = {}
         self._split: dict[str, float] | None = None
