@@ -9,6 +9,11 @@ background thread every ``sample_interval_s`` and integrating over the window (t
 Keep windows at least a few hundred ms long: the counter updates about every 10 ms and the power
 reading is an average on recent GPUs.
 
+An epoch resumed from a checkpoint (written inside it, or at the previous epoch's last batch end, after which
+Lightning 2.6 calls no ``on_train_epoch_start``) has its window from the restart (``on_train_start``) to its end:
+its energy, seconds and samples are those after the restart, so its J/sample stays energy / the samples of the
+window; the part of it before the checkpoint is in no record.
+
 Every figure is **GPU board energy**: what NVML reports for the GPU board, no CPU, memory, network or cooling
 (MLPerf's power rules measure the node at the wall). A sampled-power run records how many readings each rank took
 over the training window and their mean period (``power_samples``, ``power_sample_period_s``): the report refuses a
@@ -231,6 +236,9 @@ class EnergyCallback(ScalingCallback):
             return
         self._fit_t0, self._fit_e0 = self._now("the start of training")
         self._log_t0, self._log_e0 = self._fit_t0, self._fit_e0
+        # an epoch resumed from a checkpoint written inside it or at the previous epoch's last batch end gets no
+        # on_train_epoch_start (Lightning 2.6): its window runs from the restart (on_train_epoch_start moves it)
+        self._epoch_t0, self._epoch_e0 = self._fit_t0, self._fit_e0
 
     @override
     def on_train_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:

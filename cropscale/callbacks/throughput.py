@@ -86,6 +86,9 @@ class ThroughputCallback(ScalingCallback):
     ``state_dict`` keeps the totals and per-epoch summaries, and inside an epoch the samples trained so far
     in it and their train, validation and wall time (s), so that an epoch resumed from a mid-epoch checkpoint
     counts each of its samples once and their time with them (run-level samples/s stays samples / train time).
+    From a checkpoint at an epoch's last batch end Lightning goes on with the next epoch without that epoch's
+    ``on_train_epoch_end`` or the next one's ``on_train_epoch_start``: ``on_train_start`` closes the resumed epoch's
+    record with its figures up to the checkpoint and starts the next epoch's clocks.
 
     Example::
 
@@ -184,12 +187,25 @@ class ThroughputCallback(ScalingCallback):
         self._dtype = self._class_dtypes["matmul"]
         self._steps_this_fit = 0
         self._start_log_schedule(trainer)
-        if self._resumed_in_epoch and self._epoch_t0 is None:
+        resumed = self._resumed_in_epoch
+        if resumed and int(resumed["epoch"]) < trainer.current_epoch:
+            # a checkpoint at the epoch's last batch end: Lightning goes on with the next epoch and calls neither
+            # on_train_epoch_end for the resumed one nor on_train_epoch_start for the next, so the resumed epoch's
+            # record closes here with its figures up to the checkpoint, and the next epoch starts now
+            self._epoch_t0 = None if resumed.get("wall_s") is None else perf_counter()
+            self._resume_clocks(resumed)
+            self._close_epoch(trainer, pl_module, int(resumed["epoch"]))
+            self._open_epoch(trainer)
+        elif resumed and self._epoch_t0 is None:
             self._epoch_t0 = self._log_t0 = perf_counter()
-            self._resume_clocks(self._resumed_in_epoch)
+            self._resume_clocks(resumed)
 
     @override
     def on_train_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._open_epoch(trainer)
+
+    def _open_epoch(self, trainer: Trainer) -> None:
+        """Start the clocks and counts of epoch ``trainer.current_epoch`` (with its saved part when resumed in it)."""
         self._sync()
         self._epoch_t0 = self._log_t0 = perf_counter()
         self._last_end = None
@@ -265,6 +281,10 @@ class ThroughputCallback(ScalingCallback):
 
     @override
     def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._close_epoch(trainer, pl_module, trainer.current_epoch)
+
+    def _close_epoch(self, trainer: Trainer, pl_module: LightningModule, epoch: int) -> None:
+        """Gather every rank's figures of ``epoch`` (a collective), append its record and log it."""
         self._sync()
         self._epoch_now = None
         wall = perf_counter() - self._epoch_t0 if self._epoch_t0 is not None else None
@@ -286,7 +306,7 @@ class ThroughputCallback(ScalingCallback):
         lat = WindowStats.of(self._lat, scale=1e3)
         flops, tflops, mfu, peak = self._flops_figures(pl_module, total_samples, slowest_train, trainer.world_size)
         record = ThroughputEpoch(
-            epoch=trainer.current_epoch,
+            epoch=epoch,
             samples=total_samples,
             samples_per_rank=samples_rank,
             samples_per_s=sps,

@@ -163,15 +163,16 @@ def test_a_counter_read_failing_at_an_epoch_end_is_named_with_the_rank_gap(monke
     assert s.training.energy_j == 220.0 and s.method == "counter"
 
 
-def test_an_epoch_resumed_without_its_start_counts_its_samples_from_zero(monkeypatch):
-    """Lightning runs no on_train_epoch_start for it: no epoch window, but its samples are counted."""
+def test_an_epoch_resumed_without_its_start_counts_from_the_restart(monkeypatch):
+    """Lightning runs no on_train_epoch_start for it: its window and its samples start at the restart."""
     cb, trainer, module, clock, nv, sent = _setup(monkeypatch, READINGS, world_size=1)
-    cb.on_train_start(trainer, module)
-    for samples in (2, 3, 2):
+    cb.on_train_start(trainer, module)  # t 0: probe 0 J, fit start 10 J
+    for samples in (2, 3, 2):  # steps end at 1, 2, 3; log step 2 reads 20 J
         _step(cb, trainer, module, clock, 1.0, samples)
-    cb.on_train_epoch_end(trainer, module)
-    assert sent == [[None, None, 7.0]]
-    assert (cb.epochs[0].samples, cb.epochs[0].energy_j) == (7, None)
+    cb.on_train_epoch_end(trainer, module)  # t 3: 60 J
+    assert sent == [[50.0, 3.0, 7.0]]  # before (issue 36): [None, None, 7.0], so the summary said available: false
+    assert (cb.epochs[0].samples, cb.epochs[0].energy_j) == (7, 50.0)
+    assert cb.summary().available is True
 
 
 def test_a_batch_without_a_size_adds_no_sample(monkeypatch):

@@ -70,3 +70,37 @@ def test_a_mid_epoch_resume_counts_the_epochs_train_time_with_its_samples(monkey
     s = resumed.summary()
     assert (s.total_samples, s.total_train_s) == (12, pytest.approx(7.0))
     assert s.samples_per_s == pytest.approx(12 / 7.0)  # before: 12 / 3 = 4.0 (epoch 1 had no train_s)
+
+
+def test_a_resume_from_an_epochs_last_batch_closes_that_epoch_with_its_figures(monkeypatch):
+    """Lightning 2.6 on a checkpoint at epoch 0's last batch end: on_train_start with current_epoch 1, then epoch 1
+    with neither on_train_epoch_end for epoch 0 nor on_train_epoch_start for epoch 1 (issue 36)."""
+    clock = Clock()
+    monkeypatch.setattr(throughput_module, "perf_counter", clock)
+    trainer = SimpleNamespace(precision="32-true", log_every_n_steps=0, global_step=0, current_epoch=0,
+                              world_size=1, loggers=[], sanity_checking=False)
+    module = SimpleNamespace(device=torch.device("cpu"), flops_per_sample=None)
+    cb = ThroughputCallback(warmup_steps=0, sync_cuda_at_epoch_end=False)
+    cb.on_train_start(trainer, module)
+    clock.t = 1.0
+    cb.on_train_epoch_start(trainer, module)  # epoch 0: 3 batches of 1 s, the checkpoint at the last one's end
+    for i in range(3):
+        _batch(cb, trainer, module, clock, i, 1.0)
+    state = cb.state_dict()
+
+    clock.t = 100.0
+    trainer.current_epoch = 1
+    resumed = ThroughputCallback(warmup_steps=0, sync_cuda_at_epoch_end=False)
+    resumed.load_state_dict(state)
+    resumed.on_train_start(trainer, module)
+    for i in range(2):  # epoch 1: 2 batches of 1.5 s, then 0.5 s to its end
+        _batch(resumed, trainer, module, clock, i, 1.5)
+    clock.t += 0.5
+    resumed.on_train_epoch_end(trainer, module)
+
+    e0, e1 = resumed.epochs
+    assert (e0.epoch, e0.samples, e0.train_s, e0.wall_s) == (0, 6, pytest.approx(3.0), pytest.approx(3.0))
+    # before (issue 36): one record, epoch 1 with 10 samples and epoch 0's 3 s in its train time
+    assert (e1.epoch, e1.samples, e1.train_s, e1.wall_s) == (1, 4, pytest.approx(3.0), pytest.approx(3.5))
+    s = resumed.summary()
+    assert (s.total_samples, s.total_train_s) == (10, pytest.approx(6.0))
