@@ -219,3 +219,69 @@ def test_global_batch_comparisons_per_precision_and_devices():
         ("G 8 vs FP32 G 4 (N 1)", "32-true_g4_0", "32-true_g8_0"),
         ("G 8 vs AMP BF16 G 4 (N 1)", "bf16-mixed_g4_0", "bf16-mixed_g8_0")]
     assert [c.best.margin for c in found] == [0.05, 0.05]
+
+
+def test_verdict_row_samples_to_target_figure_and_the_texts():
+    """FP32 reaches 0.475 at epoch 1 (64 samples per run), AMP at epoch 2 (96): ratio 1.5."""
+    c = _to_target([dict(), dict()], [dict(best=0.5), dict(best=0.49)])
+    f = verdict_row(c).figures["samples_to_target_ratio"]
+    assert (f.value, f.evidence) == (pytest.approx(1.5), MEASURED_RUN)
+    assert f.note == "olympic means 64 / 96 samples over 2 / 2 runs (none trimmed)"
+    assert f.why is None and c.target_text().startswith("samples to 0.95 of FP32's best (0.4750): 1.50x, ")
+    none = compare_runs("precision", "FP32", "AMP", _side("32-true", {0: None}, "f"),
+                        _side("bf16-mixed", {0: 0.5}, "b"))
+    assert none.target_text() == "samples to 0.95 of FP32's best: n/a (no best macro IoU of the base)"
+    assert (c.best.figure, c.final.figure) == ("best macro IoU", "final macro IoU")
+
+
+def test_final_verdict_reads_the_final_macro_iou_of_both_sides():
+    """Best and final macro IoU apart: best equal on both sides (+0.00x), final 0.05 lower on AMP's side."""
+    base = [(s, _rec(f"f{s}", "32-true", s, v)) for s, v in {0: 0.50, 1: 0.52, 2: 0.54}.items()]
+    other = [(s, _rec(f"b{s}", "bf16-mixed", s, v)) for s, v in {0: 0.501, 1: 0.522, 2: 0.543}.items()]
+    for (_, r), final in zip(other, (0.45, 0.46, 0.50), strict=True):
+        r.figures["final_miou"] = Figure(final, MEASURED_RUN)
+    c = compare_runs("precision", "FP32", "AMP BF16", base, other)
+    assert c.best.interval.estimate == pytest.approx(0.002) and c.best.verdict == "equivalent"
+    # paired final differences -0.05, -0.06, -0.04: mean -0.05, sd 0.01, 90 % CI -0.0669..-0.0331: worse
+    assert c.final.interval.estimate == pytest.approx(-0.05) and c.final.verdict == "worse"
+    assert c.final.interval.high == pytest.approx(-0.05 + T_95_DF2 * 0.01 / math.sqrt(3))
+
+
+def test_a_device_comparison_of_one_run_per_side_gives_the_efficiency_without_interval():
+    records = [_rec(f"n{n}", "32-true", 0, devices=n, global_batch=8, local=8 // n, rate=5.0 + 5.0 * n)
+               for n in (1, 2)]
+    (c,) = _kinds(records, "devices")
+    # 15 / 10 samples/s: speed-up 1.5 on 2 devices, efficiency 0.75; one run per side: no interval for either
+    assert ("speed-up 1.50x training-loop samples/s (no interval: one run per side), efficiency 0.75, within-run"
+            in c.line())
+
+
+def _class_run(folder, name: str, precision: str, seed: int, by_class: dict[str, tuple[float, ...]]) -> RunRecord:
+    """A run whose TensorBoard events hold ``val_class/IoU_<class>`` per epoch (with Lightning's ``epoch``)."""
+    from torch.utils.tensorboard import SummaryWriter
+
+    writer = SummaryWriter(str(folder))
+    for epoch in range(3):
+        writer.add_scalar("epoch", float(epoch), epoch + 1)
+        for cls, values in by_class.items():
+            writer.add_scalar(f"val_class/IoU_{cls}", values[epoch], epoch + 1)
+    writer.close()
+    record = _rec(name, precision, seed, 0.5)
+    record.path, record.scalar_tags = str(folder), ["epoch", *(f"val_class/IoU_{c}" for c in by_class)]
+    return record
+
+
+def test_classes_moving_beyond_the_margin_by_their_last_epoch(tmp_path):
+    """Wheat's last-epoch IoU falls 0.10 on AMP's side (its epoch-1 peak of 0.9 is no final value); maize moves
+    +0.005, inside the margin: only wheat is listed."""
+    base, other = [], []
+    for s, (w_base, w_other) in enumerate(((0.60, 0.50), (0.62, 0.53), (0.64, 0.53))):
+        base.append((s, _class_run(tmp_path / f"f{s}", f"f{s}", "32-true", s,
+                                   {"1_wheat": (0.3, 0.9, w_base), "2_maize": (0.2, 0.3, 0.40 + 0.01 * s)})))
+        other.append((s, _class_run(tmp_path / f"b{s}", f"b{s}", "bf16-mixed", s,
+                                    {"1_wheat": (0.3, 0.9, w_other), "2_maize": (0.2, 0.3, 0.405 + 0.01 * s)})))
+    c = compare_runs("precision", "FP32", "AMP BF16", base, other)
+    assert [name for name, _ in c.classes] == ["1_wheat"]
+    (_, wheat), = c.classes
+    assert wheat.interval.estimate == pytest.approx(-0.10, abs=1e-6) and wheat.figure == "final IoU of class 1_wheat"
+    assert verdict_row(c).values["classes"] == "1_wheat: -0.100 worse"  # 90 % CI -0.1169..-0.0831
