@@ -232,6 +232,9 @@ def test_verdict_row_samples_to_target_figure_and_the_texts():
                         _side("bf16-mixed", {0: 0.5}, "b"))
     assert none.target_text() == "samples to 0.95 of FP32's best: n/a (no best macro IoU of the base)"
     assert (c.best.figure, c.final.figure) == ("best macro IoU", "final macro IoU")
+    # end-to-end seconds to the target: FP32 4 + 5 s (epochs 0, 1), AMP 4 + 5 + 6 s in each run
+    assert c.time_to_target.figure == "seconds" and c.time_ratio == pytest.approx(15.0 / 9.0)
+    assert verdict_row(c).figures["time_ratio"].value == pytest.approx(15.0 / 9.0)
 
 
 def test_final_verdict_reads_the_final_macro_iou_of_both_sides():
