@@ -18,10 +18,12 @@ import pytest
 import torch
 from lightning.pytorch import Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.plugins import MixedPrecision
 
 from cropscale.callbacks import (
     EnergyCallback,
     GradNormCallback,
+    LossScaleCallback,
     MemoryCallback,
     NonFiniteCallback,
     ThroughputCallback,
@@ -40,12 +42,15 @@ TASK = {"n_train": 8, "batch_size": 4}  # 2 batches of 4 samples per epoch
 
 
 def _fit(root: Path, callbacks: list, max_epochs: int, ckpt_path: str | None = None, save_every_step: bool = False,
-         **task):
+         amp: bool = False, **task):
     cbs = list(callbacks)
     if save_every_step:
         cbs.append(ModelCheckpoint(dirpath=str(root / "ckpt"), every_n_train_steps=1, save_top_k=-1,
                                    filename="{epoch}-{step}"))
+    # amp: 16-mixed with a real GradScaler on CPU (configs/precision/amp_fp16_cpu.yaml)
+    plugins = [MixedPrecision("16-mixed", "cpu", scaler=torch.amp.GradScaler("cpu"))] if amp else None
     Trainer(accelerator="cpu", devices=1, max_epochs=max_epochs, callbacks=cbs, logger=False, log_every_n_steps=1000,
+            plugins=plugins,
             enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=save_every_step,
             num_sanity_val_steps=0).fit(ToyTask(**TASK, **task), ckpt_path=ckpt_path)
 
@@ -146,3 +151,24 @@ def test_nonfinite_records_a_batch_under_its_own_epoch_after_a_resume(tmp_path, 
     nf = NonFiniteCallback()
     _fit(tmp_path, [nf], max_epochs=2, ckpt_path=checkpoints[step], nan_grad_steps=[3])
     assert [(r.global_step, r.epoch) for r in nf.records] == [(3, 1)]
+
+
+OVERFLOW = {"overflow_steps": [1]}  # epoch 0's last step overflows under fp16: the scaler skips it and backs off
+
+
+@pytest.fixture(scope="module")
+def amp_checkpoints(tmp_path_factory):
+    """Epoch 0 of a 16-mixed fit (real GradScaler) overflowing at its step 1, a checkpoint after each step."""
+    root = tmp_path_factory.mktemp("amp_ckpts")
+    torch.manual_seed(0)
+    _fit(root, [LossScaleCallback()], max_epochs=1, save_every_step=True, amp=True, **OVERFLOW)
+    return {1: str(root / "ckpt" / "epoch=0-step=1.ckpt"), 2: str(root / "ckpt" / "epoch=0-step=2.ckpt")}
+
+
+@pytest.mark.parametrize("step", [1, 2], ids=["inside-epoch-0", "at-epoch-0s-last-batch"])
+def test_loss_scale_counts_each_epochs_steps_under_its_own_epoch_after_a_resume(tmp_path, amp_checkpoints, step):
+    ls = LossScaleCallback()
+    _fit(tmp_path, [ls], max_epochs=2, ckpt_path=amp_checkpoints[step], amp=True, **OVERFLOW)
+    # by hand: 2 optimizer steps per epoch; epoch 0's second one skipped with one back-off, epoch 1 clean
+    assert [(e.epoch, e.steps, e.skipped_steps, e.backoff_events) for e in ls.epochs] == [(0, 2, 1, 1), (1, 2, 0, 0)]
+    assert (ls.counts["steps"], ls.counts["skipped_steps"], ls.counts["backoff_events"]) == (4, 1, 1)
