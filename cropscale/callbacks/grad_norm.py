@@ -73,7 +73,10 @@ class GradNormCallback(ScalingCallback):
     ``numerics/epoch/grad_clip_fraction``. Non-finite norms (AMP overflow, bad batches) are counted
     apart (``nonfinite_steps``) and left out of the statistics.
 
-    ``state_dict`` keeps the counts and per-epoch summaries.
+    ``state_dict`` keeps the counts and per-epoch summaries, and inside an epoch its steps so far (norms, clipped
+    and non-finite counts), so that an epoch resumed from a mid-epoch checkpoint counts each step once. From a
+    checkpoint at an epoch's last batch end Lightning goes on with the next epoch without that epoch's
+    ``on_train_epoch_end``: ``on_train_start`` closes the resumed epoch's record with its saved steps.
 
     Example::
 
@@ -162,10 +165,15 @@ class GradNormCallback(ScalingCallback):
                                       "or gradient_clip_algorithm='value')")
         self._epoch_norms, self._epoch_clipped, self._epoch_nonfinite = [], 0, 0
         resumed, self._resumed_in_epoch = self._resumed_in_epoch, None
-        if resumed and resumed.get("epoch") == trainer.current_epoch:
+        if resumed and resumed.get("epoch") is not None and int(resumed["epoch"]) <= trainer.current_epoch:
             # resumed inside this epoch: the steps before the checkpoint count once in its record
             self._epoch_norms = [float(v) for v in resumed.get("norms", [])]
             self._epoch_clipped, self._epoch_nonfinite = int(resumed["clipped"]), int(resumed["nonfinite"])
+            if int(resumed["epoch"]) < trainer.current_epoch:
+                # a checkpoint at the epoch's last batch end: Lightning goes on with the next epoch without the
+                # resumed one's on_train_epoch_end, so its record closes here with its saved steps (every rank
+                # loads the same state: the same records everywhere)
+                self._close_epoch(trainer, int(resumed["epoch"]))
         self._start_log_schedule(trainer)
 
     @override
@@ -219,13 +227,17 @@ class GradNormCallback(ScalingCallback):
 
     @override
     def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._close_epoch(trainer, trainer.current_epoch)
+
+    def _close_epoch(self, trainer: Trainer, epoch: int) -> None:
+        """Append ``epoch``'s record from its steps so far, log its figures and start the next epoch's counts."""
         self._flush()
         self._unlogged = []  # the epoch's last steps are in its epoch figures
         norms = self._epoch_norms
         stats = median_p95(norms)
         frac = (self._epoch_clipped / len(norms)) if (norms and self._threshold is not None) else None
         self.epochs.append(GradNormEpoch(
-            epoch=trainer.current_epoch, steps=len(norms) + self._epoch_nonfinite,
+            epoch=epoch, steps=len(norms) + self._epoch_nonfinite,
             grad_norm_median=stats["median"], grad_norm_p95=stats["p95"],
             grad_norm_max=max(norms) if norms else None,
             clipped_steps=self._epoch_clipped if self._threshold is not None else None,

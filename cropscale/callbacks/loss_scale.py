@@ -67,7 +67,10 @@ class LossScaleCallback(ScalingCallback):
 
     Counts are global: DDP ranks share one scale (the scaler's inf check sees all-reduced gradients),
     so rank 0's counts stand for the run. ``state_dict`` keeps the counts (read from the device when
-    a checkpoint is saved), so a resumed run continues them.
+    a checkpoint is saved), so a resumed run continues them, and inside an epoch the counts at its start, so that
+    an epoch resumed from a mid-epoch checkpoint counts each step once. From a checkpoint at an epoch's last batch
+    end Lightning goes on with the next epoch without that epoch's ``on_train_epoch_end``: ``on_train_start``
+    closes the resumed epoch's record with its counts up to the checkpoint.
 
     No arguments: the scaler is the precision plugin's (``trainer.precision_plugin.scaler``); under ``32-true`` and
     ``bf16-mixed`` the callback records that none is in use and does nothing per step.
@@ -105,13 +108,19 @@ class LossScaleCallback(ScalingCallback):
         self._last_scale: float | None = None
         self._initial_scale: float | None = None
         self._epoch_start_counts: dict[str, int] = dict(self.counts)
+        self._epoch_now: int | None = None  # the epoch of the last counted step
+        self._resumed_in_epoch: dict[str, Any] | None = None
 
     # ------------------------------------------------------------------ state
     @override
     def state_dict(self) -> dict[str, Any]:
         self._flush()
-        return {"counts": dict(self.counts), "epochs": [e.to_json() for e in self.epochs],
-                "last_scale": self._last_scale, "initial_scale": self._initial_scale}
+        state = {"counts": dict(self.counts), "epochs": [e.to_json() for e in self.epochs],
+                 "last_scale": self._last_scale, "initial_scale": self._initial_scale}
+        if self._epoch_now is not None and self.counts["steps"] != self._epoch_start_counts.get("steps", 0):
+            # a checkpoint inside an epoch: the counts at its start, so that its record counts each step once
+            state["in_epoch"] = {"epoch": self._epoch_now, "start_counts": dict(self._epoch_start_counts)}
+        return state
 
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -119,6 +128,7 @@ class LossScaleCallback(ScalingCallback):
         self.epochs = [LossScaleEpoch.from_json(e) for e in state_dict.get("epochs", [])]
         self._last_scale = state_dict.get("last_scale")
         self._initial_scale = state_dict.get("initial_scale")
+        self._resumed_in_epoch = state_dict.get("in_epoch")
 
     @override
     def wants_hook(self, hook: str) -> bool:
@@ -155,6 +165,14 @@ class LossScaleCallback(ScalingCallback):
             self._hooks = [o.register_step_post_hook(self._on_optimizer_step) for o in trainer.optimizers]
         self._start_log_schedule(trainer)
         self._epoch_start_counts = dict(self.counts)
+        resumed, self._resumed_in_epoch = self._resumed_in_epoch, None
+        if self._scaler is not None and resumed and int(resumed["epoch"]) <= trainer.current_epoch:
+            # resumed inside this epoch: its record counts from the epoch's start, before the checkpoint
+            self._epoch_start_counts = {k: int(v) for k, v in resumed["start_counts"].items()}
+            if int(resumed["epoch"]) < trainer.current_epoch:
+                # a checkpoint at the epoch's last batch end: Lightning goes on with the next epoch without the
+                # resumed one's on_train_epoch_end, so its record closes here with its counts up to the checkpoint
+                self._close_epoch(trainer, int(resumed["epoch"]))
 
     def _on_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         """The optimizer's step post hook: its ``step()`` ran (the scaler did not skip it, unless fused)."""
@@ -181,6 +199,7 @@ class LossScaleCallback(ScalingCallback):
         if not self._step_done():
             return
         log_now = self._count_step()
+        self._epoch_now = trainer.current_epoch
         losses, self._losses = self._losses, []
         if losses:  # no loss: training_step returned None, Lightning neither steps nor updates the scaler
             skipped = None if self._fused else not self._ran
@@ -193,9 +212,13 @@ class LossScaleCallback(ScalingCallback):
     def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if self._scaler is None:
             return
+        self._close_epoch(trainer, trainer.current_epoch)
+
+    def _close_epoch(self, trainer: Trainer, epoch: int) -> None:
+        """Append ``epoch``'s record (the counts since its start), log the counts and start the next epoch's."""
         self._flush()
         self.epochs.append(LossScaleEpoch(
-            epoch=trainer.current_epoch,
+            epoch=epoch,
             **{k: self.counts[k] - self._epoch_start_counts.get(k, 0) for k in _COUNTS},
             loss_scale_end=self._last_scale,
         ))

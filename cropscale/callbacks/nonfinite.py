@@ -196,6 +196,7 @@ class NonFiniteCallback(ScalingCallback):
             self._tap, _ = clip_norm_tap(trainer, pl_module)
         self._tap_seen = self._tap.calls if self._tap is not None else 0
         self._rank = trainer.global_rank
+        self._epoch = trainer.current_epoch  # a resume at an epoch's last batch runs the next with no epoch start
         self._micros, self._pending = [], []
         self.all_records = None
         self._start_log_schedule(trainer)

@@ -18,8 +18,16 @@ import pytest
 import torch
 from lightning.pytorch import Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.plugins import MixedPrecision
 
-from cropscale.callbacks import EnergyCallback, ThroughputCallback
+from cropscale.callbacks import (
+    EnergyCallback,
+    GradNormCallback,
+    LossScaleCallback,
+    MemoryCallback,
+    NonFiniteCallback,
+    ThroughputCallback,
+)
 from cropscale.env import nvml
 from cropscale.testing.toy import ToyTask
 from tests.callbacks.test_fit import CountingNvml, _fake_open
@@ -33,25 +41,30 @@ pytestmark = [
 TASK = {"n_train": 8, "batch_size": 4}  # 2 batches of 4 samples per epoch
 
 
-def _fit(root: Path, callbacks: list, max_epochs: int, ckpt_path: str | None = None, save_every_step: bool = False):
+def _fit(root: Path, callbacks: list, max_epochs: int, ckpt_path: str | None = None, save_every_step: bool = False,
+         amp: bool = False, **task):
     cbs = list(callbacks)
     if save_every_step:
         cbs.append(ModelCheckpoint(dirpath=str(root / "ckpt"), every_n_train_steps=1, save_top_k=-1,
                                    filename="{epoch}-{step}"))
+    # amp: 16-mixed with a real GradScaler on CPU (configs/precision/amp_fp16_cpu.yaml)
+    plugins = [MixedPrecision("16-mixed", "cpu", scaler=torch.amp.GradScaler("cpu"))] if amp else None
     Trainer(accelerator="cpu", devices=1, max_epochs=max_epochs, callbacks=cbs, logger=False, log_every_n_steps=1000,
+            plugins=plugins,
             enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=save_every_step,
-            num_sanity_val_steps=0).fit(ToyTask(**TASK), ckpt_path=ckpt_path)
+            num_sanity_val_steps=0).fit(ToyTask(**TASK, **task), ckpt_path=ckpt_path)
 
 
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory):
-    """Epoch 0 of a fit with both callbacks, a checkpoint after each of its 2 steps: {step: path}."""
+    """Epoch 0 of a fit with the per-epoch callbacks, a checkpoint after each of its 2 steps: {step: path}."""
     root = tmp_path_factory.mktemp("ckpts")
     torch.manual_seed(0)
     mp = pytest.MonkeyPatch()
     mp.setattr(nvml, "open_device_for", _fake_open(CountingNvml()))
     try:
-        _fit(root, [ThroughputCallback(warmup_steps=0), EnergyCallback()], max_epochs=1, save_every_step=True)
+        _fit(root, [ThroughputCallback(warmup_steps=0), EnergyCallback(), GradNormCallback(), MemoryCallback(),
+                    NonFiniteCallback()], max_epochs=1, save_every_step=True)
     finally:
         mp.undo()
     return {1: str(root / "ckpt" / "epoch=0-step=1.ckpt"), 2: str(root / "ckpt" / "epoch=0-step=2.ckpt")}
@@ -99,3 +112,63 @@ def test_energy_an_epoch_started_by_the_restart_is_measured_from_it(tmp_path, mo
     assert s.available is True, s.reason
     assert [(e.epoch, e.energy_j, e.samples) for e in s.epochs] == [(1, 5.0, 8)]
     assert (s.total_energy_j, s.total_samples, s.training.energy_j) == (5.0, 8, 10.0)
+
+
+def _uninterrupted(root: Path, callback, **task):
+    torch.manual_seed(0)  # the fixture's seed: the same weights and batches as the run the checkpoints come from
+    _fit(root, [callback], max_epochs=2, **task)
+    return callback
+
+
+@pytest.mark.parametrize("step", [1, 2], ids=["inside-epoch-0", "at-epoch-0s-last-batch"])
+def test_grad_norm_records_each_epochs_steps_under_its_own_epoch_after_a_resume(tmp_path, checkpoints, step):
+    gn = GradNormCallback()
+    _fit(tmp_path, [gn], max_epochs=2, ckpt_path=checkpoints[step])
+    # 2 optimizer steps per epoch (2 batches, no accumulation), counted by hand
+    assert [(e.epoch, e.steps) for e in gn.epochs] == [(0, 2), (1, 2)]
+    assert gn.summary().steps == 4
+    if step == 1:
+        return  # Lightning restarts the (not stateful) loader: epoch 0's second step after the restart sees batch 0
+    # epoch 0 wholly before the checkpoint, epoch 1 from its first batch: the uninterrupted run's norms
+    whole = _uninterrupted(tmp_path / "whole", GradNormCallback())
+    assert [(e.epoch, e.steps) for e in whole.epochs] == [(0, 2), (1, 2)]
+    for got, want in zip(gn.epochs, whole.epochs, strict=True):
+        assert got.grad_norm_max == pytest.approx(want.grad_norm_max, rel=1e-6)
+        assert got.grad_norm_median == pytest.approx(want.grad_norm_median, rel=1e-6)
+
+
+def test_memory_keeps_a_record_per_epoch_after_a_resume_inside_an_epoch(tmp_path, checkpoints):
+    # (from the checkpoint at epoch 0's last batch epoch 0 has no record: its peaks up to the checkpoint are not
+    # saved, issue 36)
+    mem = MemoryCallback()
+    _fit(tmp_path, [mem], max_epochs=2, ckpt_path=checkpoints[1])
+    assert [e.epoch for e in mem.epochs] == [0, 1]
+
+
+@pytest.mark.parametrize("step", [1, 2], ids=["inside-epoch-0", "at-epoch-0s-last-batch"])
+def test_nonfinite_records_a_batch_under_its_own_epoch_after_a_resume(tmp_path, checkpoints, step):
+    # a NaN gradient at optimizer step 3: epoch 1's second batch (2 steps per epoch), the fit's last step
+    nf = NonFiniteCallback()
+    _fit(tmp_path, [nf], max_epochs=2, ckpt_path=checkpoints[step], nan_grad_steps=[3])
+    assert [(r.global_step, r.epoch) for r in nf.records] == [(3, 1)]
+
+
+OVERFLOW = {"overflow_steps": [1]}  # epoch 0's last step overflows under fp16: the scaler skips it and backs off
+
+
+@pytest.fixture(scope="module")
+def amp_checkpoints(tmp_path_factory):
+    """Epoch 0 of a 16-mixed fit (real GradScaler) overflowing at its step 1, a checkpoint after each step."""
+    root = tmp_path_factory.mktemp("amp_ckpts")
+    torch.manual_seed(0)
+    _fit(root, [LossScaleCallback()], max_epochs=1, save_every_step=True, amp=True, **OVERFLOW)
+    return {1: str(root / "ckpt" / "epoch=0-step=1.ckpt"), 2: str(root / "ckpt" / "epoch=0-step=2.ckpt")}
+
+
+@pytest.mark.parametrize("step", [1, 2], ids=["inside-epoch-0", "at-epoch-0s-last-batch"])
+def test_loss_scale_counts_each_epochs_steps_under_its_own_epoch_after_a_resume(tmp_path, amp_checkpoints, step):
+    ls = LossScaleCallback()
+    _fit(tmp_path, [ls], max_epochs=2, ckpt_path=amp_checkpoints[step], amp=True, **OVERFLOW)
+    # by hand: 2 optimizer steps per epoch; epoch 0's second one skipped with one back-off, epoch 1 clean
+    assert [(e.epoch, e.steps, e.skipped_steps, e.backoff_events) for e in ls.epochs] == [(0, 2, 1, 1), (1, 2, 0, 0)]
+    assert (ls.counts["steps"], ls.counts["skipped_steps"], ls.counts["backoff_events"]) == (4, 1, 1)
