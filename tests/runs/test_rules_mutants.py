@@ -15,6 +15,8 @@ from cropscale.runs.schema import (
     LossScaleSummary,
     MemorySummary,
     NonFiniteSummary,
+    QualityEpoch,
+    QualitySummary,
     RankCounts,
     RunJson,
     RunSummary,
@@ -168,3 +170,48 @@ def test_trained_counts_the_loss_scale_steps_without_a_trained_record():
     moved = rules.trained(RunSummary(loss_scale=LossScaleSummary(scaler_in_use=True, steps=10, skipped_steps=7),
                                      trained=TrainedSummary(weights_changed=True, optimizer_steps=12)))
     assert (moved.trained, moved.optimizer_steps, moved.skipped_steps, moved.weights_changed) == (False, 12, 7, True)
+
+
+def _q(epoch, value, finite=True):
+    return QualityEpoch(epoch=epoch, global_step=2 * (epoch + 1), value=value, weights_finite=finite)
+
+
+def test_best_and_final_of_validations_worked_by_hand():
+    # max 0.5 first reached at epoch 1 (epoch 2 ties it later); the final is the last one, 0.4 at epoch 3;
+    # epoch 4's 0.9 ran on non-finite weights: no best, yet it is not the last here
+    epochs = [_q(0, 0.3), _q(1, 0.5), _q(2, 0.5), _q(4, 0.9, finite=False), _q(3, 0.4)]
+    assert rules.best_and_final(epochs) == (0.5, 1, 0.4, 3)
+    assert rules.best_and_final(epochs, mode="min") == (0.3, 0, 0.4, 3)          # a loss: the minimum
+    # the last validation not finite: no final value, but its epoch
+    assert rules.best_and_final([_q(0, 0.3), _q(1, float("nan"))]) == (0.3, 0, None, 1)
+    assert rules.best_and_final([_q(0, 0.3), _q(1, None)]) == (0.3, 0, None, 1)
+    assert rules.best_and_final([]) == (None, None, None, None)
+
+
+def test_recorded_quality_without_a_validation_says_why_for_every_figure():
+    for record, why in [
+        (QualitySummary(validation_configured=False), "validation not configured (run.json summary.quality)"),
+        (QualitySummary(validation_configured=True, validations=0),
+         "no validation ran (run.json summary.quality: 0 validations)"),
+    ]:
+        q = rules.quality(RunSummary(quality=record), {})
+        assert (q.best.value, q.best_epoch.value, q.final.value) == (None, None, None)
+        assert (q.best.why, q.best_epoch.why, q.final.why, q.by_epoch) == (why, why, why, [])
+
+
+def test_recorded_quality_reads_the_record_and_its_running_best():
+    # the record's best / best epoch / final are read as written (not recomputed: 0.7 at epoch 1 here, the
+    # record says so); the running best skips the non-finite-weights validation and the NaN one
+    record = QualitySummary(validation_configured=True, validations=4, best=0.7, best_epoch=1, final=0.6,
+                            final_epoch=3, epochs=[_q(0, 0.2), _q(1, 0.7), _q(2, 0.95, finite=False), _q(3, 0.6)])
+    q = rules.quality(RunSummary(quality=record), {"val/mIoU": [(0.0, 0, 0.1)]})  # the record wins over events
+    assert (q.best.value, q.best_epoch.value, q.final.value) == (0.7, 1, 0.6)
+    assert q.by_epoch == [(0, 0.2), (1, 0.7), (3, 0.7)]
+    # validations ran, but every one on non-finite weights and the last one's value is NaN
+    bad = QualitySummary(validation_configured=True, validations=2, best=None, best_epoch=None, final=None,
+                         final_epoch=1, epochs=[_q(0, 0.4, finite=False), _q(1, float("nan"), finite=False)])
+    q = rules.quality(RunSummary(quality=bad), {})
+    why = "every validation ran on non-finite weights (run.json summary.quality)"
+    assert (q.best.value, q.best.why, q.best_epoch.value, q.best_epoch.why) == (None, why, None, why)
+    assert (q.final.value, q.final.why) == (None, "the last validation's value is not finite")
+    assert q.by_epoch == []
