@@ -223,3 +223,14 @@ def test_peer_line_waits_10_s_by_default_and_names_no_step_without_one(monkeypat
     assert peer_line(line, SimpleNamespace(current_epoch=1), wait_s=0.0) == (  # no global_step: no place named
         SILENT.format(0) + " its launcher); rank 0 stopped")
 
+
+
+def test_a_process_whose_stat_cannot_be_read_is_not_gone(monkeypatch):
+    # os.kill(pid, 0) found it, but /proc/<pid>/stat cannot be read (hidepid, another namespace): it is running
+    monkeypatch.setattr(os, "kill", lambda pid, sig: None)
+
+    def unreadable(self, *args, **kwargs):
+        raise PermissionError(13, "Permission denied", str(self))
+
+    monkeypatch.setattr(distributed.Path, "read_text", unreadable)
+    assert distributed._pid_gone(12345) is False
