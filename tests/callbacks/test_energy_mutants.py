@@ -244,3 +244,21 @@ def test_stop_waits_for_the_reading_in_flight():
     assert not thread.is_alive() and sampler.failures == 1
     assert sampler.problem() == ("power sampler: 1 of 1 nvmlDeviceGetPowerUsage readings failed "
                                  "(first: RuntimeError: NVML_ERROR_GPU_IS_LOST)")
+
+
+def test_stop_gives_a_hung_reading_five_intervals_and_a_second_at_most():
+    """stop() never blocks the end of a fit on an NVML call that hangs: it waits 5 x interval + 1 s, then returns."""
+    waited = []
+
+    class HungThread:  # a reading that never returns: the thread stays alive whatever the wait
+        def is_alive(self):
+            return True
+
+        def join(self, timeout=None):
+            waited.append(timeout)
+
+    for interval, bound in ((0.1, 1.5), (0.5, 3.5)):  # 5 x 0.1 + 1 and 5 x 0.5 + 1 (not 5 / 0.1 + 1 = 51 s)
+        sampler = energy_module._PowerSampler(_Device(lambda: 250.0), interval)
+        sampler._thread = HungThread()
+        sampler.stop()
+        assert sampler._stop.is_set() and waited[-1] == pytest.approx(bound)
