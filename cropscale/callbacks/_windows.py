@@ -21,7 +21,7 @@ plus the gaps between its micro-batches. A step sums each window over its micro-
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from cropscale.runs.schema import COMM_FIGURES, STEP_WINDOWS, WindowStats
@@ -272,6 +272,24 @@ class WindowAccumulator:
             self._epoch.append(windows)
             return True
         return False
+
+    def epoch_state(self) -> dict[str, Any]:
+        """The epoch's measured steps so far and its first-batch wait, for a checkpoint (plain lists, seconds).
+
+        Returns:
+            ``{"windows": [name of each StepWindows field], "steps": [n_steps][len(windows)] seconds or None,
+            "first_batch_wait": s or None}``: the raw durations, so that :meth:`epoch_stats_ms` after
+            :meth:`restore_epoch` gives the same medians and p95.
+        """
+        names = [f.name for f in fields(StepWindows)]
+        return {"windows": names, "steps": [[getattr(w, n) for n in names] for w in self._epoch],
+                "first_batch_wait": self.first_batch_wait}
+
+    def restore_epoch(self, state: dict[str, Any]) -> None:
+        """Start the epoch with the steps of :meth:`epoch_state` (read by window name) before the ones to come."""
+        names = list(state["windows"])
+        self._epoch = [StepWindows(**dict(zip(names, row, strict=True))) for row in state["steps"]]
+        self.first_batch_wait = state.get("first_batch_wait")
 
     def interval_means_ms(self) -> dict[str, float]:
         """Mean of each figure over the steps since the last call (ms), and start a new interval.

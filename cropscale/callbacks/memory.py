@@ -25,6 +25,8 @@ from cropscale.runs.schema import MemoryEpoch, MemorySummary
 
 GIB = float(1 << 30)
 """Bytes per GiB."""
+_FIGURES = ("peak_allocated_gib", "peak_reserved_gib", "host_rss_gib", "host_peak_rss_gib")
+"""An epoch's figures of one rank, in the order they are gathered."""
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
@@ -50,7 +52,10 @@ class MemoryCallback(ScalingCallback):
     and ``memory/reserved_gib`` (current); at epoch end ``memory/peak_allocated_gib`` and
     ``memory/peak_reserved_gib`` (max over ranks), ``memory/host_peak_rss_gib`` (max over ranks).
 
-    ``state_dict`` keeps the per-epoch summaries.
+    ``state_dict`` keeps the per-epoch summaries, and inside an epoch this rank's figures so far (rank 0's in the
+    checkpoint); rank 0 resumed inside an epoch takes the larger of them and the figures after the restart. From a
+    checkpoint at an epoch's last batch end Lightning goes on with the next epoch without the resumed one's
+    ``on_train_epoch_end``: ``on_train_start`` closes its record there with the saved figures (rank 0's only).
 
     No arguments.
 
@@ -72,14 +77,21 @@ class MemoryCallback(ScalingCallback):
         self._device: torch.device | None = None
         self._reason: str | None = None
         self._stepped = False
+        self._epoch: int | None = None  # the epoch under way (None between epochs)
+        self._saved: list[float | None] = [None] * 4  # the epoch's figures before the restart (rank 0's)
+        self._resumed_in_epoch: dict[str, Any] | None = None
 
     @override
     def state_dict(self) -> dict[str, Any]:
-        return {"epochs": [e.to_json() for e in self.epochs]}
+        state: dict[str, Any] = {"epochs": [e.to_json() for e in self.epochs]}
+        if self._epoch is not None:  # a checkpoint inside an epoch: its figures so far
+            state["in_epoch"] = {"epoch": self._epoch, **dict(zip(_FIGURES, self._figures(), strict=True))}
+        return state
 
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.epochs = [MemoryEpoch.from_json(e) for e in state_dict.get("epochs", [])]
+        self._resumed_in_epoch = state_dict.get("in_epoch")
 
     @override
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
@@ -89,13 +101,40 @@ class MemoryCallback(ScalingCallback):
         else:
             self._device = None
             self._reason = f"the model runs on {dev.type!r}: no CUDA allocator statistics"
-
         self._start_log_schedule(trainer)
+        self._open_epoch(trainer)  # Lightning calls no on_train_epoch_start for an epoch resumed inside
+        resumed, self._resumed_in_epoch = self._resumed_in_epoch, None
+        if not resumed or int(resumed["epoch"]) > trainer.current_epoch:
+            return
+        if trainer.global_rank == 0:  # the saved figures are rank 0's
+            self._saved = [resumed.get(name) for name in _FIGURES]
+        if int(resumed["epoch"]) < trainer.current_epoch:
+            # a checkpoint at the epoch's last batch end: no on_train_epoch_end for it, no start for the next.
+            # Every rank loaded the same state, so every rank joins the gather of _close_epoch.
+            self._close_epoch(trainer, pl_module, int(resumed["epoch"]), self._saved)
+            self._open_epoch(trainer)
 
     @override
     def on_train_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._open_epoch(trainer)
+
+    def _open_epoch(self, trainer: Trainer) -> None:
+        self._epoch = trainer.current_epoch
+        self._saved = [None] * 4
         if self._device is not None:
             torch.cuda.reset_peak_memory_stats(self._device)
+
+    def _figures(self) -> list[float | None]:
+        """This rank's figures of the epoch so far, in :data:`_FIGURES` order (GiB), with the saved part."""
+        if self._device is not None:
+            alloc = torch.cuda.max_memory_allocated(self._device) / GIB
+            reserved = torch.cuda.max_memory_reserved(self._device) / GIB
+        else:
+            alloc = reserved = None
+        peaks = [max((v for v in pair if v is not None), default=None)  # the larger of before and after the restart
+                 for pair in zip((alloc, reserved, host_peak_rss_gib()), (self._saved[0], self._saved[1],
+                                                                         self._saved[3]), strict=True)]
+        return [peaks[0], peaks[1], host_rss_gib(), peaks[2]]
 
     @override
     def on_train_batch_end(
@@ -111,12 +150,13 @@ class MemoryCallback(ScalingCallback):
 
     @override
     def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        if self._device is not None:
-            alloc = torch.cuda.max_memory_allocated(self._device) / GIB
-            reserved = torch.cuda.max_memory_reserved(self._device) / GIB
-        else:
-            alloc = reserved = None
-        rows = gather_vectors(trainer, pl_module, [alloc, reserved, host_rss_gib(), host_peak_rss_gib()])
+        self._close_epoch(trainer, pl_module, trainer.current_epoch, self._figures())
+
+    def _close_epoch(self, trainer: Trainer, pl_module: LightningModule, epoch: int,
+                     mine: list[float | None]) -> None:
+        """Append ``epoch``'s record from every rank's ``mine`` (:data:`_FIGURES`, GiB) and log it; a collective."""
+        self._epoch = None
+        rows = gather_vectors(trainer, pl_module, mine)
         cols = list(zip(*rows, strict=False))
 
         def vmax(col: tuple) -> float | None:
@@ -124,7 +164,7 @@ class MemoryCallback(ScalingCallback):
             return max(vals) if vals else None
 
         record = MemoryEpoch(
-            epoch=trainer.current_epoch,
+            epoch=epoch,
             peak_allocated_gib=vmax(cols[0]),
             peak_reserved_gib=vmax(cols[1]),
             host_rss_gib=vmax(cols[2]),

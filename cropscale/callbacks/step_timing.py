@@ -186,7 +186,13 @@ class StepTimingCallback(ScalingCallback):
     step_ms_rank_max``, ``perf/epoch/step_ms_rank_median``, ``perf/epoch/slowest_rank``,
     ``perf/epoch/first_batch_wait_ms``.
 
-    ``state_dict`` keeps the step counts and the per-epoch summaries, so a resumed run continues them.
+    ``state_dict`` keeps the step counts and the per-epoch summaries, so a resumed run continues them, and inside an
+    epoch its measured steps so far (their raw window durations and host windows, this rank's: rank 0's in the
+    checkpoint). Resumed inside an epoch, rank 0's statistics of it hold the steps before the checkpoint and those
+    after the restart (the first step after the restart has no previous step end in the process: left out like an
+    epoch's first). From a checkpoint at an epoch's last batch end Lightning goes on with the next epoch without the
+    resumed one's ``on_train_epoch_end``: ``on_train_start`` closes its record there with the saved steps (the
+    per-rank figures of that record hold rank 0's only).
 
     Example::
 
@@ -240,6 +246,8 @@ class StepTimingCallback(ScalingCallback):
         self._pending: list[StepMarks] = []
         self._stats = WindowAccumulator()
         self._epoch = 0
+        self._in_epoch = False  # between the start of an epoch (or of the fit) and its end
+        self._resumed_in_epoch: dict[str, Any] | None = None  # the checkpoint's "in_epoch" state, until on_train_start
         self._comm_status: dict[str, Any] = {"available": False, "reason": "not a multi-process DDP run"}
         self._trace: TraceWriter | None = None
         self._trace_rows: list[TraceRow] = []
@@ -253,14 +261,20 @@ class StepTimingCallback(ScalingCallback):
     # ------------------------------------------------------------------ state
     @override
     def state_dict(self) -> dict[str, Any]:
-        return {"steps_total": self.steps_total, "steps_measured": self.steps_measured,
-                "epochs": [e.to_json() for e in self.epochs]}
+        state: dict[str, Any] = {"steps_total": self.steps_total, "steps_measured": self.steps_measured,
+                                 "epochs": [e.to_json() for e in self.epochs]}
+        if self._in_epoch:  # a checkpoint inside an epoch: its measured steps so far (resolving waits for them)
+            self._resolve(block=True)
+            state["in_epoch"] = {"epoch": self._epoch, **self._stats.epoch_state(),
+                                 "host": [list(row) for row in self._host_epoch]}
+        return state
 
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.steps_total = int(state_dict.get("steps_total", 0))
         self.steps_measured = int(state_dict.get("steps_measured", 0))
         self.epochs = [StepTimingEpoch.from_json(e) for e in state_dict.get("epochs", [])]
+        self._resumed_in_epoch = state_dict.get("in_epoch")
 
     # ------------------------------------------------------------------ set-up
     @override
@@ -285,6 +299,8 @@ class StepTimingCallback(ScalingCallback):
         self._steps_this_fit = 0
         self._pending.clear()
         self._stats = WindowAccumulator()
+        self._cur, self._prev_end = None, None  # marks of an earlier fit are not this one's (nor its clock's)
+        self._open_epoch(trainer)  # Lightning calls no on_train_epoch_start for an epoch resumed inside
         self._start_log_schedule(trainer)
         self._register_comm_hook(trainer)
         if self.trace_path:
@@ -297,6 +313,25 @@ class StepTimingCallback(ScalingCallback):
             self._trace_rows = []
             self._trace = TraceWriter(path, ALL_FIGURES, {"world_size": self._world, **self.trace_params},
                                       self._rank)
+        self._resume_epoch(trainer, pl_module)
+
+    def _resume_epoch(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        """Continue the epoch of the checkpoint's ``in_epoch`` state, or close it when the trainer has moved on.
+
+        The saved steps are rank 0's: rank 0 restores them, the other ranks start the epoch empty. Every rank
+        loaded the same state, so every rank takes the same branch and joins the gather of :meth:`_close_epoch`.
+        """
+        resumed, self._resumed_in_epoch = self._resumed_in_epoch, None
+        if not resumed or int(resumed["epoch"]) > trainer.current_epoch:
+            return
+        if trainer.global_rank == 0:
+            self._stats.restore_epoch(resumed)
+            self._host_epoch = [(float(a), float(b)) for a, b in resumed.get("host", [])]
+        if int(resumed["epoch"]) < trainer.current_epoch:
+            # a checkpoint at the epoch's last batch end: Lightning goes on with the next epoch and calls neither
+            # on_train_epoch_end for the resumed one nor on_train_epoch_start for the next
+            self._close_epoch(trainer, pl_module, int(resumed["epoch"]))
+            self._open_epoch(trainer)
 
     def _register_comm_hook(self, trainer: Trainer) -> None:
         if not self.time_comm:
@@ -350,7 +385,12 @@ class StepTimingCallback(ScalingCallback):
 
     @override
     def on_train_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._open_epoch(trainer)
+
+    def _open_epoch(self, trainer: Trainer) -> None:
+        """Start epoch ``trainer.current_epoch``: no step measured yet, its first step to come."""
         self._epoch = trainer.current_epoch
+        self._in_epoch = True
         self._first_in_epoch = True
         self._after_val = False
         self._stats.start_epoch()
@@ -501,6 +541,11 @@ class StepTimingCallback(ScalingCallback):
 
     @override
     def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._close_epoch(trainer, pl_module, trainer.current_epoch)
+
+    def _close_epoch(self, trainer: Trainer, pl_module: LightningModule, epoch: int) -> None:
+        """Append ``epoch``'s record from its measured steps and log its figures; gathers over ranks (a collective)."""
+        self._in_epoch = False
         if self._cur is not None and self._cur.batch_start is None:  # the fetch that ended the epoch
             self._clock.release(self._cur.marks())
             self._cur = None
@@ -512,7 +557,7 @@ class StepTimingCallback(ScalingCallback):
         step_ranks = rank_stats([r["step"] for r in ranks])
         first_wait = [None if r["first_batch_wait"] is None else r["first_batch_wait"] * 1e3 for r in ranks]
         self.epochs.append(StepTimingEpoch(
-            epoch=trainer.current_epoch,
+            epoch=epoch,
             steps_measured=self._stats.epoch_steps,
             windows_ms=stats,
             step_ms_per_rank=RankStats(**step_ranks),

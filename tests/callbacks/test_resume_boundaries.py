@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from lightning.pytorch import Trainer
@@ -26,6 +27,7 @@ from cropscale.callbacks import (
     LossScaleCallback,
     MemoryCallback,
     NonFiniteCallback,
+    StepTimingCallback,
     ThroughputCallback,
 )
 from cropscale.env import nvml
@@ -52,7 +54,7 @@ def _fit(root: Path, callbacks: list, max_epochs: int, ckpt_path: str | None = N
     Trainer(accelerator="cpu", devices=1, max_epochs=max_epochs, callbacks=cbs, logger=False, log_every_n_steps=1000,
             plugins=plugins,
             enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=save_every_step,
-            num_sanity_val_steps=0).fit(ToyTask(**TASK, **task), ckpt_path=ckpt_path)
+            num_sanity_val_steps=0).fit(ToyTask(**{**TASK, **task}), ckpt_path=ckpt_path)
 
 
 @pytest.fixture(scope="module")
@@ -137,12 +139,62 @@ def test_grad_norm_records_each_epochs_steps_under_its_own_epoch_after_a_resume(
         assert got.grad_norm_median == pytest.approx(want.grad_norm_median, rel=1e-6)
 
 
-def test_memory_keeps_a_record_per_epoch_after_a_resume_inside_an_epoch(tmp_path, checkpoints):
-    # (from the checkpoint at epoch 0's last batch epoch 0 has no record: its peaks up to the checkpoint are not
-    # saved, issue 36)
+def _saved_state(ckpt: str, name: str) -> dict:
+    """The state a callback class ``name`` saved in the checkpoint file (read with torch, not the callback)."""
+    states = torch.load(ckpt, weights_only=False)["callbacks"]
+    (state,) = [v for k, v in states.items() if k.startswith(name)]
+    return state
+
+
+@pytest.mark.parametrize("step", [1, 2], ids=["inside-epoch-0", "at-epoch-0s-last-batch"])
+def test_memory_keeps_a_record_per_epoch_after_a_resume(tmp_path, checkpoints, step):
     mem = MemoryCallback()
-    _fit(tmp_path, [mem], max_epochs=2, ckpt_path=checkpoints[1])
+    _fit(tmp_path, [mem], max_epochs=2, ckpt_path=checkpoints[step])
     assert [e.epoch for e in mem.epochs] == [0, 1]
+    if step == 2:  # epoch 0 wholly before the checkpoint: its record is the host RSS the checkpoint saved
+        saved = _saved_state(checkpoints[2], "MemoryCallback")["in_epoch"]
+        assert mem.epochs[0].per_rank["host_rss_gib"] == [saved["host_rss_gib"]]
+        assert mem.epochs[0].host_peak_rss_gib == saved["host_peak_rss_gib"]
+
+
+TIMING_TASK = {"n_train": 12}  # 3 batches of 4 per epoch: the epoch's steps 1 and 2 are measured, step 0 is its first
+
+
+@pytest.fixture(scope="module")
+def timing_checkpoints(tmp_path_factory):
+    """Epoch 0 of a 3-batch fit with StepTimingCallback(warmup_steps=0), a checkpoint after each step."""
+    root = tmp_path_factory.mktemp("timing_ckpts")
+    torch.manual_seed(0)
+    _fit(root, [StepTimingCallback(warmup_steps=0)], max_epochs=1, save_every_step=True, **TIMING_TASK)
+    return {s: str(root / "ckpt" / f"epoch=0-step={s}.ckpt") for s in (2, 3)}
+
+
+def test_step_timing_the_uninterrupted_run_measures_2_steps_per_epoch(tmp_path):
+    st = StepTimingCallback(warmup_steps=0)
+    _fit(tmp_path, [st], max_epochs=2, **TIMING_TASK)
+    # by hand: 3 steps per epoch, the first of each left out
+    assert [(e.epoch, e.steps_measured) for e in st.epochs] == [(0, 2), (1, 2)]
+
+
+@pytest.mark.parametrize(("step", "want"), [(2, [(0, 1), (1, 2)]), (3, [(0, 2), (1, 2)])],
+                         ids=["inside-epoch-0", "at-epoch-0s-last-batch"])
+def test_step_timing_records_each_epochs_measured_steps_under_its_own_epoch_after_a_resume(
+        tmp_path, timing_checkpoints, step, want):
+    st = StepTimingCallback(warmup_steps=0)
+    _fit(tmp_path, [st], max_epochs=2, ckpt_path=timing_checkpoints[step], **TIMING_TASK)
+    # by hand: epoch 0's step 1 (and step 2 from the last-batch checkpoint) measured before the checkpoint; the first
+    # step after the restart has no previous step end in the process (no remainder) and is left out like an epoch's
+    # first; epoch 1 as in the uninterrupted run
+    assert [(e.epoch, e.steps_measured) for e in st.epochs] == want
+    assert st.summary().steps_measured == sum(n for _, n in want)
+    assert all(e.windows_ms["step"].n == e.steps_measured for e in st.epochs)
+    # epoch 0's figures: the step times the checkpoint saved, their median worked out with numpy
+    saved = _saved_state(timing_checkpoints[step], "StepTimingCallback")["in_epoch"]
+    six = [saved["windows"].index(w) for w in ("data_wait", "transfer", "forward", "backward", "optimizer",
+                                                "remainder")]
+    steps_ms = [1e3 * sum(row[i] for i in six) for row in saved["steps"]]  # a step: its six windows (s), summed
+    assert len(steps_ms) == want[0][1]
+    assert st.epochs[0].windows_ms["step"].median == pytest.approx(float(np.median(steps_ms)), rel=1e-9)
 
 
 @pytest.mark.parametrize("step", [1, 2], ids=["inside-epoch-0", "at-epoch-0s-last-batch"])
