@@ -19,7 +19,7 @@ from cropscale.evidence import MEASURED_RUN
 from cropscale.runs.schema import SUMMARY_TYPES, Record, RunSummary, ValidityRecord
 from cropscale.runs.validity import validity
 
-__all__ = ["EpochRecordsCallback", "ScalingCallback", "fit_validity", "iter_callbacks", "run_summary",
+__all__ = ["EpochRecordsCallback", "ScalingCallback", "fit_validity", "iter_callbacks", "resumed_epoch", "run_summary",
            "scaling_callbacks"]
 
 
@@ -113,6 +113,25 @@ class EpochRecordsCallback(ScalingCallback):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """The epoch records of a checkpoint (none in an empty state)."""
         self.epochs = [self.record_type.from_json(e) for e in state_dict.get("epochs", [])]
+
+
+def resumed_epoch(state: dict[str, Any] | None, trainer: Trainer) -> tuple[dict[str, Any] | None, bool]:
+    """A checkpoint's in-epoch state as ``on_train_start`` finds it, and whether its epoch is over.
+
+    ``state`` is a callback's ``state_dict()["in_epoch"]``, kept by its ``load_state_dict``. Lightning 2.6, resumed
+    from a checkpoint written inside an epoch, calls no ``on_train_epoch_start`` for that epoch; from one written at
+    an epoch's last batch end it goes on with the next epoch and calls neither the resumed epoch's
+    ``on_train_epoch_end`` nor the next one's ``on_train_epoch_start``.
+
+    Returns:
+        ``(state, over)``: ``state`` is None when there is none, it names no epoch or a later one than
+        ``trainer.current_epoch``; else the steps it holds belong to its epoch's record. ``over`` is True when the
+        trainer has moved past that epoch: the caller closes its record in ``on_train_start`` (a collective every
+        rank joins: every rank loads the same state).
+    """
+    if not state or state.get("epoch") is None or int(state["epoch"]) > trainer.current_epoch:
+        return None, False
+    return state, int(state["epoch"]) < trainer.current_epoch
 
 
 def iter_callbacks(trainer: Trainer) -> Iterator[Callback]:

@@ -51,7 +51,7 @@ from cropscale.callbacks._grads import (
 )
 from cropscale.callbacks._logging import log_metrics
 from cropscale.callbacks._readout import read_later
-from cropscale.callbacks.base import ScalingCallback
+from cropscale.callbacks.base import ScalingCallback, resumed_epoch
 from cropscale.errors import CropScaleError
 from cropscale.numbers import median_p95
 from cropscale.runs.schema import GradNormEpoch, GradNormSummary
@@ -164,15 +164,13 @@ class GradNormCallback(ScalingCallback):
             self._threshold_reason = ("no gradient clipping by norm configured (trainer.gradient_clip_val unset "
                                       "or gradient_clip_algorithm='value')")
         self._epoch_norms, self._epoch_clipped, self._epoch_nonfinite = [], 0, 0
-        resumed, self._resumed_in_epoch = self._resumed_in_epoch, None
-        if resumed and resumed.get("epoch") is not None and int(resumed["epoch"]) <= trainer.current_epoch:
-            # resumed inside this epoch: the steps before the checkpoint count once in its record
+        resumed, over = resumed_epoch(self._resumed_in_epoch, trainer)
+        self._resumed_in_epoch = None
+        if resumed is not None:
+            # the steps before the checkpoint count once in the record of their epoch
             self._epoch_norms = [float(v) for v in resumed.get("norms", [])]
             self._epoch_clipped, self._epoch_nonfinite = int(resumed["clipped"]), int(resumed["nonfinite"])
-            if int(resumed["epoch"]) < trainer.current_epoch:
-                # a checkpoint at the epoch's last batch end: Lightning goes on with the next epoch without the
-                # resumed one's on_train_epoch_end, so its record closes here with its saved steps (every rank
-                # loads the same state: the same records everywhere)
+            if over:  # its record closes here with its saved steps
                 self._close_epoch(trainer, int(resumed["epoch"]))
         self._start_log_schedule(trainer)
 

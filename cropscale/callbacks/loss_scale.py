@@ -49,7 +49,7 @@ from typing_extensions import override
 from cropscale.callbacks._grads import grad_scaler
 from cropscale.callbacks._logging import log_metrics
 from cropscale.callbacks._readout import read_later, read_values
-from cropscale.callbacks.base import ScalingCallback
+from cropscale.callbacks.base import ScalingCallback, resumed_epoch
 from cropscale.runs.schema import LossScaleEpoch, LossScaleSummary
 
 _COUNTS = ("steps", "backoff_events", "growth_events", "skipped_steps", "overflow_skips", "nonfinite_loss_skips",
@@ -165,13 +165,12 @@ class LossScaleCallback(ScalingCallback):
             self._hooks = [o.register_step_post_hook(self._on_optimizer_step) for o in trainer.optimizers]
         self._start_log_schedule(trainer)
         self._epoch_start_counts = dict(self.counts)
-        resumed, self._resumed_in_epoch = self._resumed_in_epoch, None
-        if self._scaler is not None and resumed and int(resumed["epoch"]) <= trainer.current_epoch:
-            # resumed inside this epoch: its record counts from the epoch's start, before the checkpoint
+        resumed, over = resumed_epoch(self._resumed_in_epoch, trainer)
+        self._resumed_in_epoch = None
+        if self._scaler is not None and resumed is not None:
+            # the record of the resumed epoch counts from its start, before the checkpoint
             self._epoch_start_counts = {k: int(v) for k, v in resumed["start_counts"].items()}
-            if int(resumed["epoch"]) < trainer.current_epoch:
-                # a checkpoint at the epoch's last batch end: Lightning goes on with the next epoch without the
-                # resumed one's on_train_epoch_end, so its record closes here with its counts up to the checkpoint
+            if over:  # its record closes here with its counts up to the checkpoint
                 self._close_epoch(trainer, int(resumed["epoch"]))
 
     def _on_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:

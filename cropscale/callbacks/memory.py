@@ -20,7 +20,7 @@ from typing_extensions import override
 
 from cropscale.callbacks._dist import gather_vectors
 from cropscale.callbacks._logging import log_metrics
-from cropscale.callbacks.base import ScalingCallback
+from cropscale.callbacks.base import ScalingCallback, resumed_epoch
 from cropscale.runs.schema import MemoryEpoch, MemorySummary
 
 GIB = float(1 << 30)
@@ -103,14 +103,13 @@ class MemoryCallback(ScalingCallback):
             self._reason = f"the model runs on {dev.type!r}: no CUDA allocator statistics"
         self._start_log_schedule(trainer)
         self._open_epoch(trainer)  # Lightning calls no on_train_epoch_start for an epoch resumed inside
-        resumed, self._resumed_in_epoch = self._resumed_in_epoch, None
-        if not resumed or int(resumed["epoch"]) > trainer.current_epoch:
+        resumed, over = resumed_epoch(self._resumed_in_epoch, trainer)
+        self._resumed_in_epoch = None
+        if resumed is None:
             return
         if trainer.global_rank == 0:  # the saved figures are rank 0's
             self._saved = [resumed.get(name) for name in _FIGURES]
-        if int(resumed["epoch"]) < trainer.current_epoch:
-            # a checkpoint at the epoch's last batch end: no on_train_epoch_end for it, no start for the next.
-            # Every rank loaded the same state, so every rank joins the gather of _close_epoch.
+        if over:  # its record closes here (every rank joins the gather of _close_epoch), the next epoch starts
             self._close_epoch(trainer, pl_module, int(resumed["epoch"]), self._saved)
             self._open_epoch(trainer)
 

@@ -95,7 +95,7 @@ from cropscale.callbacks._windows import (
     StepWindows,
     WindowAccumulator,
 )
-from cropscale.callbacks.base import ScalingCallback
+from cropscale.callbacks.base import ScalingCallback, resumed_epoch
 from cropscale.errors import CropScaleError
 from cropscale.runs.schema import RankStats, StepTimingEpoch, StepTimingSummary, WindowStats
 
@@ -321,15 +321,14 @@ class StepTimingCallback(ScalingCallback):
         The saved steps are rank 0's: rank 0 restores them, the other ranks start the epoch empty. Every rank
         loaded the same state, so every rank takes the same branch and joins the gather of :meth:`_close_epoch`.
         """
-        resumed, self._resumed_in_epoch = self._resumed_in_epoch, None
-        if not resumed or int(resumed["epoch"]) > trainer.current_epoch:
+        resumed, over = resumed_epoch(self._resumed_in_epoch, trainer)
+        self._resumed_in_epoch = None
+        if resumed is None:
             return
         if trainer.global_rank == 0:
             self._stats.restore_epoch(resumed)
             self._host_epoch = [(float(a), float(b)) for a, b in resumed.get("host", [])]
-        if int(resumed["epoch"]) < trainer.current_epoch:
-            # a checkpoint at the epoch's last batch end: Lightning goes on with the next epoch and calls neither
-            # on_train_epoch_end for the resumed one nor on_train_epoch_start for the next
+        if over:  # the resumed epoch's last batch end: its record closes here, the next epoch starts
             self._close_epoch(trainer, pl_module, int(resumed["epoch"]))
             self._open_epoch(trainer)
 

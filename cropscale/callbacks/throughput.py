@@ -56,7 +56,7 @@ from typing_extensions import override
 from cropscale.callbacks._batches import batch_size
 from cropscale.callbacks._dist import gather_vectors
 from cropscale.callbacks._logging import log_metrics
-from cropscale.callbacks.base import ScalingCallback
+from cropscale.callbacks.base import ScalingCallback, resumed_epoch
 from cropscale.env import peaks
 from cropscale.env.peaks import OPERATOR_CLASSES
 from cropscale.errors import CropScaleError
@@ -188,10 +188,9 @@ class ThroughputCallback(ScalingCallback):
         self._steps_this_fit = 0
         self._start_log_schedule(trainer)
         resumed = self._resumed_in_epoch
-        if resumed and int(resumed["epoch"]) < trainer.current_epoch:
-            # a checkpoint at the epoch's last batch end: Lightning goes on with the next epoch and calls neither
-            # on_train_epoch_end for the resumed one nor on_train_epoch_start for the next, so the resumed epoch's
-            # record closes here with its figures up to the checkpoint, and the next epoch starts now
+        if resumed_epoch(resumed, trainer)[1]:
+            # the resumed epoch is over (its last batch end): its record closes here with its figures up to the
+            # checkpoint, and the next epoch starts now
             self._epoch_t0 = None if resumed.get("wall_s") is None else perf_counter()
             self._resume_clocks(resumed)
             self._close_epoch(trainer, pl_module, int(resumed["epoch"]))

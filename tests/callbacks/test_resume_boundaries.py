@@ -13,6 +13,7 @@ Real one-process fits of the toy task: 8 samples in 2 batches of 4 per epoch, so
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -30,6 +31,7 @@ from cropscale.callbacks import (
     StepTimingCallback,
     ThroughputCallback,
 )
+from cropscale.callbacks.base import resumed_epoch
 from cropscale.env import nvml
 from cropscale.testing.toy import ToyTask
 from tests.callbacks.test_fit import CountingNvml, _fake_open
@@ -224,3 +226,12 @@ def test_loss_scale_counts_each_epochs_steps_under_its_own_epoch_after_a_resume(
     # by hand: 2 optimizer steps per epoch; epoch 0's second one skipped with one back-off, epoch 1 clean
     assert [(e.epoch, e.steps, e.skipped_steps, e.backoff_events) for e in ls.epochs] == [(0, 2, 1, 1), (1, 2, 0, 0)]
     assert (ls.counts["steps"], ls.counts["skipped_steps"], ls.counts["backoff_events"]) == (4, 1, 1)
+
+
+def test_resumed_epoch_continues_this_epoch_closes_an_earlier_one_and_ignores_a_later_one():
+    trainer = SimpleNamespace(current_epoch=3)
+    assert resumed_epoch({"epoch": 3}, trainer) == ({"epoch": 3}, False)   # a checkpoint inside epoch 3
+    assert resumed_epoch({"epoch": 2}, trainer) == ({"epoch": 2}, True)    # at epoch 2's last batch end
+    assert resumed_epoch({"epoch": 4}, trainer) == (None, False)
+    for nothing in (None, {}, {"x": 1}):
+        assert resumed_epoch(nothing, trainer) == (None, False)
