@@ -33,12 +33,14 @@ from cropscale.distributed import (
     report_rank_error,
     run_store,
 )
+from tests.test_distributed import _trainer_with_children
 
 
 def _children(*codes: str):
-    procs = [subprocess.Popen([sys.executable, "-c", code]) for code in codes]
-    return SimpleNamespace(global_rank=0, world_size=1,
-                           strategy=SimpleNamespace(launcher=SimpleNamespace(procs=procs))), procs
+    """tests/test_distributed.py's trainer with child processes, as rank 0 of a world of 1."""
+    trainer, procs = _trainer_with_children(*codes)
+    trainer.global_rank, trainer.world_size = 0, 1
+    return trainer, procs
 
 
 # ------------------------------------------------------------------ RankFailure, the rank-error folder
